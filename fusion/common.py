@@ -1,0 +1,240 @@
+"""Shared plumbing for every phase: tracing with a clear error, node tables, fusion reports, lesson runners.
+
+Nothing in here is an exercise: the learner regions live in the phase modules. Every pass in the package
+uses these helpers so that errors, reports and printed tables look the same from phase to phase.
+
+    >>> import torch
+    >>> from fusion.common import trace_module, node_table
+    >>> gm = trace_module(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    >>> [n.op for n in gm.graph.nodes]
+    ['placeholder', 'call_module', 'call_module', 'output']
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from tabulate import tabulate
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Tracing: one clear error instead of a deep torch traceback
+
+
+class UntraceableModelError(RuntimeError):
+    """``torch.fx.symbolic_trace`` could not turn the model into a graph. The message says why and how to fix it."""
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """The last traceback line outside torch itself: the line of the user's forward() that broke tracing."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_TORCH_DIR)]
+    frames = [f for f in frames if not f.filename.endswith(os.path.join("fusion", "common.py"))]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {os.path.basename(f.filename)}:{f.lineno} `{(f.line or '').strip()}`)"
+
+
+def _plain_reason(exc: BaseException) -> str:
+    msg = str(exc)
+    if "control flow" in msg or "iteration" in msg or "__bool__" in msg or "__len__" in msg:
+        return (
+            "its forward() branches or loops on the *value* of a tensor. Symbolic tracing runs forward() once "
+            "with Proxy objects instead of tensors; a Proxy records operations but holds no values, so Python "
+            "cannot decide `if`/`while`/`len` on it. Fix: make the branch independent of data (e.g. torch.where), "
+            "move it into a leaf function with torch.fx.wrap, or pass concrete_args for the input it depends on"
+        )
+    return f"{type(exc).__name__}: {msg}. Fix: make forward() traceable or wrap the failing call with torch.fx.wrap"
+
+
+def ensure_module(model: object, what: str = "this pass") -> torch.nn.Module:
+    """Refuse a non-Module with one clear TypeError."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"{what} needs a torch.nn.Module (or a torch.fx.GraphModule), got {type(model).__name__}. "
+            "Fix: pass the model object itself, e.g. fuse(MyNet()) rather than fuse(MyNet) or fuse(output)"
+        )
+    return model
+
+
+def trace_module(model: torch.nn.Module, *, what: str = "symbolic_trace") -> fx.GraphModule:
+    """``torch.fx.symbolic_trace(model)``, with one clear error naming the model and the fix when it fails.
+
+    The model is traced as it is (not copied): the GraphModule shares its submodules and parameters.
+    Passes that rewrite use :func:`copy_to_graph_module` instead, which never touches the caller's model.
+    """
+    ensure_module(model, what)
+    try:
+        return fx.symbolic_trace(model)
+    except Exception as e:  # TraceError, TypeError from Proxy.__bool__/__iter__, ...
+        raise UntraceableModelError(f"cannot trace {type(model).__name__}{_user_frame(e)}: {_plain_reason(e)}") from e
+
+
+def copy_to_graph_module(model: torch.nn.Module, *, what: str = "this pass") -> fx.GraphModule:
+    """A traced *deep copy* of ``model``: rewrite it freely, the caller's parameters, modules and graph stay as they are."""
+    ensure_module(model, what)
+    return trace_module(copy.deepcopy(model), what=what)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Printing
+
+
+def _short(x: object, width: int = 48) -> str:
+    s = str(x)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def target_name(node: fx.Node) -> str:
+    """A readable target: 'torch.relu', 'operator.add', 'encoder.0.0', 'relu' (method)."""
+    t = node.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", None) or str(t)
+    mod = {"torch._C._nn": "torch.nn.functional", "_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(
+        mod, mod
+    )
+    return f"{mod}.{name}" if mod else name
+
+
+def node_table(gm: fx.GraphModule) -> str:
+    """One row per node: opcode, name, target, args, users — the five things every pass reads."""
+    rows = [
+        (n.op, n.name, _short(target_name(n), 40), _short(n.args), ", ".join(u.name for u in n.users))
+        for n in gm.graph.nodes
+    ]
+    return tabulate(rows, headers=["opcode", "name", "target", "args", "users"], tablefmt="simple")
+
+
+def table(rows: Iterable[Sequence[object]], headers: Sequence[str], floatfmt: str = ".3g") -> str:
+    return tabulate(list(rows), headers=list(headers), tablefmt="simple", floatfmt=floatfmt)
+
+
+def heading(title: str, char: str = "=") -> None:
+    print(f"\n{title}\n{char * len(title)}")
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach().double() - b.detach().double()).abs().max().item() if a.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fusion reports: every pass says what it fused and what it skipped, and why
+
+
+@dataclass
+class FusionDecision:
+    """One candidate a pass looked at: ``fused`` or ``skipped``, the nodes involved, and the reason."""
+
+    pattern: str  # e.g. "Linear+ReLU"
+    nodes: tuple[str, ...]  # node names in the *input* graph, e.g. ("fc1", "relu")
+    fused: bool
+    reason: str = ""  # why it was skipped (or a note on how it was fused)
+    replacement: str = ""  # the new node/module name when fused
+
+
+@dataclass
+class FusionReport:
+    """What a pass did. Every pass stores its report on the returned module: ``gm.meta["fusion_report"]``.
+
+    Read it back with :func:`report_of`. ``report.fused`` / ``report.skipped`` list the decisions.
+    """
+
+    pass_name: str
+    decisions: list[FusionDecision] = field(default_factory=list)
+
+    def fuse(self, pattern: str, nodes: Iterable[str], replacement: str = "", reason: str = "") -> None:
+        self.decisions.append(FusionDecision(pattern, tuple(nodes), True, reason, replacement))
+
+    def skip(self, pattern: str, nodes: Iterable[str], reason: str) -> None:
+        self.decisions.append(FusionDecision(pattern, tuple(nodes), False, reason))
+
+    @property
+    def fused(self) -> list[FusionDecision]:
+        return [d for d in self.decisions if d.fused]
+
+    @property
+    def skipped(self) -> list[FusionDecision]:
+        return [d for d in self.decisions if not d.fused]
+
+    def table(self) -> str:
+        if not self.decisions:
+            return f"{self.pass_name}: no candidates found"
+        rows = [
+            (d.pattern, " → ".join(d.nodes), "fused" if d.fused else "skipped", d.replacement or "-", d.reason or "-")
+            for d in self.decisions
+        ]
+        return table(rows, ["pattern", "nodes", "action", "replacement", "reason"])
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+REPORT_KEY = "fusion_report"
+
+
+def attach_report(gm: fx.GraphModule, report: FusionReport) -> fx.GraphModule:
+    gm.meta[REPORT_KEY] = report
+    return gm
+
+
+def report_of(gm: fx.GraphModule) -> FusionReport:
+    """The :class:`FusionReport` a pass attached to the GraphModule it returned."""
+    try:
+        return gm.meta[REPORT_KEY]
+    except (AttributeError, KeyError):
+        raise KeyError(
+            "this GraphModule carries no fusion report: was it returned by one of fusion's passes?"
+        ) from None
+
+
+def finish_rewrite(gm: fx.GraphModule) -> fx.GraphModule:
+    """The clean-up every rewrite ends with: lint, dead-code elimination, drop unused submodules, recompile."""
+    gm.graph.lint()
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Running a lesson: `python -m fusion.<phase>` and fusion.main share this, and both turn an unsolved exercise
+# (a NotImplementedError whose message starts with "TODO(human)") into a short message instead of a traceback.
+
+
+def is_todo(exc: BaseException) -> bool:
+    return isinstance(exc, NotImplementedError) and str(exc).startswith("TODO(human)")
+
+
+def lesson_cli(run: Callable[..., object], doc: str | None, argv: Sequence[str] | None = None) -> int:
+    """The command line every phase module shares: ``python -m fusion.<phase> [--quick]``."""
+    first = (doc or "").strip().splitlines()
+    parser = argparse.ArgumentParser(description=first[0] if first else None)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer examples (what CI runs)")
+    args = parser.parse_args(argv)
+    return run_lesson(lambda: run(quick=args.quick))
+
+
+def run_lesson(fn: Callable[[], object]) -> int:
+    """Run one lesson; an unsolved TODO(human) prints its message and returns 1 instead of a traceback."""
+    try:
+        fn()
+    except NotImplementedError as e:
+        if not is_todo(e):
+            raise
+        print(f"\n{e}", file=sys.stderr)
+        return 1
+    return 0

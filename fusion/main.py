@@ -1,0 +1,84 @@
+"""Run every phase of the course in order: ``uv run python -m fusion.main [--quick] [--only 1,3] [--list]``.
+
+Each phase prints its lesson under a heading; a summary table (phase, status, seconds) closes the run. A phase that
+fails prints its error and the others still run; the exit status is non-zero if any phase failed. In a practice
+workspace a phase whose exercise is not solved yet shows as ``TODO`` (not as a crash, and not as a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fusion.common import heading, is_todo, table
+
+
+@dataclass(frozen=True)
+class Phase:
+    number: int
+    module: str  # fusion.<module> has run(quick=False)
+    title: str
+
+
+# The curriculum, in order. Adding a phase is one line here.
+PHASES: tuple[Phase, ...] = (Phase(1, "trace_basics", "trace basics: symbolic_trace, the six opcodes, ShapeProp"),)
+
+
+def _parse_only(text: str, phases: Sequence[Phase]) -> list[Phase]:
+    wanted = {int(p) for p in text.split(",") if p.strip()}
+    unknown = wanted - {p.number for p in phases}
+    if unknown:
+        raise SystemExit(f"--only: no phase {sorted(unknown)}; the phases are {[p.number for p in phases]}")
+    return [p for p in phases if p.number in wanted]
+
+
+def run_phases(phases: Sequence[Phase], quick: bool = False) -> list[tuple[Phase, str, float]]:
+    """Run each phase; return (phase, status, seconds) with status 'ok', 'TODO' or 'FAILED'."""
+    results = []
+    for phase in phases:
+        heading(f"Phase {phase.number}: {phase.title}   (python -m fusion.{phase.module})", "#")
+        start = time.perf_counter()
+        try:
+            importlib.import_module(f"fusion.{phase.module}").run(quick=quick)
+            status = "ok"
+        except NotImplementedError as e:
+            if not is_todo(e):
+                traceback.print_exc()
+                status = "FAILED"
+            else:
+                print(f"\n{e}")
+                status = "TODO"
+        except Exception:
+            traceback.print_exc()
+            status = "FAILED"
+        results.append((phase, status, time.perf_counter() - start))
+    return results
+
+
+def main(argv: Sequence[str] | None = None, phases: Sequence[Phase] = PHASES) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each phase's fast mode (what CI runs)")
+    parser.add_argument("--only", metavar="N[,N]", help="run only these phases, e.g. --only 1,3")
+    parser.add_argument("--list", action="store_true", help="list the phases and exit")
+    args = parser.parse_args(argv)
+
+    if args.list:
+        print(table([(p.number, f"python -m fusion.{p.module}", p.title) for p in phases], ["phase", "run", "what"]))
+        return 0
+    selected = _parse_only(args.only, phases) if args.only else list(phases)
+    results = run_phases(selected, quick=args.quick)
+
+    heading("Summary")
+    print(table([(p.number, p.module, s, f"{t:.1f}") for p, s, t in results], ["phase", "module", "status", "seconds"]))
+    failed = [p.number for p, s, _ in results if s == "FAILED"]
+    if failed:
+        print(f"\nFailed: phase {', '.join(map(str, failed))}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""The demo models every phase and every test shares. Small, deterministic (seeded), and each with an inputs function.
+
+    >>> from fusion import models
+    >>> m = models.MLP()
+    >>> (x,) = models.mlp_inputs(batch=4)
+    >>> m(x).shape
+    torch.Size([4, 10])
+
+| model             | what it is for                                                              | inputs function        |
+|-------------------|-----------------------------------------------------------------------------|------------------------|
+| `TinyNet`         | exercises all six FX opcodes (Phase 1)                                      | `tiny_inputs`          |
+| `MLP`             | Linear+ReLU in nested Sequentials + one multi-user Linear (Phase 2)         | `mlp_inputs`           |
+| `FunctionalMLP`   | every functional spelling of ReLU, one in-place (Phase 2)                   | `mlp_inputs`           |
+| `MatmulAddReLU`   | `relu(x @ w + b)` with raw parameters, stacked (Phase 3)                    | `matmul_inputs`        |
+| `ConvBNNet`       | ResNet-style Conv+BN+ReLU, residual, bias-less and depthwise convs (Phase 5)| `conv_inputs`          |
+| `TransformerMLP`  | LayerNorm → Linear → GELU → Linear → residual add (Phase 6)                 | `transformer_inputs`   |
+| `ElementwiseChain`| `relu(x*a + b)*c + x`: pure memory traffic, where fusion matters most (4)   | `elementwise_inputs`   |
+
+Every constructor takes ``seed=`` and draws its parameters from its own generator, so building a model never
+disturbs (or depends on) the global RNG. ``ConvBNNet`` gets random, non-trivial BatchNorm statistics so that
+folding BN is a real test, not the identity.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SEED = 0
+
+
+def _seeded(module: nn.Module, seed: int) -> nn.Module:
+    """Re-draw every parameter of ``module`` from a private generator: deterministic, global RNG untouched."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1 and name.rsplit(".", 1)[-1] in ("weight", "scale", "a", "c"):  # multiplicative: near 1
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 1:  # additive (biases): small
+                p.copy_(torch.rand(p.shape, generator=g) * 0.2 - 0.1)
+            else:
+                fan_in = p[0].numel() if p.dim() > 1 else p.numel()
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(max(fan_in, 1)))
+    return module
+
+
+def _private_rng(init):
+    """Decorate ``__init__`` so the default initializers it triggers never touch the caller's global RNG."""
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 1: one model, all six opcodes
+
+
+class TinyNet(nn.Module):
+    """All six FX opcodes in four lines of forward():
+
+    placeholder (x), get_attr (self.scale), call_module (self.linear), call_function (torch.add),
+    call_method (.relu()), output (return).
+    """
+
+    @_private_rng
+    def __init__(self, d: int = 8, seed: int = SEED):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        self.scale = nn.Parameter(torch.ones(d))
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
+        h = self.linear(x)  # call_module
+        h = torch.add(h, self.scale)  # get_attr + call_function
+        return h.relu()  # call_method, then output
+
+
+def tiny_inputs(batch: int = 4, d: int = 8, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, d, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 2: Linear + ReLU
+
+
+class MLP(nn.Module):
+    """Linear+ReLU pairs inside nested Sequentials, and one Linear (``skip``) whose output has two users.
+
+    ``skip``'s output feeds a ReLU *and* the residual add, so fusing it with the ReLU would lose the pre-ReLU value
+    the add needs: a correct pass leaves it alone.
+    """
+
+    @_private_rng
+    def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 10, seed: int = SEED):
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU()),
+            nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(inplace=True)),
+        )
+        self.skip = nn.Linear(hidden, hidden)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(hidden, d_out)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
+        h = self.encoder(x)  # (..., hidden)
+        s = self.skip(h)  # two users: act and the add below
+        h = self.act(s) + s
+        return self.head(h)  # (..., d_out)
+
+
+class FunctionalMLP(nn.Module):
+    """ReLU spelled four ways: ``F.relu``, ``torch.relu``, ``Tensor.relu`` and in-place ``F.relu(..., inplace=True)``."""
+
+    @_private_rng
+    def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 10, seed: int = SEED):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, hidden)
+        self.fc4 = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, d_out)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
+        x = F.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        x = self.fc3(x).relu()
+        x = F.relu(self.fc4(x), inplace=True)
+        return self.out(x)
+
+
+def mlp_inputs(batch: int = 8, d_in: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, d_in, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 3: relu(x @ w + b) with raw parameters
+
+
+class MatmulAddReLU(nn.Module):
+    """``relu(x @ w + b)`` with raw ``nn.Parameter``s, one layer per pair of ``dims``.
+
+    ``MatmulAddReLU(32, 64)`` is one layer; ``MatmulAddReLU(32, 64, 16)`` is the back-to-back chain
+    ``relu(relu(x @ w0 + b0) @ w1 + b1)``.
+    """
+
+    @_private_rng
+    def __init__(self, *dims: int, seed: int = SEED):
+        super().__init__()
+        dims = dims or (32, 64)
+        if len(dims) < 2:
+            raise ValueError(f"MatmulAddReLU needs at least two sizes (in, out), got {dims}")
+        self.dims = dims
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(a, b)) for a, b in zip(dims, dims[1:], strict=False))
+        self.biases = nn.ParameterList(nn.Parameter(torch.empty(b)) for b in dims[1:])
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., dims[0])
+        for w, b in zip(self.weights, self.biases, strict=True):
+            x = torch.relu(x @ w + b)  # (..., out)
+        return x
+
+
+def matmul_inputs(batch: int = 8, d_in: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, d_in, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 5: a small ResNet-style conv net
+
+
+def randomize_batchnorm_(model: nn.Module, seed: int = SEED) -> nn.Module:
+    """Give every BatchNorm non-trivial running stats (and affine params): folding must be a real test."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                c = m.num_features
+                if m.running_mean is not None:
+                    m.running_mean.copy_(torch.randn(c, generator=g) * 0.5)
+                    m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.25)
+                if m.affine:
+                    m.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(c, generator=g) * 0.2)
+    return model
+
+
+class ConvBNNet(nn.Module):
+    """Conv+BN+ReLU blocks with a residual: a bias-less stem conv, a conv with bias, a depthwise conv.
+
+    stem:  conv(bias=False) → BN → ReLU
+    block: conv → BN → ReLU → depthwise conv (groups=width) → BN → + stem output → ReLU
+    head:  global average pool → Linear
+    """
+
+    @_private_rng
+    def __init__(self, in_ch: int = 3, width: int = 16, num_classes: int = 10, seed: int = SEED):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_ch, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1, bias=True)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, groups=width, bias=False)  # depthwise
+        self.bn2 = nn.BatchNorm2d(width)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(width, num_classes)
+        _seeded(self, seed)
+        randomize_batchnorm_(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, C, H, W)
+        s = self.stem(x)  # (B, width, H, W)
+        h = F.relu(self.bn1(self.conv1(s)))
+        h = self.bn2(self.conv2(h))
+        h = F.relu(h + s)  # residual
+        return self.fc(torch.flatten(self.pool(h), 1))  # (B, num_classes)
+
+
+def conv_inputs(batch: int = 2, in_ch: int = 3, size: int = 16, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, in_ch, size, size, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 6: a transformer MLP block
+
+
+class TransformerMLP(nn.Module):
+    """``x + fc2(gelu(fc1(layer_norm(x))))``: the feed-forward half of a transformer block."""
+
+    @_private_rng
+    def __init__(self, d_model: int = 64, expansion: int = 4, seed: int = SEED):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, expansion * d_model)
+        self.fc2 = nn.Linear(expansion * d_model, d_model)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        h = self.fc1(self.norm(x))  # (B, T, 4C)
+        h = F.gelu(h)
+        return x + self.fc2(h)  # (B, T, C)
+
+
+def transformer_inputs(batch: int = 2, seq: int = 8, d_model: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, seq, d_model, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 4: an elementwise chain, pure memory traffic
+
+
+class ElementwiseChain(nn.Module):
+    """``relu(x * a + b) * c + x`` with per-feature ``a, b, c``: five elementwise ops, zero matmuls."""
+
+    @_private_rng
+    def __init__(self, d: int = 64, seed: int = SEED):
+        super().__init__()
+        self.a = nn.Parameter(torch.empty(d))
+        self.b = nn.Parameter(torch.empty(d))
+        self.c = nn.Parameter(torch.empty(d))
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d)
+        return torch.relu(x * self.a + self.b) * self.c + x
+
+
+def elementwise_inputs(batch: int = 8, d: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, d, seed=seed),)
