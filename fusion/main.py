@@ -25,7 +25,14 @@ class Phase:
 
 
 # The curriculum, in order. Adding a phase is one line here.
-PHASES: tuple[Phase, ...] = (Phase(1, "trace_basics", "trace basics: symbolic_trace, the six opcodes, ShapeProp"),)
+PHASES: tuple[Phase, ...] = (
+    Phase(1, "trace_basics", "trace basics: symbolic_trace, the six opcodes, ShapeProp"),
+    Phase(2, "manual_fusion", "a hand-written pass: Linear+ReLU -> FusedLinearReLU"),
+    Phase(3, "pattern_rewriter", "subgraph_rewriter: matmul+add+relu -> one fused call"),
+    Phase(4, "benchmark", "fused vs unfused vs torch.compile, explained by the roofline"),
+    Phase(5, "conv_bn_fusion", "fold BatchNorm into Conv/Linear weights"),
+    Phase(6, "regions", "fusion regions on the aten graph, costed by bytes / bandwidth"),
+)
 
 
 def _parse_only(text: str, phases: Sequence[Phase]) -> list[Phase]:
