@@ -151,9 +151,15 @@ class Config:
 
 
 def default_config(device: str | None = None, quick: bool = False, compile: bool = True) -> Config:
+    """The sizes for ``device``; ``quick``: smaller, fewer rounds, no torch.compile, and on CPU one thread.
+
+    One thread in ``--quick`` because CPU math libraries spin-wait for their sibling threads: on a shared or busy
+    machine (CI, a laptop compiling something) two threads can run a small op a hundred times slower than one.
+    """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes = device + ("-quick" if quick else "")
-    return Config(device=device, sizes=sizes, compile=compile and not quick, quick=quick)
+    threads = 1 if quick and device == "cpu" else 0
+    return Config(device=device, sizes=sizes, compile=compile and not quick, threads=threads, quick=quick)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -180,6 +186,8 @@ class NodeCost:
     bytes_read: int
     bytes_written: int
     intermediate: bool  # its output is written to memory and read back by another node (not a graph output)
+    kernel_path: str = ""  # what a fused module says it really runs (FusedLinearReLU.kernel_path), if it says
+    extra_passes: int = 0  # extra read+write passes over its output that kernel path makes (in place, not a new tensor)
 
     @property
     def nbytes(self) -> int:
@@ -258,9 +266,31 @@ def node_flops(node: fx.Node, gm: fx.GraphModule) -> int:
     return per_element * max(out, first_in)
 
 
+def declared_kernel_path(module: nn.Module, node: fx.Node, device: torch.device) -> tuple[str, int]:
+    """(path, extra passes over the output) for a fused module that says which kernels it runs, else ("", 0).
+
+    Phase 2's FusedLinearReLU has ``kernel_path(x)``: on CUDA one cuBLASLt GEMM with a bias+ReLU epilogue; on CPU
+    ``addmm`` then ``relu_`` in place — still a second pass over the output, which fusion was meant to remove.
+    """
+    kernel_path = getattr(module, "kernel_path", None)
+    inputs = _tensor_inputs(node)
+    if not callable(kernel_path) or not inputs:
+        return "", 0
+    meta = inputs[0].meta["tensor_meta"]
+    x = torch.zeros((), dtype=meta.dtype, device=device).expand(*meta.shape)  # right shape/dtype/device, no memory
+    try:
+        path = str(kernel_path(x))
+    except Exception:
+        return "", 0
+    if path in ("cublaslt-epilogue", "empty"):
+        return path, 0
+    return path, 2 if path.startswith("cuda-gemm") else 1  # bias copy + GEMM + relu; or GEMM + relu_
+
+
 def graph_costs(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[NodeCost]:
     """Run ShapeProp on ``example_inputs`` and count every kernel node's FLOPs, bytes read and bytes written."""
     ShapeProp(gm).propagate(*example_inputs)
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
     outputs = {n for n in gm.graph.nodes if n.op == "output"}
     returned: set[fx.Node] = set()
     for o in outputs:  # the values the graph returns, followed back through views to the kernel that wrote them
@@ -278,11 +308,23 @@ def graph_costs(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[NodeC
         if not written:
             continue  # no single tensor result (a tuple, a shape): not a kernel we can cost
         read = sum(_nbytes(a.meta["tensor_meta"]) for a in _tensor_inputs(node))
+        path, extra = "", 0
         if node.op == "call_module":
             m = gm.get_submodule(node.target)
             read += sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
-        costs.append(NodeCost(node.name, node_flops(node, gm), read, written, node not in returned))
+            path, extra = declared_kernel_path(m, node, device)
+        read, written = read + extra * written, written * (1 + extra)
+        costs.append(NodeCost(node.name, node_flops(node, gm), read, written, node not in returned, path, extra))
     return costs
+
+
+def intermediate_bytes(costs: Sequence[NodeCost]) -> int:
+    """Bytes written to memory only to be read back: outputs of non-final nodes, and extra passes inside a node."""
+    total = 0
+    for c in costs:
+        one_output = c.bytes_written // (1 + c.extra_passes)
+        total += c.bytes_written if c.intermediate else c.bytes_written - one_output
+    return total
 
 
 def min_bytes(model: nn.Module, inputs: Sequence[torch.Tensor], outputs: torch.Tensor | Sequence[torch.Tensor]) -> int:
@@ -668,6 +710,7 @@ class Variant:
     outputs_match: bool | None = None
     compile_s: float | None = None
     fusion_report: list[dict] | None = None
+    kernel_paths: list[str] = field(default_factory=list)
 
 
 def _report_rows(gm: nn.Module) -> list[dict] | None:
@@ -705,7 +748,7 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
     ref = eager(*inputs)
     workload_roof = roofline(sum(c.flops for c in eager_costs), min_bytes(eager, inputs, ref), peaks)
     eager_kernels_s = kernels_bound(eager_costs, peaks)
-    eager_inter = sum(c.bytes_written for c in eager_costs if c.intermediate)
+    eager_inter = intermediate_bytes(eager_costs)
     costs = {"eager": eager_costs}
     if "fx" in modules:
         fx_mod = modules["fx"]
@@ -760,7 +803,8 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
         v.times_s = times[name]
         v.median_s, v.iqr_s = summarize(times[name])
         if name in costs:
-            v.intermediate_bytes = sum(c.bytes_written for c in costs[name] if c.intermediate)
+            v.intermediate_bytes = intermediate_bytes(costs[name])
+            v.kernel_paths = sorted({c.kernel_path for c in costs[name] if c.kernel_path})
             v.bytes_removed = eager_inter - v.intermediate_bytes
             v.kernels_bound_s = kernels_bound(costs[name], peaks)
             v.kernels = len(costs[name])
@@ -1039,9 +1083,12 @@ def closing_note(result: dict, peaks: Peaks) -> list[str]:
                 continue
             pred, meas = v["predicted_speedup"], v["speedup_vs_eager"]
             holds = abs(math.log(meas / pred)) < math.log(1.25)
+            noisy = [r["name"] for r in (eager, v) if r and r["iqr_s"] > 0.25 * r["median_s"]]
             why = ""
             if not holds:
-                if eager and eager["pct_of_limit"] > 100:
+                if noisy:
+                    why = f"too noisy to tell ({' and '.join(noisy)}: IQR over 25% of the median); rerun on a quiet machine"
+                elif eager and eager["pct_of_limit"] > 100:
                     why = "the working set fits in cache, so bytes cost less than the DRAM ceiling says"
                 elif eager and eager["median_s"] < (20e-6 if result["meta"]["device"] == "cuda" else 200e-6):
                     why = "the calls are so short that per-op launch/dispatch overhead, not bytes, sets the time"
@@ -1051,6 +1098,20 @@ def closing_note(result: dict, peaks: Peaks) -> list[str]:
                     why = "the fused kernel is also better than the eager ones at what it does (not only fewer bytes)"
             verdict = "holds" if holds else f"does not hold: {why}"
             lines.append(f"  {w['title']:<28} {v['name']:<8} predicted {pred:.2f}×, measured {meas:.2f}× → {verdict}")
+    return lines
+
+
+def kernel_path_lines(result: dict) -> list[str]:
+    """What the fused modules say they really run (phase 2's FusedLinearReLU differs between CPU and CUDA)."""
+    try:
+        described = load_phase("manual_fusion", 2).KERNEL_PATHS
+    except (VariantUnavailable, AttributeError, ImportError):
+        described = {}
+    lines = []
+    for w in result["workloads"]:
+        for v in w["variants"]:
+            for path in v.get("kernel_paths") or ():
+                lines.append(f"  {w['title']} / {v['label']} runs {path}: {described.get(path, '')}".rstrip(": "))
     return lines
 
 
@@ -1072,8 +1133,8 @@ def print_report(result: dict) -> None:
     print(workloads_table(result))
     heading("Results (variants of one workload interleaved in one process)", "-")
     print(results_table(result))
-    print("\n".join(skipped_lines(result)))
-    print()
+    skipped = skipped_lines(result) + kernel_path_lines(result)
+    print("\n".join(skipped) + "\n" if skipped else "")
     print(NOTES)
     heading("Where the roofline holds", "-")
     print("\n".join(closing_note(result, peaks)) or "  (no fused variant ran)")
@@ -1152,7 +1213,7 @@ def run(
 ) -> None:
     """The lesson: measure the peaks, run every workload, print the table (and save JSON / the picture)."""
     config = default_config(device, quick=quick, compile=compile)
-    config = dataclasses.replace(config, sizes=sizes or config.sizes, threads=threads)
+    config = dataclasses.replace(config, sizes=sizes or config.sizes, threads=threads or config.threads)
     if not config.compile:
         why = "--quick" if quick else "--no-compile"
         print(f"(torch.compile skipped: {why})")
@@ -1179,7 +1240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     p.add_argument("--json", metavar="PATH", help="write every raw number (and device, torch, threads, date) here")
     p.add_argument("--plot", metavar="PATH", help="save a roofline picture (needs matplotlib: uv run --extra plot)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch.get_num_threads())")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: torch.get_num_threads(); 1 with --quick on CPU)"
+    )
     p.add_argument("--tiny", action="store_true", help="toy shapes: checks the harness in seconds, numbers meaningless")
     args = p.parse_args(argv)
     if args.plot and not have_matplotlib():
