@@ -390,13 +390,20 @@ def _count(tensors) -> int:
     return sum(t.numel() for t in tensors)
 
 
-def _median_seconds(module: nn.Module, x: torch.Tensor, min_run_time: float) -> float:
-    timer = benchmark.Timer(
-        stmt="with torch.no_grad(): m(x)",
-        globals={"m": module, "x": x, "torch": torch},
-        num_threads=torch.get_num_threads(),
-    )
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+def _median_seconds(
+    modules: dict[str, nn.Module], x: torch.Tensor, min_run_time: float, rounds: int
+) -> dict[str, float]:
+    """Median seconds per forward of each module, timed round-robin (A, B, A, B, ...) so drift hits both alike."""
+    times: dict[str, list[float]] = {name: [] for name in modules}
+    for _ in range(rounds):
+        for name, module in modules.items():
+            timer = benchmark.Timer(
+                stmt="with torch.no_grad(): m(x)",
+                globals={"m": module, "x": x, "torch": torch},
+                num_threads=torch.get_num_threads(),
+            )
+            times[name] += timer.blocked_autorange(min_run_time=min_run_time).times
+    return {name: torch.tensor(t).median().item() for name, t in times.items()}
 
 
 def _torch_grouped_transpose_demo() -> None:
@@ -440,7 +447,7 @@ def _torch_shared_conv_demo() -> None:
 
 
 def run(quick: bool = False) -> None:
-    width, batch, size, min_run_time = (16, 2, 16, 0.05) if quick else (32, 8, 56, 1.0)
+    width, batch, size, min_run_time, rounds = (16, 2, 16, 0.05, 2) if quick else (32, 8, 32, 0.3, 3)
     model = models.ConvBNNet(width=width).eval()
     (x,) = models.conv_inputs(batch=batch, size=size)
 
@@ -479,9 +486,9 @@ def run(quick: bool = False) -> None:
     print(table(rows, ["model", "parameters", "buffers (BN running stats)", "BatchNorm modules"]))
     print("Each BN's γ, β (and its running stats) are gone; bias-less convs gained a bias of C_out values.")
 
-    heading(f"Time on CPU ({torch.get_num_threads()} threads, torch.utils.benchmark, median)", "-")
-    t_unfused = _median_seconds(model, x, min_run_time)
-    t_folded = _median_seconds(gm, x, min_run_time)
+    heading(f"Time on CPU ({torch.get_num_threads()} threads, torch.utils.benchmark, median of {rounds} rounds)", "-")
+    t = _median_seconds({"unfused": model, "folded": gm}, x, min_run_time, rounds)
+    t_unfused, t_folded = t["unfused"], t["folded"]
     print(
         table(
             [("unfused", t_unfused * 1e6), ("folded", t_folded * 1e6)],
