@@ -49,6 +49,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import warnings
 from collections import Counter
 
 import torch
@@ -197,13 +198,14 @@ def fused_linear_relu(input: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     # BEGIN SOLUTION
     *lead, k = input.shape
     n = weight.shape[0]
-    x2d = input.reshape(math.prod(lead), k)  # (M, K), M = product of the leading dims (1 for a 1-D input)
+    flat = len(lead) != 1  # a 2-D input needs no reshape (and a reshape costs a dispatcher call even when it is free)
+    x2d = input.reshape(math.prod(lead), k) if flat else input  # (M, K), M = product of the leading dims
     if input.is_cuda and k > 0:
         out = addmm_relu(x2d, weight, bias)  # (M, N): one cuBLASLt call with the bias+ReLU epilogue
     else:
         out = torch.addmm(bias, x2d, weight.t()) if bias is not None else torch.mm(x2d, weight.t())  # (M, N)
         out = out.relu_()  # in place is safe: addmm's backward never reads its output
-    return out.reshape(*lead, n)  # (..., N)
+    return out.reshape(*lead, n) if flat else out  # (..., N)
     # END SOLUTION
 
 
@@ -448,7 +450,8 @@ def launched_kernels(fn, *args: torch.Tensor) -> list[str]:
 
             fn(*args)  # warm up: cuBLAS handles, heuristics, lazy init
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
                 fn(*args)
                 torch.cuda.synchronize()
             return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
