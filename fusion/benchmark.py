@@ -193,6 +193,11 @@ class NodeCost:
     def nbytes(self) -> int:
         return self.bytes_read + self.bytes_written
 
+    @property
+    def extra_pass_bytes(self) -> int:
+        """Bytes of the extra passes (each reads and rewrites the output): separate kernels inside this node."""
+        return 2 * self.extra_passes * (self.bytes_written // (1 + self.extra_passes))
+
 
 def _nbytes(meta: object) -> int:
     if not hasattr(meta, "shape"):
@@ -382,8 +387,15 @@ def roofline(flops: float, nbytes: float, peaks: Peaks) -> Roofline:
 
 
 def kernels_bound(costs: Sequence[NodeCost], peaks: Peaks) -> float:
-    """The roofline bound of running each node as its own kernel: each pays its own bytes, the times add up."""
-    return sum(roofline(c.flops, c.nbytes, peaks).bound_s for c in costs)
+    """The roofline bound of running each node as its own kernel: each pays its own bytes, the times add up.
+
+    A node that declares extra passes over its output (FusedLinearReLU on CPU: addmm, then relu_) runs those as
+    kernels of their own, pure memory traffic that cannot hide behind the matmul's compute.
+    """
+    return sum(
+        roofline(c.flops, c.nbytes - c.extra_pass_bytes, peaks).bound_s + c.extra_pass_bytes / peaks.bytes_per_s
+        for c in costs
+    )
 
 
 @dataclass(frozen=True)

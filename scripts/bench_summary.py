@@ -1,0 +1,57 @@
+"""A short summary of fusion.benchmark JSON files: `python3 scripts/bench_summary.py bench_cuda.json [more.json]`.
+
+Standard library only (it runs last in scripts/gpu_run.sh, whatever else failed). A missing file is reported, not
+fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _t(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def summarize(path: str) -> None:
+    try:
+        with open(path) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"{path}: no result ({e})")
+        return
+    m, p = r["meta"], r.get("peaks", {})
+    state = "" if r.get("complete") else "  [INCOMPLETE: the run stopped early]"
+    print(
+        f"{path}: {m['device_name']} ({m['device']}), torch {m['torch_version']}, {m['dtype']}, "
+        f"{m['threads']} threads, {m['date']}{state}"
+    )
+    if p:
+        print(f"  peaks: {p['bytes_per_s'] / 1e9:.0f} GB/s copy, {p['flops_per_s'] / 1e12:.3g} TFLOP/s matmul")
+    for w in r["workloads"]:
+        v = {x["name"]: x for x in w["variants"]}
+        parts = []
+        for name in ("fx", "compile"):
+            x = v.get(name)
+            if x is None:
+                continue
+            if x["median_s"] is None:
+                parts.append(f"{name}: skipped ({x['reason'][:60]})")
+            else:
+                bad = "" if x["outputs_match"] else " MISMATCH"
+                parts.append(f"{name} {_x(x['speedup_vs_eager'])} (pred {_x(x['predicted_speedup'])}){bad}")
+        print(f"  {w['title']:<27} eager {_t(v['eager']['median_s']):>10} | " + " | ".join(parts))
+    for t in r.get("targets") or []:
+        print(f"  target {t['workload']} >= {t['need']}x: {t['status']}")
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        summarize(arg)
