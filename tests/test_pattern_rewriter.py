@@ -1,0 +1,485 @@
+"""Phase 3: pattern rewriting of relu(x @ w + b) into one fused call, in every spelling, legally."""
+
+import copy
+import functools
+import itertools
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusion import models
+from fusion.common import UntraceableModelError, report_of
+from fusion.pattern_rewriter import (
+    ADDS,
+    MATMULS,
+    RELUS,
+    LeakyIntermediate,
+    MixedSpellings,
+    SpelledLayer,
+    SpelledLayerBiasInput,
+    aten_ops,
+    fuse_matmul_add_relu,
+    fused_call_count,
+    fused_matmul_add_relu,
+    make_rule,
+    pattern_counts,
+    pattern_set,
+    spelling_name,
+)
+
+pytestmark = pytest.mark.phase3
+
+SPELLINGS = list(itertools.product(MATMULS, ADDS, RELUS))
+UNFUSED_TARGETS = {torch.matmul, torch.mm, torch.add, torch.relu, F.relu}
+
+
+def randn(*shape, dtype=torch.float64, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def close(actual, expected, dtype=torch.float64):
+    # float64: the algebra is the same, only the rounding order inside the GEMM may differ
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {}
+    torch.testing.assert_close(actual, expected, **tol)
+
+
+def leftover_ops(gm: fx.GraphModule) -> list[str]:
+    """Unfused matmul/add/relu nodes still in the graph (any spelling)."""
+    import operator
+
+    return [
+        n.name
+        for n in gm.graph.nodes
+        if (n.op == "call_function" and n.target in UNFUSED_TARGETS | {operator.matmul, operator.add})
+        or (n.op == "call_method" and n.target in ("relu", "matmul", "mm", "add"))
+    ]
+
+
+class Functional(nn.Module):
+    """One spelling with x, w and b all graph inputs: one fused graph serves every drawn shape."""
+
+    def __init__(self, matmul, add, relu):
+        super().__init__()
+        self.spelling = (matmul, add, relu)
+
+    def forward(self, x, w, b):
+        matmul, add, relu = self.spelling
+        return RELUS[relu](ADDS[add](MATMULS[matmul](x, w), b))
+
+
+@functools.cache
+def fused_functional(spelling):
+    return fuse_matmul_add_relu(Functional(*spelling))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The rules
+
+
+def test_pattern_set_is_the_product_of_the_spelling_tables():
+    rules = pattern_set()
+    assert len(rules) == len(MATMULS) * len(ADDS) * len(RELUS) == 36
+    assert len({r.name for r in rules}) == 36
+    assert {r.name for r in rules} == {spelling_name(*s) for s in SPELLINGS}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: spelling_name(*s))
+def test_make_rule_traces_to_the_spelling(spelling):
+    matmul, add, relu = spelling
+    pattern, replacement = make_rule(MATMULS[matmul], ADDS[add], RELUS[relu])
+    got = [(n.op, n.target) for n in fx.symbolic_trace(pattern).graph.nodes if n.op not in ("placeholder", "output")]
+    want = [
+        (n.op, n.target)
+        for n in fx.symbolic_trace(Functional(*spelling)).graph.nodes
+        if n.op not in ("placeholder", "output")
+    ]
+    assert got == want and len(got) == 3
+    rep = [n for n in fx.symbolic_trace(replacement).graph.nodes if n.op == "call_function"]
+    assert [n.target for n in rep] == [fused_matmul_add_relu]  # a single leaf call, not traced into
+    assert [n.name for n in fx.symbolic_trace(replacement).graph.nodes if n.op == "placeholder"] == ["x", "w", "b"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Every spelling: fused once, equivalent on drawn shapes
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: spelling_name(*s))
+@given(
+    m=st.integers(1, 6),
+    k=st.integers(1, 8),
+    n=st.integers(1, 8),
+    batch=st.one_of(st.just(()), st.tuples(st.integers(1, 3))),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_spelling_is_fused_and_equivalent(spelling, m, k, n, batch, dtype, seed):
+    if spelling[0] == "torch.mm(x, w)":
+        batch = ()  # torch.mm takes 2-D operands only
+    model = Functional(*spelling)
+    gm = fused_functional(spelling)
+    assert fused_call_count(gm) == 1 and leftover_ops(gm) == []
+    assert pattern_counts(gm)[spelling_name(*spelling)] == 1 and sum(pattern_counts(gm).values()) == 1
+    x, w, b = randn(*batch, m, k, dtype=dtype, seed=seed), randn(k, n, dtype=dtype, seed=seed + 1), randn(n, seed=seed + 2)
+    b = b.to(dtype)
+    with torch.no_grad():
+        close(gm(x, w, b), model(x, w, b), dtype)
+
+
+@given(
+    spelling=st.sampled_from(SPELLINGS),
+    k=st.integers(1, 8),
+    n=st.integers(1, 8),
+    lead=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+    seed=st.integers(0, 2**16),
+)
+def test_bias_as_parameter(spelling, k, n, lead, seed):
+    if spelling[0] == "torch.mm(x, w)":
+        lead = lead[:1]
+    model = SpelledLayer(k, n, *spelling, seed=seed).double()
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 1 and leftover_ops(gm) == []
+    x = randn(*lead, k, seed=seed)
+    with torch.no_grad():
+        close(gm(x), model(x))
+
+
+@given(
+    spelling=st.sampled_from(SPELLINGS),
+    m=st.integers(1, 5),
+    k=st.integers(1, 6),
+    n=st.integers(1, 6),
+    bias_shape=st.sampled_from(["(N,)", "(1,)", "()", "(M, N)", "(M, 1)", "(2, M, N)"]),
+    seed=st.integers(0, 2**16),
+)
+def test_bias_as_graph_input_of_any_broadcastable_shape(spelling, m, k, n, bias_shape, seed):
+    model = SpelledLayerBiasInput(k, n, *spelling, seed=seed).double()
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 1 and leftover_ops(gm) == []
+    shape = {"(N,)": (n,), "(1,)": (1,), "()": (), "(M, N)": (m, n), "(M, 1)": (m, 1), "(2, M, N)": (2, m, n)}
+    x, b = randn(m, k, seed=seed), randn(*shape[bias_shape], seed=seed + 1)
+    with torch.no_grad():
+        out = gm(x, b)
+        close(out, model(x, b))
+    assert out.shape == torch.broadcast_shapes((m, n), b.shape)
+
+
+def test_literal_bias_is_matched_and_correct():
+    class LiteralBias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(randn(4, 3))
+
+        def forward(self, x):
+            return F.relu(0.25 + x @ self.w)
+
+    model = LiteralBias()
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 1  # a pattern placeholder matches a Python literal too
+    fused = next(n for n in gm.graph.nodes if n.target is fused_matmul_add_relu)
+    assert fused.args[2] == 0.25
+    x = randn(5, 4)
+    close(gm(x), model(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The fused op itself
+
+
+@given(
+    x_shape=st.sampled_from(["(K,)", "(M, K)", "(B, M, K)", "(A, B, M, K)"]),
+    w_shape=st.sampled_from(["(K,)", "(K, N)"]),
+    bias=st.sampled_from(["N", "1", "scalar", "float", "M1", "f32"]),
+    m=st.integers(1, 4),
+    k=st.integers(0, 5),
+    n=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_op_matches_the_unfused_expression_on_every_input(x_shape, w_shape, bias, m, k, n, seed):
+    x = randn(*{"(K,)": (k,), "(M, K)": (m, k), "(B, M, K)": (2, m, k), "(A, B, M, K)": (2, 1, m, k)}[x_shape], seed=seed)
+    w = randn(*{"(K,)": (k,), "(K, N)": (k, n)}[w_shape], seed=seed + 1)
+    out_last = n if w.dim() == 2 else (m if x.dim() >= 2 else 1)
+    b = {
+        "N": randn(out_last, seed=seed + 2),
+        "1": randn(1, seed=seed + 2),
+        "scalar": randn(seed=seed + 2),
+        "float": -0.5,
+        "M1": randn(m, 1, seed=seed + 2),
+        "f32": randn(out_last, seed=seed + 2, dtype=torch.float32),  # x @ w + b promotes; addmm would refuse
+    }[bias]
+    try:
+        want = torch.relu(torch.matmul(x, w) + b)
+    except RuntimeError:
+        return  # a shape the original rejects (e.g. an (M, 1) bias on a 1-D result)
+    got = fused_matmul_add_relu(x, w, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    close(got, want)
+
+
+@pytest.mark.parametrize("lead", [(5,), (2, 5), (2, 3, 5)])
+def test_fused_op_is_one_addmm_activation_kernel_for_a_column_bias(lead):
+    x, w, b = randn(*lead, 4, dtype=torch.float32), randn(4, 3, dtype=torch.float32), randn(3, dtype=torch.float32)
+    with torch.no_grad():
+        ops = aten_ops(fused_matmul_add_relu, x, w, b)
+    assert ops.count("_addmm_activation") == 1
+    assert not {"mm", "addmm", "bmm", "add", "relu"} & set(ops)
+    if len(lead) == 1:
+        assert ops == ["_addmm_activation"]
+
+
+@pytest.mark.parametrize(
+    "case", ["bias (M, 1)", "bias (1,)", "w 1-D", "x 1-D", "mixed dtype", "x requires grad", "b requires grad"]
+)
+def test_fused_op_falls_back_where_addmm_activation_is_not_exact(case):
+    x, w, b = randn(5, 4), randn(4, 3), randn(3)
+    if case == "bias (M, 1)":
+        b = randn(5, 1)
+    elif case == "bias (1,)":
+        b = randn(1)
+    elif case == "w 1-D":
+        w, b = randn(4), randn(5)
+    elif case == "x 1-D":
+        x = randn(4)
+    elif case == "mixed dtype":
+        b = b.float()
+    elif case == "x requires grad":
+        x.requires_grad_()
+    else:
+        b.requires_grad_()
+    assert "_addmm_activation" not in aten_ops(fused_matmul_add_relu, x, w, b)
+    close(fused_matmul_add_relu(x, w, b), torch.relu(torch.matmul(x, w) + b))
+
+
+@given(lead=st.sampled_from([(3,), (2, 3)]), k=st.integers(1, 5), n=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_gradients_through_the_fused_call(lead, k, n, seed):
+    model = models.MatmulAddReLU(k, n, 3, seed=seed).double()
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 2
+    x = randn(*lead, k, seed=seed)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = randn(*lead, 3, seed=seed + 1)
+    (model(x1) * g).sum().backward()
+    (gm(x2) * g).sum().backward()
+    close(x2.grad, x1.grad)
+    fused_params = dict(gm.named_parameters())
+    for name, p in model.named_parameters():
+        close(fused_params[name].grad, p.grad)
+
+
+def test_gradcheck_fused_op():
+    x, w, b = (randn(*s, seed=i).requires_grad_() for i, s in enumerate([(2, 3, 4), (4, 5), (5,)]))
+    assert torch.autograd.gradcheck(fused_matmul_add_relu, (x, w, b))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Legality: intermediates with outside readers
+
+
+class MatmulLeaks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(randn(4, 3)), nn.Parameter(randn(3))
+
+    def forward(self, x):
+        m = x @ self.w
+        return torch.relu(m + self.b) * m
+
+
+class ReturnsIntermediate(MatmulLeaks):
+    def forward(self, x):
+        h = torch.matmul(x, self.w) + self.b
+        return h.relu(), h
+
+
+class ReluReadTwice(MatmulLeaks):
+    def forward(self, x):
+        y = F.relu(x @ self.w + self.b)
+        return y * y.sum()  # the relu output (the returning node) may have any number of readers
+
+
+@pytest.mark.parametrize("model_cls", [LeakyIntermediate, MatmulLeaks, ReturnsIntermediate])
+def test_intermediate_with_an_outside_user_is_not_rewritten(model_cls):
+    model = model_cls().double() if model_cls is LeakyIntermediate else model_cls()
+    before = [(n.op, n.target) for n in copy.deepcopy(fx.symbolic_trace(model)).graph.nodes]
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 0
+    assert sum(pattern_counts(gm).values()) == 0
+    assert [(n.op, n.target) for n in gm.graph.nodes] == before
+    (skip,) = report_of(gm).skipped
+    assert "outside the pattern" in skip.reason
+    assert report_of(gm).fused == []
+    x = randn(6, 32 if model_cls is LeakyIntermediate else 4)
+    got, want = gm(x), model(x)
+    for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,), strict=True):
+        close(a, e)
+
+
+def test_relu_with_several_users_is_still_fused():
+    model = ReluReadTwice()
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 1 and leftover_ops(gm) == []
+    x = randn(6, 4)
+    close(gm(x), model(x))
+
+
+class NotInTheSet(nn.Module):
+    """Spellings outside the tables: each must be left alone (alpha=2 would be *wrong* if fused)."""
+
+    def __init__(self, which):
+        super().__init__()
+        self.which = which
+        self.w, self.b = nn.Parameter(randn(4, 4)), nn.Parameter(randn(4))
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        if self.which == "method matmul":
+            return torch.relu(x.matmul(self.w) + self.b)
+        if self.which == "alpha":
+            return torch.relu(torch.add(x @ self.w, self.b, alpha=2))
+        if self.which == "inplace relu":
+            return F.relu(x @ self.w + self.b, inplace=True)
+        if self.which == "repeated operand":
+            h = x @ self.w
+            return torch.relu(h + h)
+        if self.which == "square":
+            return torch.relu(x @ x + self.b)
+        if self.which == "relu module":
+            return self.act(x @ self.w + self.b)
+        raise AssertionError(self.which)
+
+
+@pytest.mark.parametrize(
+    "which, reason",
+    [
+        ("method matmul", "syntactic"),
+        ("alpha", "keyword"),
+        ("inplace relu", "keyword"),
+        ("repeated operand", "one-to-one"),
+        ("square", "one-to-one"),
+        ("relu module", "syntactic"),
+    ],
+)
+def test_spellings_outside_the_set_are_left_alone_and_reported(which, reason):
+    model = NotInTheSet(which)
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 0
+    (skip,) = report_of(gm).skipped
+    assert reason in skip.reason
+    x = randn(4, 4)
+    close(gm(x.clone()), model(x.clone()))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Back to back, mixed spellings, a smaller set
+
+
+@given(
+    dims=st.lists(st.integers(1, 8), min_size=2, max_size=4),
+    lead=st.sampled_from([(1,), (5,), (2, 3)]),
+    seed=st.integers(0, 2**16),
+)
+def test_back_to_back_chains_are_all_fused(dims, lead, seed):
+    model = models.MatmulAddReLU(*dims, seed=seed).double()
+    gm = fuse_matmul_add_relu(model)
+    gm.graph.lint()
+    layers = len(dims) - 1
+    assert fused_call_count(gm) == layers and leftover_ops(gm) == []
+    assert pattern_counts(gm)["torch.relu(x @ w + b)"] == layers
+    assert len(report_of(gm).fused) == layers and report_of(gm).skipped == []
+    fused = [n for n in gm.graph.nodes if n.target is fused_matmul_add_relu]
+    for first, second in itertools.pairwise(fused):
+        assert second.args[0] is first  # each layer reads the previous fused call
+    x = randn(*lead, dims[0], seed=seed)
+    with torch.no_grad():
+        close(gm(x), model(x))
+
+
+def test_the_dims_of_the_lesson_chain():
+    gm = fuse_matmul_add_relu(models.MatmulAddReLU(32, 64, 16))
+    gm.graph.lint()
+    assert fused_call_count(gm) == 2
+    assert [d.nodes for d in report_of(gm).fused] == [("matmul", "add", "relu"), ("matmul_1", "add_1", "relu_1")]
+    assert [d.replacement for d in report_of(gm).fused] == ["fused_matmul_add_relu", "fused_matmul_add_relu_1"]
+
+
+def test_one_handwritten_rule_misses_spellings_the_set_catches():
+    model = MixedSpellings().double()
+    x = randn(3, 32)
+    (rule,) = [r for r in pattern_set() if r.name == "torch.relu(x @ w + b)"]
+    one = fuse_matmul_add_relu(model, patterns=[rule])
+    assert fused_call_count(one) == 1
+    assert pattern_counts(one) == {"torch.relu(x @ w + b)": 1}
+    assert len(report_of(one).skipped) == 2 and all("syntactic" in d.reason for d in report_of(one).skipped)
+    full = fuse_matmul_add_relu(model)
+    assert fused_call_count(full) == 3 and leftover_ops(full) == []
+    assert {k: v for k, v in pattern_counts(full).items() if v} == {spelling_name(*s): 1 for s in model.SPELLINGS}
+    assert list(pattern_counts(full)) == [r.name for r in pattern_set()]  # every rule, in the order tried
+    with torch.no_grad():
+        close(one(x), model(x))
+        close(full(x), model(x))
+
+
+def test_fusing_a_fused_graph_again_keeps_the_fused_calls():
+    once = fuse_matmul_add_relu(models.MatmulAddReLU(8, 6, 4))
+    twice = fuse_matmul_add_relu(once)  # re-traced: the wrapped call must stay one leaf node
+    assert fused_call_count(twice) == 2 and sum(pattern_counts(twice).values()) == 0
+    x = randn(3, 8, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(twice(x), once(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The caller's model, bad input, the lesson
+
+
+def test_callers_module_is_unchanged():
+    model = MixedSpellings()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    modules = [(name, type(m)) for name, m in model.named_modules()]
+    gm = fuse_matmul_add_relu(model)
+    assert fused_call_count(gm) == 3
+    assert [(name, type(m)) for name, m in model.named_modules()] == modules
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k])
+    ptrs = {p.data_ptr() for p in model.parameters()}
+    assert not ptrs & {p.data_ptr() for p in gm.parameters()}  # a copy, not shared storage
+
+
+def test_callers_graph_module_is_unchanged():
+    traced = fx.symbolic_trace(models.MatmulAddReLU(8, 6, 4))
+    code, nodes = traced.code, [n.name for n in traced.graph.nodes]
+    gm = fuse_matmul_add_relu(traced)
+    assert fused_call_count(gm) == 2
+    assert traced.code == code and [n.name for n in traced.graph.nodes] == nodes
+
+
+def test_bad_input_gets_a_clear_error():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        fuse_matmul_add_relu(models.MatmulAddReLU)
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x.relu() if x.sum() > 0 else x
+
+    with pytest.raises(UntraceableModelError, match="Branchy"):
+        fuse_matmul_add_relu(Branchy())
+
+
+def test_pattern_counts_needs_a_fused_module():
+    with pytest.raises(KeyError, match="fuse_matmul_add_relu"):
+        pattern_counts(fx.symbolic_trace(models.MatmulAddReLU()))
+
+
+def test_phase_runs(capsys):
+    from fusion import pattern_rewriter
+
+    pattern_rewriter.run(quick=True)
+    out = capsys.readouterr().out
+    assert "1 of 3 fused" in out and "3 of 3 fused" in out
+    assert "outside the pattern" in out
+    assert "fused calls: 2; graph.lint() passes" in out
+    assert "_addmm_activation" in out
