@@ -48,6 +48,8 @@ def summarize(path: str) -> None:
                 bad = "" if x["outputs_match"] else " MISMATCH"
                 parts.append(f"{name} {_x(x['speedup_vs_eager'])} (pred {_x(x['predicted_speedup'])}){bad}")
         print(f"  {w['title']:<27} eager {_t(v['eager']['median_s']):>10} | " + " | ".join(parts))
+    for e in r.get("errors") or []:
+        print(f"  FAILED {e['workload']}: {e['error'][:200]}")
     for t in r.get("targets") or []:
         print(f"  target {t['workload']} >= {t['need']}x: {t['status']}")
 

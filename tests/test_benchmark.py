@@ -216,7 +216,7 @@ def test_tiny_run_json_schema(tiny_run):
         "conv_bn_relu",
         "elementwise_chain",
     ]
-    assert r["targets"] == []  # the H100 targets are checked on CUDA only
+    assert r["targets"] == [] and r["errors"] == []  # the H100 targets are checked on CUDA only
 
 
 def test_tiny_run_every_variant(tiny_run):
@@ -269,6 +269,25 @@ def test_check_targets_reports_a_miss():
     assert "slower" in t["linear_relu_memory"]["status"]
     assert t["conv_bn_relu"]["status"].startswith("not run")
     assert B.check_targets({"meta": {"device": "cpu", "sizes": "cpu"}, "workloads": [w]}) == []
+
+
+def test_a_failing_workload_is_recorded_and_the_others_still_run(monkeypatch):
+    def broken():
+        raise RuntimeError("boom")
+
+    real = B.workloads
+
+    def two(config):
+        chain = next(w for w in real(config) if w.key == "elementwise_chain")
+        return [B.Workload("broken", "broken", "-", broken, B.hand_fuse_chain, "-"), chain]
+
+    monkeypatch.setattr(B, "workloads", two)
+    config = B.Config(device="cpu", sizes="tiny", compile=False, threads=1)
+    result = B.benchmark(config, log=lambda msg: None)
+    assert [w["key"] for w in result["workloads"]] == ["elementwise_chain"]
+    assert result["errors"][0]["workload"] == "broken" and "boom" in result["errors"][0]["error"]
+    with pytest.raises(RuntimeError, match="1 workload"):
+        B.run(device="cpu", sizes="tiny", compile=False, threads=1)
 
 
 def test_missing_phase_is_reported_not_raised():
