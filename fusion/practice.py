@@ -569,6 +569,35 @@ def todo_phases(exc: BaseException | None) -> set[int] | None:
     return {int(m.group(1))} if m else None
 
 
+_PRINTED_TODO = re.compile(r"^TODO\(human\) Phase (\d+): .*$", re.MULTILINE)
+
+
+def printed_todos(text: str) -> dict[int, str]:
+    """TODO(human) messages that a lesson runner printed (``lesson_cli``/``fusion.main`` catch them): phase → line."""
+    found: dict[int, str] = {}
+    for m in _PRINTED_TODO.finditer(text or ""):
+        found.setdefault(int(m.group(1)), m.group(0))
+    return found
+
+
+def failure_todos(exc: BaseException | None, report=None) -> tuple[set[int], str] | None:
+    """The phases whose TODO(human) stopped a failed test, and the TODO message; None for any other failure.
+
+    Either the test's exception is a TODO stub's NotImplementedError, or the test called a lesson's command line
+    (which turns a TODO into a printed message and exit status 1) and its captured output holds that message.
+    """
+    phases = todo_phases(exc)
+    if phases:
+        return phases, _exc_message(exc)
+    if report is None or not getattr(report, "failed", False):
+        return None
+    printed = printed_todos(f"{getattr(report, 'capstdout', '')}\n{getattr(report, 'capstderr', '')}")
+    if not printed:
+        return None
+    first = printed[min(printed)]
+    return set(printed), f"{first} (printed by the lesson; the test saw {_exc_message(exc) if exc else 'a failure'})"
+
+
 def item_phase(item) -> int | None:
     """The N of a test's ``phaseN`` marker (None for tooling tests)."""
     for mark in item.iter_markers():
@@ -578,18 +607,20 @@ def item_phase(item) -> int | None:
     return None
 
 
-def blocked_by(item, call) -> tuple[int, str] | None:
+def blocked_by(item, call, report=None) -> tuple[int, str] | None:
     """(N, message) when a test of phase M stopped at the TODO(human) of another phase N; None otherwise.
 
     Used by tests/conftest.py to report such a test as skipped ("needs Phase N") instead of failed: the test is not
-    wrong, it is waiting for an earlier exercise. A TODO of the test's own phase stays a failure.
+    wrong, it is waiting for an earlier exercise. A TODO of the test's own phase stays a failure. In the reference no
+    TODO is ever raised or printed, so this is always None there.
     """
     if call.excinfo is None:
         return None
     own = item_phase(item)
-    phases = todo_phases(call.excinfo.value)
-    if own is None or not phases or own in phases:
+    found = failure_todos(call.excinfo.value, report)
+    if own is None or not found or own in found[0]:
         return None
+    phases = found[0]
     n = min(phases)
     return n, f"needs Phase {n}: solve its TODO(human) first (uv run python -m fusion.practice hint {n})"
 
@@ -616,8 +647,7 @@ class _Tally:
         self.phase: dict[str, int | None] = {}
         self.tally: dict[int, PhaseTally] = {}
         self.collection_errors: list[dict] = []
-        self.messages: dict[str, str] = {}
-        self.todo: dict[str, int] = {}
+        self.excs: dict[str, BaseException] = {}
 
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
@@ -638,11 +668,8 @@ class _Tally:
             pytest.skip(f"not run: Phase {p} already has a failing test (check --first-failure)")
 
     def pytest_runtest_makereport(self, item, call) -> None:
-        if call.excinfo is not None and item.nodeid not in self.messages:
-            self.messages[item.nodeid] = _exc_message(call.excinfo.value)
-            phases = todo_phases(call.excinfo.value)
-            if phases:
-                self.todo[item.nodeid] = min(phases)
+        if call.excinfo is not None and item.nodeid not in self.excs:
+            self.excs[item.nodeid] = call.excinfo.value
 
     def pytest_runtest_logreport(self, report) -> None:
         p = self.phase.get(report.nodeid)
@@ -651,13 +678,16 @@ class _Tally:
         t = self.tally[p]
         if report.failed:
             if not any(f["nodeid"] == report.nodeid for f in t.failures):  # a teardown error after a failure
+                exc = self.excs.get(report.nodeid)
+                found = failure_todos(exc, report)
+                message = found[1] if found else _exc_message(exc) if exc else _last_line(report.longreprtext)
                 t.failed += 1
                 t.failures.append(
                     {
                         "nodeid": report.nodeid,
                         "when": report.when,
-                        "message": self.messages.get(report.nodeid) or _last_line(report.longreprtext),
-                        "todo_phase": self.todo.get(report.nodeid),
+                        "message": message,
+                        "todo_phase": (p if p in found[0] else min(found[0])) if found else None,
                     }
                 )
         elif report.skipped:
@@ -676,7 +706,7 @@ def _exc_message(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return _exc_message(exc.exceptions[0])
     first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300]
+    return f"{type(exc).__name__}: {first}"[:1000]
 
 
 def _last_line(text: str) -> str:

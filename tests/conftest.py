@@ -22,10 +22,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Practice workspaces (python -m fusion.practice start DIR): an unsolved exercise raises
-# NotImplementedError("TODO(human) Phase N: ..."). A test of phase M that stops at the TODO of ANOTHER phase N is not
-# wrong, it is waiting for Phase N: report it as skipped "needs Phase N" so that pytest fails exactly in the tests of
-# the unsolved phases. A TODO of the test's own phase stays a failure. In the reference no TODO is ever raised, so
-# this hook changes nothing there.
+# NotImplementedError("TODO(human) Phase N: ...") (or, through a lesson's command line, prints it and exits 1).
+# A test of phase M stopped by the TODO of ANOTHER phase N is not wrong, it is waiting for Phase N: it is reported as
+# skipped "needs Phase N", so that pytest fails exactly in the tests of the unsolved phases. A TODO of the test's own
+# phase stays a failure. In the reference no TODO is ever raised or printed, so this hook changes nothing there.
 
 import pytest  # noqa: E402
 
@@ -35,7 +35,7 @@ from fusion.practice import blocked_by  # noqa: E402
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    needs = blocked_by(item, call)
+    needs = blocked_by(item, call, report)
     if needs is not None and report.failed:
         _, lineno, _ = item.location
         report.outcome = "skipped"
