@@ -450,11 +450,12 @@ def launched_kernels(fn, *args: torch.Tensor) -> list[str]:
 
             fn(*args)  # warm up: cuBLAS handles, heuristics, lazy init
             torch.cuda.synchronize()
-            with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
-                fn(*args)
-                torch.cuda.synchronize()
-            return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fn(*args)
+                    torch.cuda.synchronize()
+                return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
         from torch.utils._python_dispatch import TorchDispatchMode  # what FlopCounterMode is built on
 
