@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 import sys
 import traceback
@@ -201,10 +202,37 @@ def report_of(gm: fx.GraphModule) -> FusionReport:
         ) from None
 
 
+def mutates_an_input(node: fx.Node, modules: dict[str, torch.nn.Module]) -> bool:
+    """Does ``node`` write into one of its inputs (``h.relu_()``, ``torch.relu_(h)``, ``F.relu(h, inplace=True)``,
+    ``nn.ReLU(inplace=True)``, a mutable aten op)? Then it has an effect even when nobody reads its result."""
+    target = node.target
+    if node.op == "call_method":
+        return target.endswith("_") and not target.startswith("_")
+    if node.op == "call_module":
+        return getattr(modules.get(target), "inplace", False) is True
+    if node.op != "call_function":
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    name = getattr(target, "__name__", "")
+    if name.endswith("_") and not name.startswith("_"):
+        return True
+    try:
+        bound = inspect.signature(target).bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):  # a builtin without a signature, or arguments that do not bind
+        return False
+    return bound.arguments.get("inplace", False) is True
+
+
 def finish_rewrite(gm: fx.GraphModule) -> fx.GraphModule:
-    """The clean-up every rewrite ends with: lint, dead-code elimination, drop unused submodules, recompile."""
+    """The clean-up every rewrite ends with: lint, dead-code elimination, drop unused submodules, recompile.
+
+    Dead-code elimination keeps in-place statements: fx's default would delete ``h.relu_()`` whose result nobody
+    reads, although it changes ``h`` for everyone who reads ``h`` later.
+    """
     gm.graph.lint()
-    gm.graph.eliminate_dead_code()
+    modules = dict(gm.named_modules())
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or mutates_an_input(n, modules))
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

@@ -15,7 +15,7 @@ What you learn
   3. **rewire**  — ``relu.replace_all_uses_with(fused)``: everyone who read the ReLU's output now reads the fused one.
   4. **clean up** — erase the old nodes; ``graph.lint()``, dead-code elimination, ``delete_all_unused_submodules()``,
      ``recompile()``. (Careful: fx's default dead-code elimination deletes an in-place statement such as
-     ``h.relu_()`` whose result nobody reads, although it changes ``h``; :func:`finish_rewrite_keeping_inplace`
+     ``h.relu_()`` whose result nobody reads, although it changes ``h``; :func:`fusion.common.finish_rewrite`
      keeps those.)
 
 * **Legality before speed.** Fusing hides the Linear's pre-ReLU output. If anything else reads it (a residual add,
@@ -50,7 +50,6 @@ Where the report lives: ``fusion.common.report_of(gm)`` (the same object as ``gm
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import warnings
@@ -66,6 +65,7 @@ from fusion.common import (
     FusionReport,
     attach_report,
     copy_to_graph_module,
+    finish_rewrite,
     heading,
     lesson_cli,
     max_abs_diff,
@@ -343,37 +343,6 @@ def install_fused(gm: fx.GraphModule, linear_target: str, call_sites: Counter, i
 # Cleaning up without losing in-place statements
 
 
-def mutates_an_input(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    """Does ``node`` write into one of its inputs (``h.relu_()``, ``torch.relu_(h)``, ``F.relu(h, inplace=True)``,
-    ``nn.ReLU(inplace=True)``)? Then it has an effect even when nobody reads its result."""
-    if node.op == "call_method":
-        return node.target.endswith("_") and not node.target.startswith("_")
-    if node.op == "call_module":
-        return getattr(modules.get(node.target), "inplace", False) is True
-    if node.op == "call_function":
-        name = getattr(node.target, "__name__", "")
-        if name.endswith("_") and not name.startswith("_"):
-            return True
-        try:
-            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
-        except (TypeError, ValueError):  # a builtin without a signature, or arguments that do not bind
-            return False
-        return bound.arguments.get("inplace", False) is True
-    return False
-
-
-def finish_rewrite_keeping_inplace(gm: fx.GraphModule) -> fx.GraphModule:
-    """:func:`fusion.common.finish_rewrite` (lint, dead-code elimination, delete unused submodules, recompile), except
-    that dead-code elimination keeps in-place statements: fx's default DCE would drop ``h.relu_()`` whose result is
-    unused, although it changes ``h`` for everyone who reads ``h`` later."""
-    gm.graph.lint()
-    modules = dict(gm.named_modules())
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or mutates_an_input(n, modules))
-    gm.delete_all_unused_submodules()
-    gm.recompile()
-    return gm
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The pass
 
@@ -437,7 +406,7 @@ def fuse_linear_relu(model: nn.Module) -> fx.GraphModule:
         report.fuse(PATTERN, [node.name, relu.name], replacement=target, reason=f"ReLU spelled {spelling}")
     # END SOLUTION
 
-    finish_rewrite_keeping_inplace(gm)  # lint, dead-code elimination, delete_all_unused_submodules, recompile
+    finish_rewrite(gm)  # lint, dead-code elimination, delete_all_unused_submodules, recompile
     return attach_report(gm, report)
 
 
