@@ -189,11 +189,21 @@ def test_summarize_median_and_iqr():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_json(tmp_path_factory):
+    """(exit status, the JSON it wrote or None) of one CLI run on toy shapes; the tests assert on it."""
     path = tmp_path_factory.mktemp("bench") / "bench.json"
-    assert B.main(["--device", "cpu", "--tiny", "--no-compile", "--threads", "1", "--json", str(path)]) == 0
+    rc = B.main(["--device", "cpu", "--tiny", "--no-compile", "--threads", "1", "--json", str(path)])
+    if not path.exists():
+        return rc, None
     with open(path) as f:
-        return json.load(f)
+        return rc, json.load(f)
+
+
+@pytest.fixture
+def tiny_run(tiny_json):
+    rc, result = tiny_json
+    assert rc == 0 and result is not None, "python -m fusion.benchmark --tiny failed: see the captured output"
+    return result
 
 
 def _phase_written(module: str) -> bool:
@@ -230,10 +240,10 @@ def test_tiny_run_every_variant(tiny_run):
         assert eager["speedup_vs_eager"] == 1.0 and eager["bytes_removed"] == 0 and eager["outputs_match"]
         assert eager["predicted_speedup"] == pytest.approx(1.0)
         written = w["key"] not in phase_of or _phase_written(phase_of[w["key"]])
-        assert fused["available"] == written, fused["reason"]
-        if not written:
-            assert "not available" in fused["reason"]
+        if not fused["available"]:  # a phase not written yet, or (in a practice workspace) not solved yet
+            assert "not available" in fused["reason"] if not written else "not solved yet" in fused["reason"]
             continue
+        assert written
         assert fused["outputs_match"], (w["key"], fused["max_rel_diff"])
         if "addmm+relu_" in fused["kernel_paths"]:  # phase 2 on CPU: still a second pass (relu_ in place)
             assert fused["bytes_removed"] == 0 and fused["predicted_speedup"] == pytest.approx(1.0, rel=0.1)
