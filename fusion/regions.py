@@ -279,7 +279,6 @@ class FusionRegion:
     index: int = -1  # position among the graph's regions, in order of their first node
     # node -> bytes, shared by all regions of one build_fusion_regions call: each value is measured once
     byte_cache: dict[fx.Node, int] = field(default_factory=dict, repr=False)
-    _bytes: tuple[int, int] | None = field(default=None, repr=False)
 
     @cached_property
     def members(self) -> frozenset[fx.Node]:
@@ -308,49 +307,47 @@ class FusionRegion:
             size = self.byte_cache[node] = node_bytes(node)
         return size
 
-    def _account(self) -> tuple[int, int]:
-        """(total_bytes, unfused_bytes), computed once."""
-        if self._bytes is None:
-            # TODO(human): count the fused bytes (each external input once, each written external output once) and the unfused bytes (every non-view member reads its inputs and writes its output). Hint: self.bytes_of(n) gives one value; is_view_node(n) marks free ops; an escaping aten view writes nothing itself, follow args[0] back to the value it aliases
-            # BEGIN SOLUTION
-            bytes_of = self.bytes_of
-            members = self.members
-            fused = 0
-            for node in self.external_inputs:  # already deduplicated: a tensor read by several members counts once
-                fused += bytes_of(node)
-            written: set[fx.Node] = set()
-            for node in self.external_outputs:
-                # An escaping aten view is metadata over another value: the kernel writes that value (once), or
-                # nothing at all when the view aliases an external input. (getitem is a real output of its op.)
-                while node in members and node.target is not operator.getitem and is_view_node(node):
-                    node = node.args[0]
-                if node in members and node not in written:
-                    written.add(node)
-                    fused += bytes_of(node)
-            unfused = 0
-            for node in self.nodes:
-                if is_view_node(node):
-                    continue  # a view as its own "kernel" moves nothing
-                for inp in node.all_input_nodes:  # deduplicated already: x * x reads x once
-                    unfused += bytes_of(inp)
-                unfused += bytes_of(node)
-            self._bytes = (fused, unfused)
-            # END SOLUTION
-        return self._bytes
-
-    @property
+    @cached_property
     def total_bytes(self) -> int:
         """DRAM traffic of the fused kernel: external inputs (each once, at real storage size) + external outputs.
 
         An external output that is a view writes the value it aliases (once), or nothing when it aliases an input.
         An input read only through a slice is charged the storage it spans, not just the slice: an upper bound.
         """
-        return self._account()[0]
+        # TODO(human): count the fused kernel's bytes: each external input once, plus each external output it must write. Hint: self.bytes_of(n) gives one value; an escaping aten view (is_view_node, not getitem) writes nothing itself: follow args[0] back to the member it aliases, count that once, or nothing if it aliases an input
+        # BEGIN SOLUTION
+        bytes_of = self.bytes_of
+        members = self.members
+        fused = 0
+        for node in self.external_inputs:  # already deduplicated: a tensor read by several members counts once
+            fused += bytes_of(node)
+        written: set[fx.Node] = set()
+        for node in self.external_outputs:
+            # An escaping aten view is metadata over another value: the kernel writes that value (once), or
+            # nothing at all when the view aliases an external input. (getitem is a real output of its op.)
+            while node in members and node.target is not operator.getitem and is_view_node(node):
+                node = node.args[0]
+            if node in members and node not in written:
+                written.add(node)
+                fused += bytes_of(node)
+        return fused
+        # END SOLUTION
 
-    @property
+    @cached_property
     def unfused_bytes(self) -> int:
         """DRAM traffic if every member ran as its own kernel: each op reads its inputs and writes its output."""
-        return self._account()[1]
+        # TODO(human): count the bytes if every non-view member ran as its own kernel: it reads each of its inputs once and writes its output. Hint: node.all_input_nodes is already deduplicated; is_view_node(n) marks the free ops; self.bytes_of(n) gives one value
+        # BEGIN SOLUTION
+        bytes_of = self.bytes_of
+        unfused = 0
+        for node in self.nodes:
+            if is_view_node(node):
+                continue  # a view as its own "kernel" moves nothing
+            for inp in node.all_input_nodes:  # deduplicated already: x * x reads x once
+                unfused += bytes_of(inp)
+            unfused += bytes_of(node)
+        return unfused
+        # END SOLUTION
 
     def cost_ms(self, bandwidth_gbps: float) -> float:
         """Predicted time of the fused kernel if it is memory-bound: total_bytes / bandwidth, in milliseconds."""
