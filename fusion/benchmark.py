@@ -44,6 +44,7 @@ import sys
 import time
 import timeit
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -51,11 +52,23 @@ import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils import benchmark as tbench
 
 from fusion import models
-from fusion.common import heading, is_todo, report_of, run_lesson, table, trace_module
+from fusion.common import (
+    FusionReport,
+    attach_report,
+    copy_to_graph_module,
+    finish_rewrite,
+    heading,
+    is_todo,
+    report_of,
+    run_lesson,
+    table,
+    trace_module,
+)
 
 SEED = 0
 SCHEMA_VERSION = 1
@@ -257,7 +270,8 @@ def node_flops(node: fx.Node, gm: fx.GraphModule) -> int:
         m = gm.get_submodule(node.target)
         if isinstance(m, nn.modules.conv._ConvNd):
             macs_per_out = (m.in_channels // m.groups) * math.prod(m.kernel_size)
-            return 2 * out * macs_per_out + (out if m.bias is not None else 0)
+            epilogue = getattr(m, "epilogue_flops_per_output", 0)  # ConvBiasReLU2d: the ReLU (and the add)
+            return 2 * out * macs_per_out + (out if m.bias is not None else 0) + epilogue * out
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             return 2 * out  # eval mode: y = x * scale + shift
         weight = getattr(m, "weight", None)
@@ -288,9 +302,74 @@ def declared_kernel_path(module: nn.Module, node: fx.Node, device: torch.device)
         path = str(kernel_path(x))
     except Exception:
         return "", 0
-    if path in ("cublaslt-epilogue", "empty"):
-        return path, 0
+    if path in EXTRA_PASSES:
+        return path, EXTRA_PASSES[path]
     return path, 2 if path.startswith("cuda-gemm") else 1  # bias copy + GEMM + relu; or GEMM + relu_
+
+
+# What the kernels of a node really do, where that differs from "one kernel per node". Phase 2's paths are described
+# in fusion.manual_fusion.KERNEL_PATHS; these are the convolution's, on CUDA.
+CUDNN_CONV_THEN_BIAS = "cudnn-conv+bias-add"
+CUDNN_EPILOGUE = "cudnn-epilogue"
+CONV_THEN_RELU = "conv+relu"
+CONV_THEN_ADD_RELU = "conv+add+relu"
+CONV_PATHS = {
+    CUDNN_CONV_THEN_BIAS: "cuDNN convolution, then the bias in a separate add_ kernel (ATen's Convolution.cpp: "
+    "cuDNN convolutions do not handle bias): one more read+write pass over the output",
+    CUDNN_EPILOGUE: "one cuDNN runtime-fusion kernel: conv, bias, (residual add,) ReLU in its epilogue",
+    CONV_THEN_RELU: "the unfused fallback: conv (bias add), then ReLU",
+    CONV_THEN_ADD_RELU: "the unfused fallback: conv (bias add), then the residual add, then ReLU",
+}
+EXTRA_PASSES = {  # extra read+write passes over the node's output, beyond the one write of its result
+    "cublaslt-epilogue": 0,
+    "empty": 0,
+    CUDNN_EPILOGUE: 0,
+    CUDNN_CONV_THEN_BIAS: 1,
+    CONV_THEN_RELU: 1,
+    CONV_THEN_ADD_RELU: 2,
+}
+_BIAS_OUTSIDE = {"Cudnn", "CudnnTranspose"}  # ConvBackends whose bias is a separate output.add_(bias) in ATen
+
+
+def conv_backend(conv: nn.Module, node: fx.Node, device: torch.device) -> str | None:
+    """The ATen backend (``torch._C._ConvBackend`` name: "Cudnn", "Mkldnn", "Slow2d", ...) this conv node runs on,
+    asked from ATen itself on a tensor with the node input's shape, strides and dtype; None when it cannot be told."""
+    select = getattr(torch._C, "_select_conv_backend", None)
+    inputs = _tensor_inputs(node)
+    if select is None or not inputs or isinstance(conv.padding, str):
+        return None
+    meta = inputs[0].meta["tensor_meta"]
+    try:
+        x = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=device)
+        transposed = isinstance(conv, nn.modules.conv._ConvTransposeNd)
+        out_pad = list(conv.output_padding) if transposed else [0] * len(conv.kernel_size)
+        backend = select(
+            x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, transposed, out_pad, conv.groups
+        )
+    except Exception:
+        return None
+    return getattr(backend, "name", str(backend).rsplit(".", 1)[-1])
+
+
+def conv_kernel_path(conv: nn.Module, node: fx.Node, device: torch.device) -> tuple[str, int]:
+    """(path, extra passes) of a plain conv with a bias: on cuDNN the bias is a kernel of its own.
+
+    ``at::_convolution`` runs ``cudnn_convolution`` and then ``output.add_(bias)``: a conv with a bias costs the
+    conv *plus* a read+write pass over its output. So folding a BatchNorm into a cuDNN conv swaps each BN pass for
+    a bias-add pass with the same bytes; only an epilogue (ConvBiasReLU2d) removes it. Elsewhere (oneDNN, the
+    native depthwise kernels) the bias rides in the conv kernel and this returns ("", 0).
+    """
+    if getattr(conv, "bias", None) is None:
+        return "", 0
+    backend = conv_backend(conv, node, device)  # on a CPU tensor ATen answers a CPU backend
+    if (
+        backend is None
+        and device.type == "cuda"
+        and torch.backends.cudnn.is_available()
+        and torch.backends.cudnn.enabled
+    ):
+        backend = "Cudnn"  # cannot ask ATen: assume the common case on CUDA
+    return (CUDNN_CONV_THEN_BIAS, 1) if backend in _BIAS_OUTSIDE else ("", 0)
 
 
 def graph_costs(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[NodeCost]:
@@ -319,6 +398,8 @@ def graph_costs(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[NodeC
             m = gm.get_submodule(node.target)
             read += sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
             path, extra = declared_kernel_path(m, node, device)
+            if not path and isinstance(m, nn.modules.conv._ConvNd):
+                path, extra = conv_kernel_path(m, node, device)
         read, written = read + extra * written, written * (1 + extra)
         costs.append(NodeCost(node.name, node_flops(node, gm), read, written, node not in returned, path, extra))
     return costs
@@ -573,6 +654,198 @@ def hand_fuse_chain(model: nn.Module) -> nn.Module:
     return AddcmulChain(copy.deepcopy(model))
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The conv analogue of Phase 2's cuBLASLt epilogue: cuDNN runtime fusion of conv + bias (+ residual add) + ReLU.
+# Folding (phase 5) removes BatchNorm's pass, but on cuDNN the folded conv's bias becomes a pass of its own (see
+# conv_kernel_path), and the ReLU (and the residual add) are passes too. torch.cudnn_convolution_relu and
+# torch.cudnn_convolution_add_relu run them in the convolution's epilogue, while the output tile is on chip.
+
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _any_autocast() -> bool:
+    probe = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return True if probe is None else bool(probe())
+
+
+def cudnn_epilogue_unavailable(device: str, dtype: torch.dtype) -> str | None:
+    """Why the cuDNN epilogue variant cannot run on ``device``/``dtype`` (None: it can)."""
+    if device != "cuda":
+        return f"needs CUDA with cuDNN (torch.cudnn_convolution_relu is a cuDNN kernel); this run is on {device}"
+    if not hasattr(torch, "cudnn_convolution_relu") or not hasattr(torch, "cudnn_convolution_add_relu"):
+        return f"torch {torch.__version__} has no torch.cudnn_convolution_relu / cudnn_convolution_add_relu"
+    if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
+        return "cuDNN is not available or torch.backends.cudnn.enabled is False"
+    if dtype not in _CUDNN_DTYPES:
+        return f"cuDNN runtime fusion takes float16, bfloat16 or float32, not {dtype}"
+    return None
+
+
+class ConvBiasReLU2d(nn.Conv2d):
+    """``relu(conv(x) + bias)``, or with ``add=True`` ``relu(conv(x) + bias + z)``, as one cuDNN kernel on CUDA.
+
+    It shares the Conv2d's Parameters. Where cuDNN cannot take the call (CPU, autograd needs a gradient — the fused
+    ops have no backward —, autocast, mixed dtypes, a ``z`` of another shape) it runs the unfused ops, so its
+    result is eager's everywhere. If cuDNN refuses a configuration once (no engine for it), it says so in
+    ``kernel_path(x, explain=True)`` and uses the unfused ops from then on.
+    """
+
+    def __init__(self, conv: nn.Conv2d, add: bool = False):
+        super().__init__(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            conv.stride,
+            conv.padding,
+            conv.dilation,
+            conv.groups,
+            bias=conv.bias is not None,
+            padding_mode=conv.padding_mode,
+            device="meta",  # placeholders, replaced by the conv's own Parameters just below
+        )
+        self.weight = conv.weight  # (C_out, C_in/groups, kh, kw): the same Parameter object
+        self.bias = conv.bias  # (C_out,) or None
+        self.train(conv.training)
+        self.add = add
+        self.epilogue_flops_per_output = 2 if add else 1  # read by the benchmark's FLOP count
+        self.cudnn_error = ""  # set when cuDNN refused a call: the module then stays on the unfused ops
+
+    def _cudnn_ok(self, x: torch.Tensor, z: torch.Tensor | None) -> bool:
+        w, b = self.weight, self.bias
+        if self.cudnn_error or not x.is_cuda or x.dim() != 4 or x.dtype not in _CUDNN_DTYPES or w.dtype != x.dtype:
+            return False
+        if (b is not None and b.dtype != x.dtype) or not torch.backends.cudnn.enabled or _any_autocast():
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+            return False
+        if z is not None:
+            if z.dtype != x.dtype or not z.is_cuda or (torch.is_grad_enabled() and z.requires_grad):
+                return False
+            if tuple(z.shape) != self.output_shape(x):  # cuDNN's z must match the output exactly: no broadcasting
+                return False
+        return True
+
+    def output_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        spatial = [
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, p, d, k, s in zip(
+                x.shape[2:], self.padding, self.dilation, self.kernel_size, self.stride, strict=True
+            )
+        ]
+        return (x.shape[0], self.out_channels, *spatial)
+
+    def forward(
+        self, x: torch.Tensor, z: torch.Tensor | None = None
+    ) -> torch.Tensor:  # (B, C, H, W) -> (B, C', H', W')
+        if self._cudnn_ok(x, z):
+            args = (self.stride, self.padding, self.dilation, self.groups)
+            try:
+                if z is None:
+                    return torch.cudnn_convolution_relu(x, self.weight, self.bias, *args)
+                return torch.cudnn_convolution_add_relu(x, self.weight, z, 1.0, self.bias, *args)
+            except RuntimeError as e:  # e.g. no cuDNN engine for this configuration: fall back, and say so
+                self.cudnn_error = str(e).splitlines()[0][:200]
+        y = self._conv_forward(x, self.weight, self.bias)
+        return torch.relu(y if z is None else y + z)
+
+    def kernel_path(self, x: torch.Tensor, explain: bool = False) -> str:
+        if self._cudnn_ok(x, None):
+            path, why = CUDNN_EPILOGUE, "CUDA, cuDNN, supported dtype: conv+bias+ReLU in one kernel"
+        else:
+            path = CONV_THEN_ADD_RELU if self.add else CONV_THEN_RELU
+            why = f"cuDNN refused it: {self.cudnn_error}" if self.cudnn_error else "not a cuDNN-fusable call here"
+        return f"{path}: {why}" if explain else path
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", epilogue={'add+relu' if self.add else 'relu'}"
+
+
+_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)
+_ADD_FUNCTIONS = (operator.add, torch.add, torch.Tensor.add)
+
+
+def _is_relu_of(node: fx.Node, value: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Is ``node`` a ReLU (any spelling, in place or not, no hooks) of exactly ``value``?"""
+    arg = node.args[0] if node.args else node.kwargs.get("input")
+    if arg is not value:
+        return False
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        plain = type(m) is nn.ReLU and not (m._forward_hooks or m._forward_pre_hooks)
+        return plain
+    if node.op == "call_function":
+        return node.target in _RELU_FUNCTIONS
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def _residual_of(add: fx.Node, conv: fx.Node) -> fx.Node | None:
+    """The other operand ``z`` if ``add`` is ``conv + z`` or ``z + conv`` (tensors, no alpha, no out=), else None."""
+    is_add = (add.op == "call_function" and add.target in _ADD_FUNCTIONS) or (
+        add.op == "call_method" and add.target == "add"
+    )
+    if not is_add or add.kwargs or len(add.args) != 2 or conv not in add.args:
+        return None
+    z = add.args[1] if add.args[0] is conv else add.args[0]
+    return z if isinstance(z, fx.Node) and z is not conv else None
+
+
+def fuse_conv_relu_epilogue(model: nn.Module) -> fx.GraphModule:
+    """Replace every ``relu(conv(x))`` and ``relu(conv(x) + z)`` (plain ``nn.Conv2d``, its only user the ReLU or
+    the add, the add's only user the ReLU) with a :class:`ConvBiasReLU2d`. Meant to run after phase 5's
+    ``fuse_conv_bn``: the folded conv's bias, the residual add and the ReLU then ride in cuDNN's epilogue.
+
+    Never mutates ``model``; every Conv2d looked at is in ``report_of(gm)``, fused or skipped with why.
+    """
+    gm = copy_to_graph_module(model, what="fuse_conv_relu_epilogue")
+    graph, report = gm.graph, FusionReport("fuse_conv_relu_epilogue")
+    modules = dict(gm.named_modules())
+    for node in list(graph.nodes):
+        if node.op != "call_module" or not isinstance(modules[node.target], nn.Conv2d):
+            continue
+        conv = modules[node.target]
+        why = ""
+        if type(conv) is not nn.Conv2d:
+            why = f"{type(conv).__name__} is not a plain nn.Conv2d"
+        elif conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            why = f"padding {conv.padding!r} / padding_mode {conv.padding_mode!r}: cuDNN's fused op takes zero padding"
+        elif conv._forward_hooks or conv._forward_pre_hooks:
+            why = "it has forward hooks, which the fused module would not run"
+        elif len(node.args) != 1 or node.kwargs:
+            why = "called with keyword or extra arguments"
+        elif len(node.users) != 1:
+            why = f"its output has {len(node.users)} users: the epilogue would hide the value the others read"
+        if why:
+            report.skip("Conv+bias+ReLU", [node.name], why)
+            continue
+        (user,) = node.users
+        z, relu = None, user
+        if not _is_relu_of(user, node, modules):
+            z = _residual_of(user, node)
+            relus = list(user.users)
+            if z is None or len(relus) != 1 or not _is_relu_of(relus[0], user, modules):
+                report.skip(
+                    "Conv+bias+ReLU", [node.name, user.name], "not followed by a ReLU, or by an add then a ReLU"
+                )
+                continue
+            relu = relus[0]
+        name = node.target.replace(".", "_") + ("_add_relu" if z is not None else "_relu")
+        while hasattr(gm, name):
+            name += "_"
+        gm.add_submodule(name, ConvBiasReLU2d(conv, add=z is not None))
+        with graph.inserting_before(relu):
+            args = (node.args[0],) if z is None else (node.args[0], z)
+            fused = graph.call_module(name, args)
+        fused.meta.update(relu.meta)
+        relu.replace_all_uses_with(fused)
+        chain = [node, relu] if z is None else [node, user, relu]
+        for dead in reversed(chain):
+            graph.erase_node(dead)
+        pattern = "Conv+bias+add+ReLU" if z is not None else "Conv+bias+ReLU"
+        report.fuse(pattern, [n.name for n in chain], replacement=name, reason="cuDNN runtime-fusion epilogue")
+    finish_rewrite(gm)
+    return attach_report(gm, report)
+
+
 def _linear_relu(k: int, n: int, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -588,6 +861,17 @@ class Workload:
     fuse: Callable[[nn.Module], nn.Module]
     fused_label: str
     channels_last: bool = False
+    # more variants built from the FX-fused float32 model: (name, label, build(fused, config)); build raises
+    # VariantUnavailable with the reason when the variant cannot run here
+    extras: tuple[tuple[str, str, Callable[[nn.Module, Config], nn.Module]], ...] = ()
+
+
+def cudnn_epilogue_after_fold(folded: nn.Module, config: Config) -> nn.Module:
+    """Phase 5's folded model + :func:`fuse_conv_relu_epilogue`, on CUDA with cuDNN only."""
+    why = cudnn_epilogue_unavailable(config.device, config.dtype)
+    if why:
+        raise VariantUnavailable(why)
+    return fuse_conv_relu_epilogue(folded)
 
 
 def workloads(config: Config) -> list[Workload]:
@@ -634,6 +918,7 @@ def workloads(config: Config) -> list[Workload]:
             fuse_conv_bn,
             "FX phase 5: Conv+BN folded",
             channels_last=cuda,
+            extras=(("fx_epilogue", "FX phase 5 + cuDNN epilogue", cudnn_epilogue_after_fold),),
         ),
         Workload(
             "elementwise_chain",
@@ -690,6 +975,58 @@ def peak_memory(fn: Callable[[], object], device: str) -> int | None:
     return int(peak)
 
 
+def _event_device_us(e: object) -> float:
+    """A profiler event's time on the device, in µs. Attribute names differ across torch versions."""
+    rng = getattr(e, "time_range", None)
+    if rng is not None and hasattr(rng, "elapsed_us"):
+        return float(rng.elapsed_us())
+    for attr in ("device_time_total", "cuda_time_total", "self_device_time_total", "self_cuda_time_total"):
+        if hasattr(e, attr):
+            return float(getattr(e, attr))
+    return 0.0
+
+
+def gpu_profile(fn: Callable[[], object], calls: int = 20, top: int = 4) -> dict | None:
+    """What the GPU did during ``calls`` calls of ``fn`` (torch.profiler, CUDA activity): per call, the sum of the
+    kernel times, the number of kernels, and the ``top`` kernels by time. None if the profiler is unavailable.
+
+    Wall time per call minus GPU time per call is time the GPU sat idle, waiting for the CPU (Python, dispatch,
+    kernel launch): with asynchronous launches a call costs max(CPU time, GPU time), so a gap means the CPU sets the
+    pace — overhead, not bytes.
+    """
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+        device_types = {torch.autograd.DeviceType.CUDA}
+        kernels = [e for e in prof.events() if getattr(e, "device_type", None) in device_types]
+    except Exception as e:  # a profiler that does not work here must not cost the timings
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(_event_device_us(e))
+    total_us = sum(sum(ts) for ts in by_name.values())
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    return {
+        "calls": calls,
+        "gpu_s": total_us / calls / 1e6,
+        "kernels_per_call": len(kernels) / calls,
+        "top": [
+            {"name": name, "per_call": len(ts) / calls, "us_per_call": sum(ts) / calls, "share": sum(ts) / total_us}
+            for name, ts in ranked[:top]
+        ]
+        if total_us
+        else [],
+    }
+
+
 def _rel_diff(out: torch.Tensor, ref: torch.Tensor) -> float:
     ref64 = ref.detach().double()
     scale = ref64.abs().max().item() or 1.0
@@ -724,6 +1061,9 @@ class Variant:
     compile_s: float | None = None
     fusion_report: list[dict] | None = None
     kernel_paths: list[str] = field(default_factory=list)
+    gpu: dict | None = None  # CUDA: gpu_profile() of one call (kernel time, kernels per call, top kernels)
+    gpu_speedup: float | None = None  # eager's GPU kernel time / this one's: what the roofline's bytes predict
+    overhead_s: float | None = None  # median wall time - GPU kernel time: the part of a call the GPU did not work
 
 
 def _report_rows(gm: nn.Module) -> list[dict] | None:
@@ -754,6 +1094,18 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
     if fused32 is not None:
         variants["fx"] = Variant("fx", w.fused_label, fusion_report=_report_rows(fused32))
         modules["fx"] = _prepare(fused32, config, w.channels_last)
+    for name, label, build in w.extras:
+        try:
+            if fused32 is None:
+                raise VariantUnavailable("it is built on the FX-fused model, which is not available")
+            extra32 = build(fused32, config)
+        except VariantUnavailable as e:
+            variants[name] = Variant(name, label, available=False, reason=str(e))
+        except Exception as e:
+            variants[name] = Variant(name, label, available=False, reason=f"failed: {type(e).__name__}: {e}")
+        else:
+            variants[name] = Variant(name, label, fusion_report=_report_rows(extra32))
+            modules[name] = _prepare(extra32, config, w.channels_last)
     del model32, fused32, inputs32
 
     # Costs: every node of the eager graph and of the fused graph, from ShapeProp's shapes on the real inputs.
@@ -763,9 +1115,9 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
     eager_kernels_s = kernels_bound(eager_costs, peaks)
     eager_inter = intermediate_bytes(eager_costs)
     costs = {"eager": eager_costs}
-    if "fx" in modules:
-        fx_mod = modules["fx"]
-        costs["fx"] = graph_costs(fx_mod if isinstance(fx_mod, fx.GraphModule) else trace_module(fx_mod), *inputs)
+    for name, mod in modules.items():
+        if name != "eager":  # torch.compile comes later; its kernels are not ours to count
+            costs[name] = graph_costs(mod if isinstance(mod, fx.GraphModule) else trace_module(mod), *inputs)
 
     if config.compile:
         variants["compile"] = Variant("compile", "torch.compile(eager)")
@@ -808,6 +1160,9 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
     times = time_interleaved(
         fns, rounds=s.rounds, min_run_time=s.min_run_time, threads=threads, timer=make_timer(config.device)
     )
+    if config.device == "cuda":  # what the GPU did per call: kernel time, kernel count, the top kernels
+        for name, fn in fns.items():
+            variants[name].gpu = gpu_profile(fn)
 
     eager_median = summarize(times["eager"])[0]
     for name, v in variants.items():
@@ -826,6 +1181,10 @@ def run_workload(w: Workload, config: Config, peaks: Peaks, threads: int, log: C
         m = row_metrics(v.median_s, eager_median, workload_roof, eager_kernels_s, v.kernels_bound_s)
         v.speedup_vs_eager, v.pct_of_limit, v.gbps, v.tflops = m.speedup_vs_eager, m.pct_of_limit, m.gbps, m.tflops
         v.predicted_speedup = m.predicted_speedup
+        eager_gpu = variants["eager"].gpu
+        if v.gpu and eager_gpu and v.gpu.get("gpu_s") and eager_gpu.get("gpu_s"):
+            v.gpu_speedup = eager_gpu["gpu_s"] / v.gpu["gpu_s"]
+            v.overhead_s = v.median_s - v.gpu["gpu_s"]
 
     result = {
         "key": w.key,
@@ -957,6 +1316,7 @@ TARGETS = (  # (workload key, minimum fx speedup vs eager)
     ("linear_relu_compute", 1.3),
     ("conv_bn_relu", 1.2),
 )
+EXTRA_TARGETS = {"conv_bn_relu": "fx_epilogue"}  # also judged: the fold + cuDNN epilogue (reported as key+name)
 
 
 def _variant(w: dict, name: str) -> dict | None:
@@ -968,12 +1328,20 @@ def check_targets(result: dict) -> list[dict]:
         return []
     out = []
     by_key = {w["key"]: w for w in result["workloads"]}
+    jobs = []
     for key, need in TARGETS:
+        jobs.append((key, need, "fx"))
         w = by_key.get(key)
-        fx_v = _variant(w, "fx") if w else None
+        if key in EXTRA_TARGETS and w and _variant(w, EXTRA_TARGETS[key]) is not None:
+            jobs.append((key, need, EXTRA_TARGETS[key]))
+    for key, need, name in jobs:
+        w = by_key.get(key)
+        fx_v = _variant(w, name) if w else None
         if fx_v is None:
             out.append({"workload": key, "need": need, "status": "not run (no FX-fused variant)"})
             continue
+        if name != "fx":
+            key = f"{key}+{name}"
         comp = _variant(w, "compile")
         entry = {
             "workload": key,
@@ -1101,39 +1469,101 @@ How to read it
   (!)           the output differs from eager beyond the dtype's tolerance: that row's speed is not a result."""
 
 
+HOLDS_WITHIN = 1.15  # the roofline "holds" when measured and predicted speedups agree within 15%
+OVERHEAD_SHARE = 0.2  # CUDA: a call whose wall time exceeds its GPU kernel time by over 20% is overhead-bound
+
+
+def overhead_bound(row: dict | None) -> bool:
+    """CUDA: did the GPU sit idle for a good part of the call (wall − GPU time > 20% of wall)? Then the CPU side
+    (Python, dispatch, launches) sets the pace, and bytes, which the roofline counts, do not."""
+    gpu = (row or {}).get("gpu") or {}
+    return bool(gpu.get("gpu_s")) and row["median_s"] - gpu["gpu_s"] > OVERHEAD_SHARE * row["median_s"]
+
+
+def verdict(result: dict, w: dict, v: dict) -> str:
+    """Does the roofline's predicted speedup explain the measured one, and if not, the likeliest reason."""
+    eager = _variant(w, "eager")
+    pred, meas = v["predicted_speedup"], v["speedup_vs_eager"]
+    holds = abs(math.log(meas / pred)) < math.log(HOLDS_WITHIN)
+    gpu_x = v.get("gpu_speedup")
+    if overhead_bound(eager) or overhead_bound(v):
+        busy = " / ".join(
+            f"{r['name']} {100 * r['gpu']['gpu_s'] / r['median_s']:.0f}%" for r in (eager, v) if r and r.get("gpu")
+        )
+        gpu_part = ""
+        if gpu_x:
+            agrees = abs(math.log(gpu_x / pred)) < math.log(HOLDS_WITHIN)
+            gpu_part = f"; GPU kernel time alone: {gpu_x:.2f}× ({'agrees' if agrees else 'disagrees'} with the bytes)"
+        gaps = " / ".join(f"{r['name']} {fmt_time(r['overhead_s'])}" for r in (eager, v) if r and r.get("overhead_s"))
+        return (
+            f"overhead-bound, so the match or mismatch is not about bytes: the GPU is busy only {busy} of the wall "
+            f"time{gpu_part}; the rest is per-call CPU time (Python, dispatch, launch; wall − GPU: {gaps})"
+        )
+    if holds:
+        return "holds" + (f" (GPU kernel time alone: {gpu_x:.2f}×)" if gpu_x else "")
+    noisy = [r["name"] for r in (eager, v) if r and r["iqr_s"] > 0.25 * r["median_s"]]
+    if noisy:
+        why = f"too noisy to tell ({' and '.join(noisy)}: IQR over 25% of the median); rerun on a quiet machine"
+    elif eager and eager["pct_of_limit"] > 100:
+        why = "the working set fits in cache, so bytes cost less than the DRAM ceiling says"
+    elif (
+        eager and not eager.get("gpu") and eager["median_s"] < (20e-6 if result["meta"]["device"] == "cuda" else 200e-6)
+    ):
+        why = "the calls are so short that per-op launch/dispatch overhead, not bytes, sets the time"
+    elif meas < pred:
+        why = "the variants' kernels reach their ceilings unequally (compare % of limit)"
+    else:
+        why = "the fused kernel is also better than the eager ones at what it does (not only fewer bytes)"
+    if gpu_x:
+        why += f"; GPU kernel time alone: {gpu_x:.2f}×"
+    return f"does not hold: {why}"
+
+
 def closing_note(result: dict, peaks: Peaks) -> list[str]:
     lines = []
     for w in result["workloads"]:
-        eager = _variant(w, "eager")
         for v in w["variants"]:
             if v["name"] == "eager" or v["median_s"] is None or v["predicted_speedup"] is None:
                 continue
             pred, meas = v["predicted_speedup"], v["speedup_vs_eager"]
-            holds = abs(math.log(meas / pred)) < math.log(1.25)
-            noisy = [r["name"] for r in (eager, v) if r and r["iqr_s"] > 0.25 * r["median_s"]]
-            why = ""
-            if not holds:
-                if noisy:
-                    why = f"too noisy to tell ({' and '.join(noisy)}: IQR over 25% of the median); rerun on a quiet machine"
-                elif eager and eager["pct_of_limit"] > 100:
-                    why = "the working set fits in cache, so bytes cost less than the DRAM ceiling says"
-                elif eager and eager["median_s"] < (20e-6 if result["meta"]["device"] == "cuda" else 200e-6):
-                    why = "the calls are so short that per-op launch/dispatch overhead, not bytes, sets the time"
-                elif meas < pred:
-                    why = "the variants' kernels reach their ceilings unequally (compare % of limit)"
-                else:
-                    why = "the fused kernel is also better than the eager ones at what it does (not only fewer bytes)"
-            verdict = "holds" if holds else f"does not hold: {why}"
-            lines.append(f"  {w['title']:<28} {v['name']:<8} predicted {pred:.2f}×, measured {meas:.2f}× → {verdict}")
+            lines.append(
+                f"  {w['title']:<28} {v['name']:<11} predicted {pred:.2f}×, measured {meas:.2f}× → {verdict(result, w, v)}"
+            )
     return lines
+
+
+def gpu_lines(result: dict) -> list[str]:
+    """CUDA: per variant, GPU kernel time per call, kernels per call, wall − GPU (overhead), the top kernels."""
+    lines = []
+    for w in result["workloads"]:
+        for v in w["variants"]:
+            gpu = v.get("gpu")
+            if not gpu or v["median_s"] is None:
+                continue
+            if "gpu_s" not in gpu:
+                lines.append(f"  {w['title']} / {v['label']}: profiler failed: {gpu.get('error')}")
+                continue
+            over = v["median_s"] - gpu["gpu_s"]
+            top = ", ".join(f"{_short(k['name'])} {k['us_per_call']:.1f} µs" for k in gpu["top"][:3])
+            lines.append(
+                f"  {w['title'][:26]:<26} {v['name']:<11} GPU {fmt_time(gpu['gpu_s']):>9} in "
+                f"{gpu['kernels_per_call']:.3g} kernels | wall − GPU = {fmt_time(max(over, 0.0)):>9} "
+                f"({100 * max(over, 0.0) / v['median_s']:.0f}% overhead) | {top}"
+            )
+    return lines
+
+
+def _short(name: str, width: int = 38) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def kernel_path_lines(result: dict) -> list[str]:
     """What the fused modules say they really run (phase 2's FusedLinearReLU differs between CPU and CUDA)."""
     try:
-        described = load_phase("manual_fusion", 2).KERNEL_PATHS
+        described = dict(load_phase("manual_fusion", 2).KERNEL_PATHS)
     except (VariantUnavailable, AttributeError, ImportError):
         described = {}
+    described.update(CONV_PATHS)
     lines = []
     for w in result["workloads"]:
         for v in w["variants"]:
@@ -1165,6 +1595,13 @@ def print_report(result: dict) -> None:
     print(NOTES)
     for e in result.get("errors") or ():
         print(f"  FAILED: {e['workload']}: {e['error']}")
+    if any(v.get("gpu") for w in result["workloads"] for v in w["variants"]):
+        heading("What the GPU did per call (torch.profiler): kernel time, kernels, wall − GPU = overhead", "-")
+        print("\n".join(gpu_lines(result)))
+        print(
+            "  Kernels launch asynchronously: a call costs max(CPU time, GPU time). Where wall − GPU is large, the GPU\n"
+            "  waited for Python/dispatch/launch: fusion there pays by launching fewer ops, not by moving fewer bytes."
+        )
     heading("Where the roofline holds", "-")
     print("\n".join(closing_note(result, peaks)) or "  (no fused variant ran)")
     if result.get("targets"):
@@ -1201,7 +1638,7 @@ def plot_roofline(result: dict, path: str) -> None:
     ax.loglog(grid, np.minimum(peak, bw * grid), "k-", lw=2)
     ax.annotate(f"{bw / 1e9:.3g} GB/s", (grid[0], bw * grid[0]), textcoords="offset points", xytext=(4, 8), fontsize=8)
     ax.annotate(f"{peak / 1e12:.3g} TFLOP/s", (grid[-1], peak), textcoords="offset points", xytext=(-70, 6), fontsize=8)
-    markers = {"eager": "o", "fx": "s", "compile": "^"}
+    markers = {"eager": "o", "fx": "s", "fx_epilogue": "D", "compile": "^"}
     for i, w in enumerate(result["workloads"]):
         for v in w["variants"]:
             if v["median_s"] is not None:

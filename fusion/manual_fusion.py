@@ -134,6 +134,14 @@ def select_kernel_path(device_type: str, dtype: torch.dtype, m: int, k: int, n: 
     )
 
 
+def _any_autocast() -> bool:
+    """Is autocast on for any device? One C call (~0.1 µs): the hot path of :func:`addmm_relu` asks this before
+    building ``x.device`` (~0.4 µs) for :func:`_autocast_dtype`. A memory-bound Linear+ReLU on a GPU takes ~15 µs,
+    so the Python around the kernel shows in Phase 4's timings. Older torch without the helper: assume it might be."""
+    probe = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return True if probe is None else probe()
+
+
 def _autocast_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype a matmul really runs in: autocast turns float32 (not float64) into its lower precision."""
     if dtype == torch.float32 and device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
@@ -178,10 +186,11 @@ def addmm_relu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     list: without the explicit cast a bf16 autocast region would run this GEMM in fp32, or fail on mixed dtypes),
     and a missing bias (the epilogue needs a bias vector: a zero one adds exactly nothing).
     """
-    dtype = _autocast_dtype(x2d.device.type, x2d.dtype)
-    if dtype != x2d.dtype or dtype != weight.dtype:  # do autocast's cast ourselves, where autograd can see it
-        x2d, weight = x2d.to(dtype), weight.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+    if x2d.dtype != weight.dtype or _any_autocast():  # rare; the common path skips it (see _any_autocast)
+        dtype = _autocast_dtype(x2d.device.type, x2d.dtype)
+        if dtype != x2d.dtype or dtype != weight.dtype:  # do autocast's cast ourselves, where autograd can see it
+            x2d, weight = x2d.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
     if bias is None:
         bias = weight.new_zeros(weight.shape[0])  # (N,): x + 0.0 == x, and the ReLU makes -0.0 and 0.0 alike
     if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad or bias.requires_grad):
@@ -256,7 +265,10 @@ class FusedLinearReLU(nn.Module):
         self.register_parameter("bias", linear.bias)  # (N,) or None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # input: (..., in_features) -> (..., out_features)
-        return fused_linear_relu(input, self.weight, self.bias)
+        params = self._parameters  # a dict lookup: self.weight goes through nn.Module.__getattr__ (~0.5 µs each)
+        if "weight" not in params:  # parametrized after fusing: the computed weight lives elsewhere
+            return fused_linear_relu(input, self.weight, self.bias)
+        return fused_linear_relu(input, params["weight"], params["bias"])
 
     def kernel_path(self, x: torch.Tensor, explain: bool = False) -> str:
         """Which kernel path ``self(x)`` takes (a key of :data:`KERNEL_PATHS`); ``explain=True`` adds the why."""

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fusion import benchmark as B
 from fusion import models
-from fusion.common import trace_module
+from fusion.common import report_of, trace_module
 
 pytestmark = pytest.mark.phase4
 
@@ -236,7 +236,11 @@ def test_tiny_run_every_variant(tiny_json):
     for w in tiny_run["workloads"]:
         assert w["flops"] > 0 and w["min_bytes"] > 0 and w["bound_s"] > 0 and w["eager_intermediate_bytes"] > 0
         variants = {v["name"]: v for v in w["variants"]}
-        assert list(variants) == ["eager", "fx"]  # --no-compile: no compile variant
+        extras = ["fx_epilogue"] if w["key"] == "conv_bn_relu" else []
+        assert list(variants) == ["eager", "fx", *extras]  # --no-compile: no compile variant
+        for name in extras:  # the cuDNN epilogue needs CUDA: on CPU the row is there and says why it is skipped
+            assert not variants[name]["available"] and "CUDA" in variants[name]["reason"]
+            assert variants[name]["median_s"] is None
         eager, fused = variants["eager"], variants["fx"]
         assert eager["speedup_vs_eager"] == 1.0 and eager["bytes_removed"] == 0 and eager["outputs_match"]
         assert eager["predicted_speedup"] == pytest.approx(1.0)
@@ -330,3 +334,182 @@ def test_quick_config_skips_compile():
     assert B.default_config("cpu", quick=True).compile is False
     assert B.default_config("cpu", quick=False, compile=False).compile is False
     assert B.default_config("cpu").sizes == "cpu" and B.default_config("cpu", quick=True).sizes == "cpu-quick"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The conv bias on cuDNN, the cuDNN epilogue pass (its structure and fallback; the kernel itself needs a GPU)
+
+
+def test_conv_bias_is_a_separate_pass_on_cudnn(monkeypatch):
+    model = models.ConvBNNet(3, 4).eval()
+    (x,) = models.conv_inputs(2, 3, 8)
+    gm = trace_module(model)
+    plain = {c.name: c for c in B.graph_costs(gm, x)}
+    assert all(c.extra_passes == 0 for c in plain.values())  # CPU: no cuDNN, the bias rides in the conv kernel
+    monkeypatch.setattr(B, "conv_backend", lambda conv, node, device: "Cudnn")
+    costs = {c.name: c for c in B.graph_costs(gm, x)}
+    out = 4 * 2 * 4 * 8 * 8  # bytes of one (B, width, H, W) float32 output
+    assert costs["conv1"].kernel_path == B.CUDNN_CONV_THEN_BIAS and costs["conv1"].extra_passes == 1
+    assert costs["conv1"].bytes_written == 2 * out and costs["conv1"].bytes_read == plain["conv1"].bytes_read + out
+    assert costs["stem_0"].extra_passes == 0 and costs["conv2"].extra_passes == 0  # no bias: nothing to add
+    assert B.kernels_bound(list(costs.values()), PEAKS) > B.kernels_bound(list(plain.values()), PEAKS)
+
+
+def _conv_relu_net(add: bool):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 4, 3, padding=1)
+            self.b = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+            self.c = nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            s = torch.relu(self.a(x))
+            h = self.b(s)
+            h = torch.relu(h + s) if add else torch.nn.functional.relu(h)
+            return self.c(h), h  # c: not followed by a ReLU, stays
+
+    return Net().eval()
+
+
+@given(batch=st.integers(1, 3), size=st.integers(3, 9), add=st.booleans())
+def test_cudnn_epilogue_pass_structure_and_exact_fallback(batch, size, add):
+    model = _conv_relu_net(add)
+    x = torch.randn(batch, 3, size, size)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    gm = B.fuse_conv_relu_epilogue(model)
+    fused = {d.nodes[0]: d for d in report_of(gm).fused}
+    assert set(fused) == {"a", "b"} and "c" in {d.nodes[0] for d in report_of(gm).skipped}
+    assert ("add" in fused["b"].pattern) == add
+    mods = [m for m in gm.modules() if isinstance(m, B.ConvBiasReLU2d)]
+    assert len(mods) == 2 and sum(m.add for m in mods) == int(add)
+    with torch.no_grad():  # on CPU the module runs the unfused ops: exactly eager
+        for got, want in zip(gm(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(m.kernel_path(x) in (B.CONV_THEN_RELU, B.CONV_THEN_ADD_RELU) for m in mods)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
+
+
+def test_cudnn_epilogue_refuses_a_multi_user_conv():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 3, padding=1)
+
+        def forward(self, x):
+            h = self.conv(x)
+            return torch.relu(h) + h  # h is read after the ReLU too
+
+    gm = B.fuse_conv_relu_epilogue(Net())
+    assert not report_of(gm).fused and "2 users" in report_of(gm).skipped[0].reason
+
+
+def test_cudnn_epilogue_unavailable_says_why():
+    assert "CUDA" in B.cudnn_epilogue_unavailable("cpu", torch.float32)
+    with pytest.raises(B.VariantUnavailable, match="CUDA"):
+        B.cudnn_epilogue_after_fold(nn.Identity(), B.Config(device="cpu"))
+
+
+def test_flops_of_the_fused_conv_module():
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 5, 5)
+    out = 2 * 4 * 5 * 5
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    gm = B.fuse_conv_relu_epilogue(Net())
+    (cost,) = B.graph_costs(gm, x)
+    assert cost.flops == 2 * out * 3 * 9 + out + out  # multiply-adds, bias, ReLU
+    assert cost.bytes_written == 2 * 4 * out and cost.extra_passes == 1  # CPU: the unfused fallback, conv then ReLU
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The GPU breakdown and the verdicts that read it (hand-made results: the profiler itself needs a GPU)
+
+
+def test_event_device_time_reads_either_spelling():
+    class Range:
+        def elapsed_us(self):
+            return 7.0
+
+    class New:
+        time_range = Range()
+
+    class Old:
+        time_range = None
+        cuda_time_total = 3.0
+
+    assert B._event_device_us(New()) == 7.0 and B._event_device_us(Old()) == 3.0
+    assert B._event_device_us(object()) == 0.0
+
+
+def _row(name, median, gpu_s, speedup, predicted, overhead=None, gpu_speedup=None):
+    return {
+        "name": name,
+        "label": name,
+        "median_s": median,
+        "iqr_s": 0.0,
+        "speedup_vs_eager": speedup,
+        "predicted_speedup": predicted,
+        "pct_of_limit": 50.0,
+        "gpu": {"gpu_s": gpu_s, "kernels_per_call": 1, "top": []} if gpu_s else None,
+        "overhead_s": overhead,
+        "gpu_speedup": gpu_speedup,
+    }
+
+
+def test_verdict_calls_an_overhead_bound_row_what_it_is():
+    result = {"meta": {"device": "cuda"}}
+    # the H100's memory-bound Linear+ReLU: eager 31.7 µs wall but ~18 µs of kernels; fused 26.0 µs, ~16 µs
+    eager = _row("eager", 31.7e-6, 18e-6, 1.0, 1.0, overhead=13.7e-6, gpu_speedup=1.0)
+    fx_row = _row("fx", 26.0e-6, 16e-6, 1.22, 1.03, overhead=10e-6, gpu_speedup=18 / 16)
+    w = {"variants": [eager, fx_row]}
+    text = B.verdict(result, w, fx_row)
+    assert text.startswith("overhead-bound") and "holds" not in text
+    assert "1.12×" in text and "agrees" in text  # the kernels alone do what the bytes predict
+    assert B.overhead_bound(eager) and B.overhead_bound(fx_row)
+    # GPU-bound rows are judged by the roofline, with the tighter tolerance
+    g_eager = _row("eager", 100e-6, 99e-6, 1.0, 1.0)
+    assert B.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.2)) == "holds"
+    far = B.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.05))
+    assert far.startswith("does not hold")  # 19% apart: beyond HOLDS_WITHIN
+
+
+def test_check_targets_judges_the_epilogue_variant_too():
+    w = {
+        "key": "conv_bn_relu",
+        "variants": [
+            {"name": "eager", "median_s": 2.0, "speedup_vs_eager": 1.0, "predicted_speedup": 1.0},
+            {"name": "fx", "median_s": 2.0, "speedup_vs_eager": 1.0, "predicted_speedup": 1.05},
+            {"name": "fx_epilogue", "median_s": 1.0, "speedup_vs_eager": 2.0, "predicted_speedup": 3.0},
+        ],
+    }
+    t = {e["workload"]: e for e in B.check_targets({"meta": {"device": "cuda", "sizes": "cuda"}, "workloads": [w]})}
+    assert t["conv_bn_relu"]["status"].startswith("missed")
+    assert t["conv_bn_relu+fx_epilogue"]["status"] == "met"
+
+
+def test_fused_linear_relu_hot_path_keeps_a_parametrized_weight():
+    """FusedLinearReLU.forward reads its Parameters from a dict (Phase 4 trimmed its Python overhead): a weight
+    parametrized after fusing is not in that dict, and must still be the one used."""
+    manual = pytest.importorskip("fusion.manual_fusion")
+    from torch.nn.utils import parametrize
+
+    class Double(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    linear = nn.Linear(5, 3)
+    fused = manual.FusedLinearReLU(nn.Linear(5, 3))
+    fused.load_state_dict(linear.state_dict())
+    parametrize.register_parametrization(fused, "weight", Double())
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        want = torch.relu(nn.functional.linear(x, 2 * linear.weight, linear.bias))
+        torch.testing.assert_close(fused(x), want)
