@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import io
 import json
 import os
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import time
 import tokenize
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -557,6 +559,8 @@ def todo_phases(exc: BaseException | None) -> set[int] | None:
     """The phases whose TODO(human) stubs raised ``exc`` (an exception group counts if *all* its leaves are TODOs)."""
     if exc is None:
         return None
+    if isinstance(getattr(exc, "todo", None), NotImplementedError):  # a TodoStop carrying the TODO out of hypothesis
+        return todo_phases(exc.todo)
     if isinstance(exc, BaseExceptionGroup):
         found: set[int] = set()
         for sub in exc.exceptions:
@@ -589,13 +593,21 @@ def failure_todos(exc: BaseException | None, report=None) -> tuple[set[int], str
     phases = todo_phases(exc)
     if phases:
         return phases, _exc_message(exc)
+    if exc is not None and id(exc) in _PRINTED_SEEN and _PRINTED_SEEN[id(exc)][0] is exc:
+        return _PRINTED_SEEN[id(exc)][1]  # a failed module/session fixture re-raises its error, without the output
     if report is None or not getattr(report, "failed", False):
         return None
     printed = printed_todos(f"{getattr(report, 'capstdout', '')}\n{getattr(report, 'capstderr', '')}")
     if not printed:
         return None
     first = printed[min(printed)]
-    return set(printed), f"{first} (printed by the lesson; the test saw {_exc_message(exc) if exc else 'a failure'})"
+    found = set(printed), f"{first} (printed by the lesson; the test saw {_exc_message(exc) if exc else 'a failure'})"
+    if exc is not None:
+        _PRINTED_SEEN[id(exc)] = (exc, found)
+    return found
+
+
+_PRINTED_SEEN: dict[int, tuple[BaseException, tuple[set[int], str]]] = {}
 
 
 def item_phase(item) -> int | None:
@@ -605,6 +617,71 @@ def item_phase(item) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+_TODO_STOP: type | None = None
+
+
+def _todo_stop() -> type:
+    """``TodoStop``: a pytest skip exception carrying a TODO(human) NotImplementedError (pytest imported lazily)."""
+    global _TODO_STOP
+    if _TODO_STOP is None:
+        import pytest
+
+        class TodoStop(pytest.skip.Exception):
+            """Hypothesis re-raises skip exceptions at once, without the shrinking it spends on a failure (seconds
+            per test, minutes per phase, for a stub that fails the same way on every input). tests/conftest.py
+            turns the report back into what it is: a failure of the test's own phase, or a skip "needs Phase N"."""
+
+            def __init__(self, todo: BaseException) -> None:
+                super().__init__(str(todo))
+                self.todo = todo
+
+        _TODO_STOP = TodoStop
+    return _TODO_STOP
+
+
+def stop_hypothesis_at_todo(items) -> None:
+    """Wrap each hypothesis test's ``.hypothesis.inner_test`` (hypothesis' documented hook) so that a TODO(human)
+    stub ends it at the first example. Any other exception, and every passing run, goes through unchanged."""
+    for item in items:
+        handle = getattr(getattr(item, "obj", None), "hypothesis", None)
+        inner = getattr(handle, "inner_test", None)
+        if inner is None or getattr(inner, "_stops_at_todo", False):
+            continue
+
+        def run(*args, __inner=inner, **kwargs):
+            __tracebackhide__ = True
+            try:
+                return __inner(*args, **kwargs)
+            except (NotImplementedError, BaseExceptionGroup) as e:
+                if todo_phases(e):
+                    raise _todo_stop()(e) from e
+                raise
+
+        functools.update_wrapper(run, inner)
+        run._stops_at_todo = True
+        handle.inner_test = run
+
+
+def adjust_report(item, call, report) -> None:
+    """tests/conftest.py's makereport hook: a test stopped by another phase's TODO becomes a skip "needs Phase N";
+    a TODO carried out of hypothesis by TodoStop becomes the failure it is, with the stub's traceback."""
+    needs = blocked_by(item, call, report)
+    if needs is not None and (report.failed or report.skipped):
+        _, lineno, _ = item.location
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), (lineno or 0) + 1, f"Skipped: {needs[1]}")
+        return
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if _TODO_STOP is not None and isinstance(exc, _TODO_STOP):
+        report.outcome = "failed"
+        frames = [f for f in traceback.extract_tb(exc.todo.__traceback__) if f.filename != __file__]
+        tb = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames)])
+        tb += "".join(traceback.format_exception_only(exc.todo)).rstrip()
+        report.longrepr = (
+            f"{_exc_message(exc.todo)}\n(hypothesis stopped at the first example: a stub fails on every input)\n\n{tb}"
+        )
 
 
 def blocked_by(item, call, report=None) -> tuple[int, str] | None:
@@ -703,6 +780,8 @@ class _Tally:
 
 
 def _exc_message(exc: BaseException) -> str:
+    if isinstance(getattr(exc, "todo", None), NotImplementedError):
+        return _exc_message(exc.todo)
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return _exc_message(exc.exceptions[0])
     first = (str(exc).strip().splitlines() or [""])[0]
@@ -749,8 +828,10 @@ def run_tests(
     return tally, code
 
 
-def phase_status(number: int, t: PhaseTally | None, open_todos: int) -> str:
+def phase_status(number: int, t: PhaseTally | None, open_todos: int, load_errors: bool = False) -> str:
     if t is None or (t.passed + t.failed + sum(t.blocked.values()) == 0):
+        if load_errors:
+            return "✗ tests did not load"
         return "✗ no tests ran" if open_todos else "? no tests"
     if t.failed:
         return "✗"
@@ -790,7 +871,7 @@ def check(
         mine = [t for t in todos if t.phase == p.number]
         open_n = sum(t.open for t in mine)
         t = tally.tally.get(p.number)
-        statuses[p.number] = status = phase_status(p.number, t, open_n)
+        statuses[p.number] = status = phase_status(p.number, t, open_n, bool(tally.collection_errors))
         total = (t.passed + t.failed + sum(t.blocked.values())) if t else 0
         extra = []
         if t and t.not_run:
@@ -939,4 +1020,6 @@ def _print_started(plan: Workspace, dest: Path) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fusion.practice import main as _main  # one module object, shared with tests/conftest.py under check
+
+    raise SystemExit(_main())

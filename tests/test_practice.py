@@ -294,18 +294,57 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
             print("TODO(human) Phase 2: the task. Hint: uv run python -m fusion.practice hint 2")
             assert 1 == 0
 
+        @pytest.fixture(scope="module")
+        def cli_run():
+            print("TODO(human) Phase 1: the task. Hint: uv run python -m fusion.practice hint 1")
+            assert 1 == 0
+
+        @pytest.mark.phase2
+        def test_module_fixture_needs_phase1(cli_run):
+            pass
+
+        @pytest.mark.phase2
+        def test_module_fixture_needs_phase1_again(cli_run):  # the cached error comes back without its output
+            pass
+
+        CALLS = []
+
+        @pytest.mark.phase2
+        @given(st.integers(0, 1000), st.lists(st.integers()))
+        def test_own_todo_hypothesis_fails_at_first_example(n, xs):
+            CALLS.append(n)
+            todo(2)
+
+        @pytest.mark.phase2
+        def test_zz_hypothesis_did_not_shrink_the_todo():
+            assert len(CALLS) == 1, CALLS
+
+        @pytest.mark.phase2
+        @given(st.integers(0, 1000))
+        def test_real_bug_hypothesis_still_shrinks(n):
+            assert n < 10
+
         @pytest.mark.phase2
         def test_passes():
             pass
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-rfs")
-    result.assert_outcomes(passed=1, failed=4, skipped=4)
+    result.assert_outcomes(passed=2, failed=6, skipped=6)
     result.stdout.fnmatch_lines(
         ["*needs Phase 1: solve its TODO(human) first (uv run python -m fusion.practice hint 1)"]
     )
     for name in ("test_own_todo_fails", "test_real_bug_fails", "test_tooling_todo_fails", "test_cli_printed_own_todo"):
         result.stdout.fnmatch_lines([f"FAILED test_x.py::{name}*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_own_todo_hypothesis_fails_at_first_example _*",
+            "NotImplementedError: TODO(human) Phase 2: the task. Hint: *",
+            "(hypothesis stopped at the first example*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*assert 10 < 10"])  # any other failure is still shrunk to its minimal example
+    assert "practice.py" not in result.stdout.str()  # the wrapper hides its own frame from tracebacks
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -423,7 +462,7 @@ needs_reference = pytest.mark.skipif(
 
 def _run(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(PYTHONPATH=str(cwd), PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="practice-stubs")
+    env.update(PYTHONPATH=str(cwd), PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
     return subprocess.Popen(
         [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
