@@ -51,7 +51,7 @@ import sys
 import time
 import tokenize
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -407,10 +407,16 @@ class Workspace:
     regions: list[Region] = field(default_factory=list)
     stub_lines: dict[tuple[str, int], int] = field(default_factory=dict)  # (path, reference TODO line) → stub line
     warnings: list[str] = field(default_factory=list)
+    solved: list[Region] = field(default_factory=list)  # regions of phases started as solved (reference code kept)
 
 
-def scan_reference(root: Path, modules: dict[str, int] | None = None) -> Workspace:
-    """Read the reference at ``root`` and plan the workspace. Nothing is written; the reference is only read."""
+def scan_reference(root: Path, modules: dict[str, int] | None = None, solved: Iterable[int] = ()) -> Workspace:
+    """Read the reference at ``root`` and plan the workspace. Nothing is written; the reference is only read.
+
+    The regions of the ``solved`` phases keep their reference code (only the BEGIN/END marker lines go): a workspace
+    that starts further along the course, and the way CI checks one phase solved alone.
+    """
+    solved = set(solved)
     modules = phase_modules() if modules is None else modules
     if (root / WORKSPACE_FILE).exists():
         raise PracticeError(
@@ -430,7 +436,12 @@ def scan_reference(root: Path, modules: dict[str, int] | None = None) -> Workspa
                 raise MarkerError(rel, 1, "not UTF-8 text") from None
             new, regions, stubs, warnings = strip_file(text, rel, phase_of(rel, modules))
             plan.warnings += warnings
-            if regions:
+            if regions and regions[0].phase in solved:
+                markers = {n for r in regions for n in (r.begin, r.end)}
+                lines = text.splitlines(keepends=True)
+                plan.solved += regions
+                data = "".join(line for n, line in enumerate(lines, 1) if n not in markers).encode("utf-8")
+            elif regions:
                 plan.regions += regions
                 for r, s in zip(regions, stubs, strict=True):
                     plan.stub_lines[(rel, r.todo_line)] = s
@@ -461,8 +472,16 @@ def _workspace_readme(reference: bytes, plan: Workspace) -> bytes:
     return head.encode("utf-8") + reference
 
 
-def start(dest: str | os.PathLike[str], root: Path | None = None, modules: dict[str, int] | None = None) -> Workspace:
-    """Write the exercise workspace to ``dest`` (absent or empty). Validates everything before writing anything."""
+def start(
+    dest: str | os.PathLike[str],
+    root: Path | None = None,
+    modules: dict[str, int] | None = None,
+    solved: Iterable[int] = (),
+) -> Workspace:
+    """Write the exercise workspace to ``dest`` (absent or empty). Validates everything before writing anything.
+
+    ``solved``: phases that start solved, with the reference code in place (e.g. to begin at Phase 4).
+    """
     root = (root or package_root()).resolve()
     dest = Path(dest).expanduser().resolve()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -471,8 +490,12 @@ def start(dest: str | os.PathLike[str], root: Path | None = None, modules: dict[
         raise PracticeError(
             f"{dest} is inside the reference tree {root}: choose a DIR outside it, e.g. ../fusion-practice"
         )
-    plan = scan_reference(root, modules)
-    if not plan.regions:
+    modules = phase_modules() if modules is None else modules
+    unknown = sorted(set(solved) - set(modules.values()))
+    if unknown:
+        raise PracticeError(f"--solved: no phase {unknown}; the phases are {sorted(set(modules.values()))}")
+    plan = scan_reference(root, modules, solved)
+    if not plan.regions and not plan.solved:
         raise PracticeError(f"no learner regions ('{BEGIN}') found under {root / 'fusion'}")
     if "README.md" in plan.files:
         plan.files["README.md"] = _workspace_readme(plan.files["README.md"], plan)
@@ -481,6 +504,7 @@ def start(dest: str | os.PathLike[str], root: Path | None = None, modules: dict[
         "generated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "reference": str(root),
         "reference_commit": _git_commit(root),
+        "solved_phases": sorted({r.phase for r in plan.solved}),
         "regions": [
             {"phase": r.phase, "path": r.path, "line": plan.stub_lines[(r.path, r.todo_line)] - 1, "task": r.task}
             for r in plan.regions
@@ -878,6 +902,8 @@ def check(
             extra.append(f"{t.not_run} not run")
         if t and t.skipped:
             extra.append(f"{t.skipped} skipped")
+        for n, k in sorted((t.blocked if t else {}).items()):
+            extra.append(f"{k} need Phase {n}")
         rows.append(
             (
                 p.number,
@@ -979,6 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="write the exercise workspace to DIR (absent or empty)")
     s.add_argument("dir")
+    s.add_argument("--solved", metavar="N[,N]", default="", help="phases to start solved (reference code kept)")
     c = sub.add_parser("check", help="run each phase's tests; ✓/✗ per phase and the next TODO(human)")
     c.add_argument("phases", nargs="*", type=int, help="only these phases (default: all)")
     c.add_argument("-x", "--first-failure", action="store_true", help="stop each phase at its first failing test")
@@ -989,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            plan = start(args.dir)
+            plan = start(args.dir, solved=[int(n) for n in args.solved.split(",") if n.strip()])
             _print_started(plan, Path(args.dir))
             return 0
         if args.command == "check":
@@ -1008,8 +1035,15 @@ def _print_started(plan: Workspace, dest: Path) -> None:
     counts: dict[int, int] = {}
     for r in plan.regions:
         counts[r.phase] = counts.get(r.phase, 0) + 1
-    files = {r.phase: r.path for r in plan.regions}
-    print(table(sorted((n, files[n], k) for n, k in counts.items()), ["phase", "file", "TODO(human)"]))
+    files: dict[int, set[str]] = {}
+    for r in plan.regions:
+        files.setdefault(r.phase, set()).add(r.path)
+    rows = sorted((n, ", ".join(sorted(files[n])), k) for n, k in counts.items())
+    print(table(rows, ["phase", "file", "TODO(human)"]))
+    if plan.solved:
+        print(
+            f"Started solved (reference code kept): phase {', '.join(map(str, sorted({r.phase for r in plan.solved})))}"
+        )
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"\nWrote {len(plan.files)} files to {dest} ({len(plan.regions)} exercises). Next:")
