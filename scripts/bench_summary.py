@@ -38,7 +38,7 @@ def summarize(path: str) -> None:
     for w in r["workloads"]:
         v = {x["name"]: x for x in w["variants"]}
         parts = []
-        for name in ("fx", "compile"):
+        for name in ("fx", "fx_epilogue", "compile"):
             x = v.get(name)
             if x is None:
                 continue
@@ -46,8 +46,16 @@ def summarize(path: str) -> None:
                 parts.append(f"{name}: skipped ({x['reason'][:60]})")
             else:
                 bad = "" if x["outputs_match"] else " MISMATCH"
-                parts.append(f"{name} {_x(x['speedup_vs_eager'])} (pred {_x(x['predicted_speedup'])}){bad}")
+                gpu = f", GPU {_x(x['gpu_speedup'])}" if x.get("gpu_speedup") else ""
+                parts.append(f"{name} {_x(x['speedup_vs_eager'])} (pred {_x(x['predicted_speedup'])}{gpu}){bad}")
         print(f"  {w['title']:<27} eager {_t(v['eager']['median_s']):>10} | " + " | ".join(parts))
+        for name, x in v.items():  # CUDA: GPU kernel time per call and what the wall clock adds on top
+            g = x.get("gpu") or {}
+            if g.get("gpu_s") and x["median_s"]:
+                print(
+                    f"    {name:<11} GPU {_t(g['gpu_s']):>10} in {g['kernels_per_call']:.3g} kernels, "
+                    f"wall - GPU {_t(max(x['median_s'] - g['gpu_s'], 0.0))}"
+                )
     for e in r.get("errors") or []:
         print(f"  FAILED {e['workload']}: {e['error'][:200]}")
     for t in r.get("targets") or []:

@@ -360,7 +360,7 @@ def _conv_relu_net(add: bool):
         def __init__(self):
             super().__init__()
             self.a = nn.Conv2d(3, 4, 3, padding=1)
-            self.b = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+            self.b = nn.Conv2d(4, 4, 3, padding=1)
             self.c = nn.Conv2d(4, 4, 1)
 
         def forward(self, x):
@@ -402,6 +402,27 @@ def test_cudnn_epilogue_refuses_a_multi_user_conv():
 
     gm = B.fuse_conv_relu_epilogue(Net())
     assert not report_of(gm).fused and "2 users" in report_of(gm).skipped[0].reason
+
+
+def test_cudnn_epilogue_leaves_grouped_convs_alone():
+    class Folded(nn.Module):  # ConvBNNet after folding: every conv has a bias, the depthwise one feeds a residual
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, padding=1)
+            self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+
+        def forward(self, x):
+            s = torch.relu(self.stem(x))
+            return torch.relu(self.dw(s) + s)
+
+    model = Folded().eval()
+    gm = B.fuse_conv_relu_epilogue(model)
+    assert [d.nodes[0] for d in report_of(gm).fused] == ["stem"]
+    (dw,) = report_of(gm).skipped
+    assert dw.nodes[0] == "dw" and "grouped" in dw.reason
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
 
 
 def test_cudnn_epilogue_unavailable_says_why():
