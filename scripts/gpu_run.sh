@@ -6,6 +6,9 @@
 #
 # Writes $OUT/bench_cuda.json (+ .log, roofline_cuda.png if matplotlib is there) and $OUT/bench_cpu.json (+ .log).
 # The lead commits the JSON under scripts/results/. GPU_RUN_DRY=1 rehearses the same steps on CPU with toy shapes.
+# On CUDA each variant is also profiled (torch.profiler, 20 calls: GPU kernel time, kernels per call, top kernels;
+# a few seconds in all) and the Conv+BN+ReLU net gets a fourth row, fold + cuDNN epilogue. For a one-minute check
+# of those pieces alone, without the full run: PYTHONPATH=. python3 scripts/gpu_check.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
