@@ -17,6 +17,11 @@ What you learn
   after a small-batch matmul) speeds up by about the bytes it saves, and a compute-bound matmul barely moves.
 * Where the model does not hold, and why: caches (a working set that fits in L2 runs above the DRAM roofline),
   per-kernel launch and Python overhead at tiny sizes, and library kernels that reach their ceiling unequally.
+  On CUDA the profiler splits each call into GPU kernel time and the rest (wall − GPU): a memory-bound
+  Linear+ReLU on an H100 keeps the GPU busy ~11 µs of a ~35 µs call, so there fusion pays by launching fewer
+  ops, not by moving fewer bytes.
+* Kernel paths matter: on cuDNN a conv's bias is a separate kernel, so folding BatchNorm into the conv (phase 5)
+  trades a BN pass for a bias pass; only an epilogue (cuDNN runtime fusion: conv + bias + ReLU) removes it.
 
 The idea
 --------
@@ -1474,7 +1479,10 @@ How to read it
                 100%: the working set stayed in cache (L2 on a GPU, L2/L3 on a CPU), beating the DRAM ceiling.
   peak MB       CUDA only: peak bytes allocated during one call, above what was already resident.
   interm. MB    intermediate tensors the graph writes and reads back (ShapeProp); removed MB = eager's minus this.
-  (!)           the output differs from eager beyond the dtype's tolerance: that row's speed is not a result."""
+  (!)           the output differs from eager beyond the dtype's tolerance: that row's speed is not a result.
+  kernel paths  a node whose kernels differ from "one per node": on cuDNN a conv's bias is its own add_ kernel
+                (so folding BN into it swaps one pass for another); the cuDNN epilogue runs conv+bias+ReLU as one.
+  GPU (CUDA)    torch.profiler's kernel time per call; wall − GPU is time the GPU waited for the CPU."""
 
 
 HOLDS_WITHIN = 1.15  # the roofline "holds" when measured and predicted speedups agree within 15%
