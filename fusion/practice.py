@@ -4,7 +4,9 @@ Run it:
     uv run python -m fusion.practice start ../fusion-practice   # write the exercise workspace (an empty DIR)
     cd ../fusion-practice
     uv run python -m fusion.practice check         # ✓/✗ per phase, tests passing, the next TODO(human)
+    uv run python -m fusion.practice check 2 -x    # only Phase 2's tests, stop at its first failure
     uv run python -m fusion.practice hint 2        # Phase 2's tasks and hints, file:line of each
+    uv run python -m fusion.practice start DIR --solved 1,2,3   # begin at Phase 4 (reference code kept)
     uv run python -m fusion.practice lint          # (authors) validate the markers, list every region
 Test it:  uv run pytest -m tooling tests/test_practice.py
 
@@ -33,8 +35,10 @@ Each stubbed file is parsed (``ast``) before anything is written, and the refere
 In the workspace an unsolved region raises ``NotImplementedError("TODO(human) Phase N: ...")``:
 ``python -m fusion.<phase>`` and ``fusion.main`` turn it into a message (``fusion.common.lesson_cli``), and
 ``tests/conftest.py`` turns a test of phase M that stops at phase N's TODO (N != M) into a skip "needs Phase N",
-so ``pytest`` fails exactly in the tests of the unsolved phases. The workspace root carries ``.practice.json``
-(where it came from, and its regions); its presence is how the tooling knows it runs in a workspace.
+so ``pytest`` fails exactly in the tests of the unsolved phases; and a hypothesis test that hits a stub stops at its
+first example instead of shrinking (a stub fails on every input; shrinking it cost minutes per phase). The
+workspace root carries ``.practice.json`` (where it came from, and its regions); its presence is how the tooling
+knows it runs in a workspace.
 """
 
 from __future__ import annotations
@@ -818,9 +822,7 @@ def _last_line(text: str) -> str:
     return (err[-1] if err else lines[-1] if lines else "").strip()[:300]
 
 
-def run_tests(
-    root: Path, phases: Sequence[int], first_failure: bool = False, quiet: bool = False
-) -> tuple[_Tally, int]:
+def run_tests(root: Path, phases: Sequence[int], first_failure: bool = False) -> tuple[_Tally, int]:
     """Run the tests of ``phases`` in this process (``pytest -m "phaseA or phaseB"``) and tally them per phase."""
     import pytest
 
@@ -841,8 +843,6 @@ def run_tests(
         "-rN",
         "-q",
     ]
-    if quiet:
-        args += ["-q", "--no-header"]
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -885,7 +885,7 @@ def check(
     modules = {p.module: p.number for p in PHASES}
     todos = scan_todos(root, modules)
     start_time = time.perf_counter()
-    tally, code = run_tests(root, wanted)
+    tally, code = run_tests(root, wanted, first_failure)
     seconds = time.perf_counter() - start_time
 
     rows, statuses = [], {}

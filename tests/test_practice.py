@@ -347,6 +347,48 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
     assert "practice.py" not in result.stdout.str()  # the wrapper hides its own frame from tracebacks
 
 
+@pytest.mark.parametrize("first_failure", [False, True])
+def test_check_tally_per_phase(pytester, first_failure):
+    pytester.makeini("[pytest]\nmarkers =\n    phase1: p1\n    phase2: p2\n")
+    pytester.makepyfile(
+        test_y="""
+        import pytest
+
+        @pytest.mark.phase1
+        def test_a(): pass
+
+        @pytest.mark.phase1
+        def test_b(): raise NotImplementedError("TODO(human) Phase 1: b. Hint: h")
+
+        @pytest.mark.phase1
+        def test_c(): assert False, "real"
+
+        @pytest.mark.phase1
+        def test_d(): pass
+
+        @pytest.mark.phase2
+        def test_e(): pytest.skip("needs Phase 1: solve it")
+
+        def test_untagged(): pass
+        """
+    )
+    tally = practice._Tally(first_failure)
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[tally])
+    one, two = tally.tally[1], tally.tally[2]
+    assert (one.passed, one.failed, one.not_run) == ((1, 1, 2) if first_failure else (2, 2, 0))
+    assert one.failures[0]["todo_phase"] == 1 and one.failures[0]["message"].startswith("NotImplementedError: TODO")
+    if not first_failure:
+        assert one.failures[1] == {
+            "nodeid": "test_y.py::test_c",
+            "when": "call",
+            "message": "AssertionError: real",
+            "todo_phase": None,
+        }
+    assert (two.passed, two.failed, two.blocked) == (0, 0, {1: 1})
+    assert practice.phase_status(1, one, 1).startswith("✗")
+    assert practice.phase_status(2, two, 0) == "… needs Phase 1"
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # start: a tiny synthetic reference (not a git checkout: the walk path)
 
