@@ -601,14 +601,14 @@ def todo_phases(exc: BaseException | None) -> set[int] | None:
     return {int(m.group(1))} if m else None
 
 
-_PRINTED_TODO = re.compile(r"^TODO\(human\) Phase (\d+): .*$", re.MULTILINE)
+_PRINTED_TODO = re.compile(r"^[ \t]*(TODO\(human\) Phase (\d+): .*)$", re.MULTILINE)
 
 
 def printed_todos(text: str) -> dict[int, str]:
     """TODO(human) messages that a lesson runner printed (``lesson_cli``/``fusion.main`` catch them): phase → line."""
     found: dict[int, str] = {}
     for m in _PRINTED_TODO.finditer(text or ""):
-        found.setdefault(int(m.group(1)), m.group(0))
+        found.setdefault(int(m.group(2)), m.group(1))
     return found
 
 
@@ -616,11 +616,16 @@ def failure_todos(exc: BaseException | None, report=None) -> tuple[set[int], str
     """The phases whose TODO(human) stopped a failed test, and the TODO message; None for any other failure.
 
     Either the test's exception is a TODO stub's NotImplementedError, or the test called a lesson's command line
-    (which turns a TODO into a printed message and exit status 1) and its captured output holds that message.
+    (which turns a TODO into a printed message and exit status 1) and the TODO message is on a line of its own in
+    the exception's message (e.g. an assert that shows the command's stderr) or in the test's captured output.
     """
     phases = todo_phases(exc)
     if phases:
         return phases, _exc_message(exc)
+    in_message = printed_todos(str(exc)) if exc is not None and not isinstance(exc, BaseExceptionGroup) else {}
+    if in_message:
+        first = in_message[min(in_message)]
+        return set(in_message), f"{first} (in the message of {type(exc).__name__})"
     if exc is not None and id(exc) in _PRINTED_SEEN and _PRINTED_SEEN[id(exc)][0] is exc:
         return _PRINTED_SEEN[id(exc)][1]  # a failed module/session fixture re-raises its error, without the output
     if report is None or not getattr(report, "failed", False):

@@ -307,6 +307,10 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
         def test_module_fixture_needs_phase1_again(cli_run):  # the cached error comes back without its output
             pass
 
+        @pytest.mark.phase2
+        def test_assert_message_shows_phase1_todo():  # e.g. an assert that shows a CLI's captured stderr
+            assert 1 == 0, "the lesson failed:\\nTODO(human) Phase 1: the task. Hint: uv run python -m fusion.practice hint 1"
+
         CALLS = []
 
         @pytest.mark.phase2
@@ -330,7 +334,7 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-rfs")
-    result.assert_outcomes(passed=2, failed=6, skipped=6)
+    result.assert_outcomes(passed=2, failed=6, skipped=7)
     result.stdout.fnmatch_lines(
         ["*needs Phase 1: solve its TODO(human) first (uv run python -m fusion.practice hint 1)"]
     )
