@@ -66,7 +66,7 @@ def opcode_counts(gm: fx.GraphModule) -> dict[str, int]:
     >>> opcode_counts(trace(models.TinyNet()))["call_module"]
     1
     """
-    # TODO(human): count the nodes of each opcode (node.op); return all six opcodes as keys, in OPCODES order.
+    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op; collections.Counter counts, and a dict comprehension over OPCODES keeps the zeros
     # BEGIN SOLUTION
     seen = Counter(node.op for node in gm.graph.nodes)
     return {op: seen[op] for op in OPCODES}
@@ -79,7 +79,7 @@ def shape_rows(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[tuple[
     Nodes without a single tensor result (the output node, a node returning a tuple) are left out.
     """
     ShapeProp(gm).propagate(*example_inputs)
-    # TODO(human): walk gm.graph.nodes and read node.meta["tensor_meta"] (a TensorMetadata with .shape, .dtype).
+    # TODO(human): return (name, opcode, shape tuple, dtype name) for every node ShapeProp gave a single tensor result. Hint: node.meta.get('tensor_meta') has .shape and .dtype; skip the output node and metadata without .shape (tuples)
     # BEGIN SOLUTION
     rows = []
     for node in gm.graph.nodes:

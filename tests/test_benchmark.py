@@ -257,7 +257,9 @@ def test_tiny_run_every_variant(tiny_json):
         extras = ["fx_epilogue"] if w["key"] == "conv_bn_relu" else []
         assert list(variants) == ["eager", "fx", *extras]  # --no-compile: no compile variant
         for name in extras:  # the cuDNN epilogue needs CUDA: on CPU the row is there and says why it is skipped
-            assert not variants[name]["available"] and "CUDA" in variants[name]["reason"]
+            assert not variants[name]["available"]
+            # ... because of CUDA, or (in a practice workspace with Phase 5 unsolved) because the folded model is missing
+            assert "CUDA" in variants[name]["reason"] or not variants["fx"]["available"]
             assert variants[name]["median_s"] is None
         eager, fused = variants["eager"], variants["fx"]
         assert eager["speedup_vs_eager"] == 1.0 and eager["bytes_removed"] == 0 and eager["outputs_match"]
