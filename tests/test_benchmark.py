@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fusion import benchmark as B
 from fusion import models
-from fusion.common import is_todo, report_of, trace_module
+from fusion.common import is_todo, trace_module
 
 pytestmark = pytest.mark.phase4
 
@@ -357,7 +357,7 @@ def test_quick_config_skips_compile():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The conv bias on cuDNN, the cuDNN epilogue pass (its structure and fallback; the kernel itself needs a GPU)
+# The conv bias on cuDNN and the cuDNN epilogue's costs (the pass itself: tests/test_conv_bn_fusion.py)
 
 
 def test_conv_bias_is_a_separate_pass_on_cudnn(monkeypatch):
@@ -373,76 +373,6 @@ def test_conv_bias_is_a_separate_pass_on_cudnn(monkeypatch):
     assert costs["conv1"].bytes_written == 2 * out and costs["conv1"].bytes_read == plain["conv1"].bytes_read + out
     assert costs["stem_0"].extra_passes == 0 and costs["conv2"].extra_passes == 0  # no bias: nothing to add
     assert B.kernels_bound(list(costs.values()), PEAKS) > B.kernels_bound(list(plain.values()), PEAKS)
-
-
-def _conv_relu_net(add: bool):
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Conv2d(3, 4, 3, padding=1)
-            self.b = nn.Conv2d(4, 4, 3, padding=1)
-            self.c = nn.Conv2d(4, 4, 1)
-
-        def forward(self, x):
-            s = torch.relu(self.a(x))
-            h = self.b(s)
-            h = torch.relu(h + s) if add else torch.nn.functional.relu(h)
-            return self.c(h), h  # c: not followed by a ReLU, stays
-
-    return Net().eval()
-
-
-@given(batch=st.integers(1, 3), size=st.integers(3, 9), add=st.booleans())
-def test_cudnn_epilogue_pass_structure_and_exact_fallback(batch, size, add):
-    model = _conv_relu_net(add)
-    x = torch.randn(batch, 3, size, size)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    gm = B.fuse_conv_relu_epilogue(model)
-    fused = {d.nodes[0]: d for d in report_of(gm).fused}
-    assert set(fused) == {"a", "b"} and "c" in {d.nodes[0] for d in report_of(gm).skipped}
-    assert ("add" in fused["b"].pattern) == add
-    mods = [m for m in gm.modules() if isinstance(m, B.ConvBiasReLU2d)]
-    assert len(mods) == 2 and sum(m.add for m in mods) == int(add)
-    with torch.no_grad():  # on CPU the module runs the unfused ops: exactly eager
-        for got, want in zip(gm(x), model(x), strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert all(m.kernel_path(x) in (B.CONV_THEN_RELU, B.CONV_THEN_ADD_RELU) for m in mods)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model is untouched
-
-
-def test_cudnn_epilogue_refuses_a_multi_user_conv():
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(2, 2, 3, padding=1)
-
-        def forward(self, x):
-            h = self.conv(x)
-            return torch.relu(h) + h  # h is read after the ReLU too
-
-    gm = B.fuse_conv_relu_epilogue(Net())
-    assert not report_of(gm).fused and "2 users" in report_of(gm).skipped[0].reason
-
-
-def test_cudnn_epilogue_leaves_grouped_convs_alone():
-    class Folded(nn.Module):  # ConvBNNet after folding: every conv has a bias, the depthwise one feeds a residual
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Conv2d(3, 4, 3, padding=1)
-            self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)
-
-        def forward(self, x):
-            s = torch.relu(self.stem(x))
-            return torch.relu(self.dw(s) + s)
-
-    model = Folded().eval()
-    gm = B.fuse_conv_relu_epilogue(model)
-    assert [d.nodes[0] for d in report_of(gm).fused] == ["stem"]
-    (dw,) = report_of(gm).skipped
-    assert dw.nodes[0] == "dw" and "grouped" in dw.reason
-    x = torch.randn(2, 3, 6, 6)
-    with torch.no_grad():
-        torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
 
 
 def test_cudnn_epilogue_unavailable_says_why():
