@@ -132,6 +132,30 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double() - b.detach().double()).abs().max().item() if a.numel() else 0.0
 
 
+def aten_ops(fn: Callable[..., object], *args: object) -> list[str]:
+    """The aten ops one call of ``fn(*args)`` dispatches, in order (below autograd: each is one CPU kernel call).
+
+    Measured, not predicted: a TorchDispatchMode (what FlopCounterMode is built on) sees every op that really runs.
+
+    >>> aten_ops(torch.relu, torch.ones(2))
+    ['relu']
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _RecordOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with _RecordOps() as recorder:
+        fn(*args)
+    return recorder.ops
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Fusion reports: every pass says what it fused and what it skipped, and why
 

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from fusion import models
 from fusion.common import (
     FusionReport,
+    aten_ops,
     attach_report,
     copy_to_graph_module,
     finish_rewrite,
@@ -444,20 +445,7 @@ def launched_kernels(fn, *args: torch.Tensor) -> list[str]:
                     torch.cuda.synchronize()
                 return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
-        from torch.utils._python_dispatch import TorchDispatchMode  # what FlopCounterMode is built on
-
-        class _RecordOps(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ops: list[str] = []
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                self.ops.append(f"aten::{func.overloadpacket.__name__}")
-                return func(*args, **(kwargs or {}))
-
-        with _RecordOps() as recorder:
-            fn(*args)
-        return recorder.ops
+        return [f"aten::{op}" for op in aten_ops(fn, *args)]
 
 
 def _short_kernel(name: str, width: int = 70) -> str:

@@ -69,11 +69,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.benchmark as benchmark
 from torch.fx.subgraph_rewriter import replace_pattern_with_filters
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fusion import models
 from fusion.common import (
     FusionReport,
+    aten_ops,
     attach_report,
     copy_to_graph_module,
     finish_rewrite,
@@ -379,23 +379,6 @@ class LeakyIntermediate(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x @ self.w + self.b  # (..., N), read twice
         return torch.relu(h) + h
-
-
-class _AtenLog(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-def aten_ops(fn: Callable, *args: object) -> list[str]:
-    """The aten ops (kernels, roughly) one call of ``fn(*args)`` dispatches, in order: what actually ran."""
-    with _AtenLog() as log:
-        fn(*args)
-    return log.ops
 
 
 # ----------------------------------------------------------------------------------------------------------------------
