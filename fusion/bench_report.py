@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fusion.common import heading, table
+from fusion.common import heading, shorten, table
 from fusion.conv_bn_fusion import CONV_PATHS
 
 if TYPE_CHECKING:
@@ -261,17 +261,13 @@ def gpu_lines(result: dict) -> list[str]:
                 lines.append(f"  {w['title']} / {v['label']}: profiler failed: {gpu.get('error')}")
                 continue
             over = v["median_s"] - gpu["gpu_s"]
-            top = ", ".join(f"{_short(k['name'])} {k['us_per_call']:.1f} µs" for k in gpu["top"][:3])
+            top = ", ".join(f"{shorten(k['name'], 38)} {k['us_per_call']:.1f} µs" for k in gpu["top"][:3])
             lines.append(
                 f"  {w['title'][:26]:<26} {v['name']:<11} GPU {fmt_time(gpu['gpu_s']):>9} in "
                 f"{gpu['kernels_per_call']:.3g} kernels | wall − GPU = {fmt_time(max(over, 0.0)):>9} "
                 f"({100 * max(over, 0.0) / v['median_s']:.0f}% overhead) | {top}"
             )
     return lines
-
-
-def _short(name: str, width: int = 38) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def kernel_path_lines(result: dict) -> list[str]:

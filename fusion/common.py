@@ -91,7 +91,8 @@ def copy_to_graph_module(model: torch.nn.Module, *, what: str = "this pass") -> 
 # Printing
 
 
-def _short(x: object, width: int = 48) -> str:
+def shorten(x: object, width: int = 48) -> str:
+    """``str(x)``, cut to ``width`` characters with a trailing "…" when longer."""
     s = str(x)
     return s if len(s) <= width else s[: width - 1] + "…"
 
@@ -114,7 +115,7 @@ def target_name(node: fx.Node) -> str:
 def node_table(gm: fx.GraphModule) -> str:
     """One row per node: opcode, name, target, args, users — the five things every pass reads."""
     rows = [
-        (n.op, n.name, _short(target_name(n), 40), _short(n.args), ", ".join(u.name for u in n.users))
+        (n.op, n.name, shorten(target_name(n), 40), shorten(n.args), ", ".join(u.name for u in n.users))
         for n in gm.graph.nodes
     ]
     return tabulate(rows, headers=["opcode", "name", "target", "args", "users"], tablefmt="simple")

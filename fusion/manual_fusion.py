@@ -72,6 +72,7 @@ from fusion.common import (
     max_abs_diff,
     node_table,
     report_of,
+    shorten,
     table,
     target_name,
 )
@@ -448,10 +449,6 @@ def launched_kernels(fn, *args: torch.Tensor) -> list[str]:
         return [f"aten::{op}" for op in aten_ops(fn, *args)]
 
 
-def _short_kernel(name: str, width: int = 70) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The lesson
 
@@ -515,7 +512,7 @@ def run(quick: bool = False) -> None:
         names = launched_kernels(fn, xk)
         print(f"  measured, {label}: {len(names)} {kind}")
         for name in names:
-            print(f"    {_short_kernel(name)}")
+            print(f"    {shorten(name, 70)}")
     with torch.no_grad():
         print(f"  max |fused - unfused| = {max_abs_diff(fused(xk), torch.relu(linear(xk))):.3g}")
     if device != "cuda":
