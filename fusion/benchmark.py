@@ -60,8 +60,14 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils import benchmark as tbench
 
-from fusion import bench_report, models
-from fusion.bench_report import PLOT_HINT, check_targets, have_matplotlib, plot_roofline, print_report
+from fusion import models
+from fusion.bench_report import (  # the report only reads the dict benchmark() returns: plumbing, not lesson
+    PLOT_HINT,
+    check_targets,
+    have_matplotlib,
+    plot_roofline,
+    print_report,
+)
 from fusion.common import is_todo, report_of, run_lesson, trace_module
 from fusion.conv_bn_fusion import (  # phase 5's module; its cuDNN epilogue section is not an exercise
     CONV_THEN_ADD_RELU,
@@ -1105,17 +1111,6 @@ def save_json(result: dict, path: str) -> None:
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1, allow_nan=True)
     os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The report: tables, verdicts, the issue's targets, the roofline picture. They only read the dict benchmark()
-# returns, so they live in fusion.bench_report (plumbing, no exercise); fusion.benchmark.<name> still finds them.
-
-
-def __getattr__(name: str) -> object:
-    if not name.startswith("_") and hasattr(bench_report, name):
-        return getattr(bench_report, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

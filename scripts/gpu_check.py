@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusion import bench_report as R
 from fusion import benchmark as B
 
 t_start = time.time()
@@ -108,10 +109,10 @@ with torch.no_grad():
     for w in B.workloads(config):
         if w.key in ("linear_relu_memory", "conv_bn_relu"):
             result["workloads"].append(B.run_workload(w, config, peaks, config.threads, print))
-print(B.results_table(result))
-print("\n".join(B.skipped_lines(result) + B.kernel_path_lines(result)))
-print("\n".join(B.gpu_lines(result)))
-print("\n".join(B.closing_note(result, peaks)))
+print(R.results_table(result))
+print("\n".join(R.skipped_lines(result) + R.kernel_path_lines(result)))
+print("\n".join(R.gpu_lines(result)))
+print("\n".join(R.closing_note(result, peaks)))
 for w in result["workloads"]:
     for v in w["variants"]:
         if v["outputs_match"] is False:

@@ -9,6 +9,7 @@ import torch.nn as nn
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fusion import bench_report as R
 from fusion import benchmark as B
 from fusion import models
 from fusion.common import is_todo, trace_module
@@ -285,9 +286,9 @@ def test_tiny_run_every_variant(tiny_json):
 
 def test_tables_print(tiny_json):
     tiny_run = ok(tiny_json)
-    text = B.results_table(tiny_run)
+    text = R.results_table(tiny_run)
     assert "% of limit" in text and "eager" in text and "Conv+BN+ReLU net" in text
-    assert "relu(x*a+b)*c + x" in B.workloads_table(tiny_run)
+    assert "relu(x*a+b)*c + x" in R.workloads_table(tiny_run)
 
 
 def test_check_targets_reports_a_miss():
@@ -441,14 +442,14 @@ def test_verdict_calls_an_overhead_bound_row_what_it_is():
     eager = _row("eager", 31.7e-6, 18e-6, 1.0, 1.0, overhead=13.7e-6, gpu_speedup=1.0)
     fx_row = _row("fx", 26.0e-6, 16e-6, 1.22, 1.03, overhead=10e-6, gpu_speedup=18 / 16)
     w = {"variants": [eager, fx_row]}
-    text = B.verdict(result, w, fx_row)
+    text = R.verdict(result, w, fx_row)
     assert text.startswith("overhead-bound") and "holds" not in text
     assert "1.12×" in text and "agrees" in text  # the kernels alone do what the bytes predict
-    assert B.overhead_bound(eager) and B.overhead_bound(fx_row)
+    assert R.overhead_bound(eager) and R.overhead_bound(fx_row)
     # GPU-bound rows are judged by the roofline, with the tighter tolerance
     g_eager = _row("eager", 100e-6, 99e-6, 1.0, 1.0)
-    assert B.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.2)) == "holds"
-    far = B.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.05))
+    assert R.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.2)) == "holds"
+    far = R.verdict(result, {"variants": [g_eager]}, _row("fx", 80e-6, 79e-6, 1.25, 1.05))
     assert far.startswith("does not hold")  # 19% apart: beyond HOLDS_WITHIN
 
 
