@@ -32,6 +32,9 @@ PHASES: tuple[Phase, ...] = (
     Phase(4, "benchmark", "fused vs unfused vs torch.compile, explained by the roofline"),
     Phase(5, "conv_bn_fusion", "fold BatchNorm into Conv/Linear weights"),
     Phase(6, "regions", "fusion regions on the aten graph, costed by bytes / bandwidth"),
+    Phase(7, "horizontal_fusion", "horizontal fusion: sibling Linears/Convs that read one input become one wide op"),
+    Phase(8, "codegen", "code generation: every fusion region becomes one generated Triton kernel"),
+    Phase(9, "backend", 'your compiler: torch.compile(model, backend="fusion")'),
 )
 
 
