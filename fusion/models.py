@@ -279,3 +279,71 @@ class ElementwiseChain(nn.Module):
 
 def elementwise_inputs(batch: int = 8, d: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
     return (_randn(batch, d, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 7: siblings that read one input (horizontal fusion)
+
+
+class QKVAttention(nn.Module):
+    """Multi-head self-attention with separate Q, K, V projections: three sibling Linears that all read ``x``.
+
+    ``v`` has no bias (as in some LLMs), so merging the three must handle a missing bias. ``out`` reads the
+    attention result, not ``x``: it is no sibling of the three.
+    """
+
+    @_private_rng
+    def __init__(self, d_model: int = 32, n_head: int = 4, seed: int = SEED):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+        self.n_head = n_head
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        q, k, v = self.q(x), self.k(x), self.v(x)  # 3 x (B, T, C): three GEMMs that read x three times
+        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        h = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.out(h.transpose(1, 2).flatten(-2))  # (B, T, C)
+
+
+def attention_inputs(batch: int = 2, seq: int = 8, d_model: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, seq, d_model, seed=seed),)
+
+
+class InceptionBlock(nn.Module):
+    """GoogLeNet-style Inception block: four branches concatenated on the channel dim.
+
+    ``b1``, ``b2_reduce`` and ``b3_reduce`` are 1x1 convs that read ``x``: siblings with equal hyper-parameters.
+    ``b5`` is a 3x3 conv that reads ``x`` too but has another kernel size, so it cannot join them. ``pool_proj``
+    reads the max-pooled ``x``: a different value, no sibling of the others.
+    """
+
+    @_private_rng
+    def __init__(self, in_ch: int = 8, seed: int = SEED):
+        super().__init__()
+        self.b1 = nn.Conv2d(in_ch, 8, 1)
+        self.b2_reduce = nn.Conv2d(in_ch, 6, 1)
+        self.b2 = nn.Conv2d(6, 8, 3, padding=1)
+        self.b3_reduce = nn.Conv2d(in_ch, 4, 1, bias=False)
+        self.b3 = nn.Conv2d(4, 4, 3, padding=2, dilation=2)
+        self.b5 = nn.Conv2d(in_ch, 4, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=1, padding=1)
+        self.pool_proj = nn.Conv2d(in_ch, 4, 1)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, C, H, W)
+        a = F.relu(self.b1(x))  # (B, 8, H, W)
+        b = F.relu(self.b2(F.relu(self.b2_reduce(x))))  # (B, 8, H, W)
+        c = F.relu(self.b3(F.relu(self.b3_reduce(x))))  # (B, 4, H, W)
+        d = F.relu(self.b5(x))  # (B, 4, H, W)
+        e = F.relu(self.pool_proj(self.pool(x)))  # (B, 4, H, W)
+        return torch.cat([a, b, c, d, e], dim=1)  # (B, 28, H, W)
+
+
+def inception_inputs(batch: int = 2, in_ch: int = 8, size: int = 8, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, in_ch, size, size, seed=seed),)
