@@ -347,3 +347,66 @@ class InceptionBlock(nn.Module):
 
 def inception_inputs(batch: int = 2, in_ch: int = 8, size: int = 8, seed: int = 1) -> tuple[torch.Tensor]:
     return (_randn(batch, in_ch, size, size, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 8: blocks whose regions hold a reduction over the last dimension (one generated kernel each)
+
+
+class NormGELUResidual(nn.Module):
+    """``x + gelu(layer_norm(x))``: after decomposition a var_mean, its pointwise tail and GELU — one region."""
+
+    @_private_rng
+    def __init__(self, d_model: int = 64, seed: int = SEED):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        return x + F.gelu(self.norm(x))  # (B, T, C)
+
+
+class ScaledSoftmax(nn.Module):
+    """``softmax(x * scale, dim=-1)``: amax, sub, exp, sum, div — one region, one kernel per row."""
+
+    def __init__(self, scale: float = 0.125):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., N)
+        return torch.softmax(x * self.scale, dim=-1)
+
+
+def norm_inputs(batch: int = 2, seq: int = 8, d_model: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, seq, d_model, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 9: data-dependent control flow (a graph break for torch.compile, an error for symbolic_trace)
+
+
+class DataDependentBlock(nn.Module):
+    """``h = tanh(fc(x)·a + b)``, then a branch on the *value* of ``h.mean()``: Dynamo captures two graphs.
+
+    graph 1: addmm → mul → add → tanh → mean → gt      (then Python decides the branch: a graph break)
+    graph 2: relu(h·c − 0.5) + x  or  sigmoid(h)·h + x  (whichever branch runs; each is compiled on first use)
+    """
+
+    @_private_rng
+    def __init__(self, d: int = 32, seed: int = SEED):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.a = nn.Parameter(torch.empty(d))
+        self.b = nn.Parameter(torch.empty(d))
+        self.c = nn.Parameter(torch.empty(d))
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
+        h = torch.tanh(self.fc(x) * self.a + self.b)  # (B, d)
+        if h.mean() > 0:  # data-dependent: Python needs the number
+            return torch.relu(h * self.c - 0.5) + x
+        return torch.sigmoid(h) * h + x
+
+
+def data_dependent_inputs(batch: int = 4, d: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(batch, d, seed=seed),)
