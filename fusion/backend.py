@@ -1,12 +1,362 @@
-"""Phase 9 — your compiler: torch.compile(model, backend="fusion"). (Under construction.)
+"""Phase 9 — your compiler: ``torch.compile(model, backend="fusion")`` on models symbolic_trace cannot trace.
 
-Run:  uv run python -m fusion.backend
+Run it:   uv run python -m fusion.backend          (``--quick`` for the small version CI runs)
+Test it:  uv run pytest -m phase9
+
+What you learn
+--------------
+* ``symbolic_trace`` stops at data-dependent control flow and at most of torch's own modules. **TorchDynamo**
+  captures graphs from any Python by reading its bytecode: where it cannot continue (``if h.sum() > 0``) it breaks
+  the program into several graphs and runs the Python in between itself. Each graph goes to the *backend*, a
+  function ``(gm, example_inputs) -> callable``; ``import fusion.backend`` registers ours as ``"fusion"``.
+* Dynamo's graphs are torch-level (``torch.conv2d``, ``torch._C._nn.linear``, parameters as inputs).
+  **AOTAutograd** lowers them to aten graphs on fake tensors with Inductor's decompositions — Phase 6's graphs —
+  and, when gradients are needed, splits forward from backward: one compiler call per aten graph.
+* Then the course's own passes, in the order a real compiler runs them:
+  1. **fold eval-mode BatchNorm into the convolution before it** (Phase 5's algebra, now on aten nodes);
+  2. **conv + bias (+ residual) + ReLU → one cuDNN epilogue kernel** on CUDA (Phase 4's measurement);
+  3. **regions → generated Triton kernels** (Phases 6 and 8); matmul, conv and the rest stay library calls.
+* Legality of the fold: it bakes parameter *values* into new weights, yet in a Dynamo graph parameters are
+  inputs that an optimizer step or ``load_state_dict`` may change. Inductor folds only under its opt-in
+  ``freezing`` flag (the user promises they won't change). We fold only in inference graphs (no autograd), and
+  keep the promise ourselves: the folded weights are recomputed whenever a source tensor's version counter moves.
+* ``fusion.backend.reports`` says what became of every graph: regions, generated kernels, library calls,
+  fallbacks with their reasons; :func:`summary` adds the graph breaks. Compare with ``TORCH_LOGS=graph_breaks``.
 """
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from fusion import models
+from fusion.common import heading, lesson_cli, max_abs_diff, table
+from fusion.compiler import aot, aten_passes
+from fusion.compiler.report import GraphReport, PartReport, count_cuda_kernels, fallbacks_from, summary
+from fusion.conv_bn_fusion import GROUPED_REFUSAL, cudnn_epilogue_unavailable, fold_conv_bn_weights
+from fusion.regions import build_fusion_regions, unique_regions
+
+aten = torch.ops.aten
+BN_EVAL = aten._native_batch_norm_legit_no_training.default  # eval-mode batch_norm, as AOTAutograd emits it
+
+reports: list[GraphReport] = []  # one per graph compiled since reset()
+
+
+@dataclass(frozen=True)
+class Options:
+    """``torch.compile(model, backend="fusion", options={...})``: switch a stage off to see what it buys."""
+
+    fold_bn: bool = True  # fold eval-mode BatchNorm into the conv before it (inference graphs only)
+    epilogue: bool = True  # conv+bias(+add)+ReLU as one cuDNN kernel (CUDA only)
+    codegen: bool = True  # regions -> generated Triton kernels (Phase 8); False: run the aten graph as it is
+
+    @classmethod
+    def parse(cls, options: dict | None) -> Options:
+        unknown = set(options or {}) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown fusion backend option(s) {sorted(unknown)}; known: {list(cls.__dataclass_fields__)}"
+            )
+        return cls(**(options or {}))
+
+
+def reset() -> None:
+    """Forget every compiled graph: clear :data:`reports`, Dynamo's caches and its counters."""
+    from torch._dynamo.utils import counters
+
+    reports.clear()
+    torch._dynamo.reset()
+    counters.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. Fold eval-mode BatchNorm into the convolution before it, on the aten graph
+
+
+def find_conv_bn_folds(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node, fx.Node]], list[tuple]]:
+    """The ``(convolution, batch_norm, getitem 0)`` triples that can be folded, and ``(nodes, why)`` for the others.
+
+    A triple folds when the BatchNorm is the eval-mode op (``BN_EVAL``), reads a ``aten.convolution`` whose only
+    user it is, only its output ``[0]`` is used (not the saved statistics), and every tensor the fold reads (conv
+    weight and bias, BN weight, bias, running mean and var) is a graph input: a parameter whose value the fold can
+    read at run time, not something computed inside the graph.
+    """
+    folds, skipped = [], []
+    # TODO(human): match convolution → BN_EVAL → getitem 0 and check the fold is legal, else record why not. Hint: the BN's args are (input, weight, bias, running_mean, running_var, momentum, eps) and a convolution's (x, w, b, stride, padding, dilation, transposed, output_padding, groups). More: for each node with node.target is BN_EVAL: conv = node.args[0] must be aten.convolution.default with len(conv.users) == 1; every user of the BN must be operator.getitem with index 0 (exactly one); every source in (conv.args[1], conv.args[2], *node.args[1:5]) that is not None must have .op == "placeholder"
+    # BEGIN SOLUTION
+    for bn in gm.graph.nodes:
+        if bn.op != "call_function" or bn.target is not BN_EVAL:
+            continue
+        conv = bn.args[0]
+        names = [getattr(conv, "name", str(conv)), bn.name]
+        if not isinstance(conv, fx.Node) or conv.target is not aten.convolution.default:
+            skipped.append((names, "the batch norm does not read a convolution"))
+            continue
+        if len(conv.users) != 1:
+            skipped.append((names, f"{conv.name}'s output has {len(conv.users)} users: they would see BN'd values"))
+            continue
+        outs = list(bn.users)
+        if len(outs) != 1 or outs[0].target is not operator.getitem or outs[0].args[1] != 0:
+            skipped.append((names, "the batch norm's saved statistics are used"))
+            continue
+        sources = [conv.args[1], conv.args[2], *bn.args[1:5]]
+        computed = [s.name for s in sources if isinstance(s, fx.Node) and s.op != "placeholder"]
+        if computed:
+            skipped.append((names, f"{', '.join(computed)} computed in the graph: not a parameter to fold"))
+            continue
+        folds.append((conv, bn, outs[0]))
+    # END SOLUTION
+    return folds, skipped
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. One aten graph: passes, then code generation
+
+
+def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
+    """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
+    part.regions = len(unique_regions(build_fusion_regions(gm)))
+    why = ""
+    if not opts.codegen:
+        why = "options={'codegen': False}"
+    elif aot.has_dynamic_shapes(gm):
+        why = "dynamic shapes: generated kernels are specialised to static sizes (torch.compile(dynamic=False))"
+    else:
+        try:
+            from fusion.codegen import compile_graph
+        except ImportError as e:
+            compile_graph, why = None, f"Phase 8's fusion.codegen.compile_graph is not available ({e})"
+        if compile_graph is not None:
+            try:
+                compiled = compile_graph(gm, aot.input_values(gm))
+            except Exception as e:  # never a crash: the aten graph is always a correct answer
+                if isinstance(e, NotImplementedError) and str(e).startswith("TODO(human)"):
+                    raise
+                why = f"compile_graph failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            else:
+                part.kernels = list(compiled.kernels)
+                part.fallbacks += fallbacks_from(getattr(compiled, "report", None))
+                part.count_library_calls(gm, part.kernels)
+                return compiled
+    part.compiled = False
+    part.fallback("the whole graph", why)
+    part.count_library_calls(gm, [])
+    return gm.forward
+
+
+def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):
+    """AOTAutograd's compiler for one aten graph (``kind``: inference, forward or backward): a boxed callable."""
+    part = PartReport(kind)
+    entry.parts.append(part)
+    # TODO(human): run the passes on the aten graph, generate its kernels, and return a boxed callable. Hint: fold only in inference graphs, decompose what the fold left, epilogue on CUDA, then _generate; the folded weights are extra inputs. More: folds, skipped = find_conv_bn_folds(gm); refresh = aten_passes.install_folds(gm, folds, fold_conv_bn_weights); if BN_EVAL is still a target: gm = aot.decompose(gm, aot.inductor_decompositions()); epilogue: cudnn_epilogue_unavailable(device, dtype) is None -> aten_passes.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass); run = _generate(gm, part, opts); return aot.make_boxed(lambda *args: run(*args, *refresh(args))) (or run alone)
+    # BEGIN SOLUTION
+    refresh = None
+    if kind == "inference" and opts.fold_bn:
+        folds, skipped = find_conv_bn_folds(gm)
+        for names, why in skipped:
+            part.note_pass("fold batch norm", names, "skipped", why)
+        for conv, bn, _ in folds:
+            part.note_pass("fold batch norm", [conv.name, bn.name], "folded", "weights refreshed when params change")
+        refresh = aten_passes.install_folds(gm, folds, fold_conv_bn_weights)
+    if any(n.target is BN_EVAL for n in gm.graph.nodes):  # left whole for the fold: now decompose the rest
+        gm = aot.decompose(gm, aot.inductor_decompositions())
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    if kind == "inference" and opts.epilogue and convs:
+        val = convs[0].meta["val"]
+        why = cudnn_epilogue_unavailable(val.device.type, val.dtype)
+        if why:
+            part.note_pass("cudnn epilogue", [f"{len(convs)} convolution(s)"], "skipped", why)
+        else:
+            aten_passes.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
+    run = _generate(gm, part, opts)
+    if refresh is None:
+        return aot.make_boxed(run)
+    return aot.make_boxed(lambda *args: run(*args, *refresh(args)))
+    # END SOLUTION
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. The backend Dynamo calls
+
+
+def fusion_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], options: dict | None = None):
+    """Dynamo's graph in, a callable out: AOTAutograd to aten, then :func:`compile_aten_graph` per aten graph."""
+    opts = Options.parse(options)
+    ops = sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+    entry = GraphReport(len(reports), str(gm.meta.get("dynamo_compile_id", "?")), ops)
+    reports.append(entry)
+
+    # TODO(human): lower the Dynamo graph through AOTAutograd with one compiler per aten graph kind. Hint: aot.lower_with_aot takes inference_compiler, fw_compiler, bw_compiler and decompositions; keep BN_EVAL whole when folding. More: make each compiler a lambda (g, ex) -> compile_aten_graph(g, ex, kind, entry, opts) with kind "inference", "forward", "backward"; decompositions=aot.inductor_decompositions(keep=[BN_EVAL] if opts.fold_bn else []); if lowering raises, set entry.error and return gm.forward (the Dynamo graph runs as it is)
+    # BEGIN SOLUTION
+    def compiler(kind: str):
+        return lambda g, ex: compile_aten_graph(g, ex, kind, entry, opts)
+
+    try:
+        return aot.lower_with_aot(
+            gm,
+            example_inputs,
+            inference_compiler=compiler("inference"),
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            decompositions=aot.inductor_decompositions(keep=[BN_EVAL] if opts.fold_bn else []),
+        )
+    except Exception as e:
+        if isinstance(e, NotImplementedError) and str(e).startswith("TODO(human)"):
+            raise
+        entry.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return gm.forward
+    # END SOLUTION
+
+
+aot.register_once("fusion", __name__, "fusion_backend")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The lesson
+
+
+def _device_and_dtype() -> tuple[str, torch.dtype]:
+    return ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+
+
+def _compare(title: str, model: nn.Module, inputs: tuple, *, inductor: bool, show_kernel: bool = False) -> None:
+    """Compile ``model`` with our backend (and Inductor), check the numbers, show what each did."""
+    heading(title, "-")
+    reset()
+    ours = torch.compile(model, backend="fusion")
+    with torch.no_grad():
+        want, got = model(*inputs), ours(*inputs)
+    tol = 1e-2 if want.dtype == torch.bfloat16 else 1e-4
+    diff = max_abs_diff(got, want) / max(want.abs().max().item(), 1e-12)
+    print(f"backend='fusion': max |Δ| / max |eager| = {diff:.1e} ({'ok' if diff < tol else 'TOO LARGE'})")
+    print(summary(reports))
+    for r in reports:
+        print(f"\n{r.table()}")
+    mine = list(reports)
+    if show_kernel and mine and mine[0].kernels:
+        k = mine[0].kernels[0]
+        print(f"\nOne generated kernel, {k.name} (Phase 8), as the backend compiled it:\n{k.source}")
+    if not inductor:
+        print("(--quick skips Inductor: compiling with it takes ~10 s per graph on a CPU; run without --quick)")
+        return
+    from torch._inductor import metrics
+
+    torch._dynamo.reset()
+    metrics.reset()
+    theirs = torch.compile(model, backend="inductor")
+    with torch.no_grad():
+        diff_i = max_abs_diff(theirs(*inputs), want) / max(want.abs().max().item(), 1e-12)
+    ours_kernels = sum(len(r.kernels) for r in mine)
+    ours_library = sum(sum(p.library_calls.values()) for r in mine for p in r.parts)
+    rows = [
+        ("fusion", len(mine), ours_kernels, ours_library, f"{diff:.1e}"),
+        ("inductor", "-", metrics.generated_kernel_count, "-", f"{diff_i:.1e}"),
+    ]
+    if want.is_cuda:
+        from torch.utils.benchmark import Timer
+
+        for row, fn in zip(rows, (ours, theirs), strict=True):
+            with torch.no_grad():
+                launches = count_cuda_kernels(lambda fn=fn: fn(*inputs))
+                t = Timer("f(*x)", globals={"f": fn, "x": inputs}).blocked_autorange(min_run_time=0.5).median
+            row += (launches, f"{t * 1e6:.1f}")
+        with torch.no_grad():
+            launches = count_cuda_kernels(lambda: model(*inputs))
+            t = Timer("f(*x)", globals={"f": model, "x": inputs}).blocked_autorange(min_run_time=0.5).median
+        rows.append(("eager", "-", 0, "-", "0", launches, f"{t * 1e6:.1f}"))
+    headers = ["backend", "graphs", "generated kernels", "library calls", "rel. max |Δ|"]
+    headers += ["CUDA kernels / call", "µs / call (wall)"] if want.is_cuda else []
+    print(f"\n{table(rows, headers)}")
 
 
 def run(quick: bool = False) -> None:
-    print("Phase 9 is under construction.")
+    device, dtype = _device_and_dtype()
+    heading('Phase 9 — your compiler: torch.compile(model, backend="fusion")')
+    print(
+        "Dynamo captures graphs from any Python (breaking where it must); AOTAutograd lowers each to aten with\n"
+        "Inductor's decompositions; we fold BatchNorm, put conv+bias+ReLU into cuDNN's epilogue (CUDA), and\n"
+        f"generate one Triton kernel per fusion region (Phase 8). Device: {device}"
+        + (" (generated kernels run in Triton's interpreter: correctness only, no timings)" if device == "cpu" else "")
+    )
+
+    d = 32 if quick or device == "cpu" else 1024
+    model = models.DataDependentBlock(d=d).to(device, dtype).eval()
+    (x,) = models.data_dependent_inputs(batch=4 if device == "cpu" else 4096, d=d)
+    x = x.to(device, dtype)
+    heading("A graph break: data-dependent control flow", "-")
+    explanation = torch._dynamo.explain(model)(x)
+    print(f"torch._dynamo.explain: {explanation.graph_count} graphs, {explanation.graph_break_count} break(s):")
+    for b in explanation.break_reasons:
+        print(f"  {str(b.reason).splitlines()[0][:110]}")
+    _compare(
+        "DataDependentBlock: both graphs go through our backend", model, (x,), inductor=not quick, show_kernel=True
+    )
+
+    heading("nn.TransformerEncoderLayer (eval): symbolic_trace cannot trace it, Dynamo can", "-")
+    d_model, batch, seq = (16, 2, 8) if quick or device == "cpu" else (1024, 32, 512)
+    layer = nn.TransformerEncoderLayer(d_model, 2 if d_model < 64 else 16, 4 * d_model, dropout=0.0, batch_first=True)
+    layer = layer.to(device, dtype).eval()
+    src = torch.randn(batch, seq, d_model, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    reset()
+    with torch.no_grad():
+        torch.compile(layer, backend="fusion")(src)
+    print(
+        "Under no_grad the layer takes PyTorch's 'fast path': one opaque op, _transformer_encoder_layer_fwd,\n"
+        f"that no compiler sees into (Inductor runs it as a fallback too):\n{summary(reports)}\n"
+        "torch.backends.mha.set_fastpath_enabled(False) gives the compiler the layer's real ops:"
+    )
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        _compare("TransformerEncoderLayer, fast path off", layer, (src,), inductor=not quick)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+    width, batch, size = (8, 2, 8) if quick or device == "cpu" else (64, 32, 56)
+    conv_net = models.ConvBNNet(width=width).to(device, dtype).eval()
+    (img,) = models.conv_inputs(batch=batch, size=size)
+    img = img.to(device, dtype)
+    if device == "cuda":
+        conv_net, img = conv_net.to(memory_format=torch.channels_last), img.to(memory_format=torch.channels_last)
+    _compare(
+        "ConvBNNet (eval): BatchNorm folded, conv+bias+ReLU in cuDNN's epilogue (CUDA)",
+        conv_net,
+        (img,),
+        inductor=not quick,
+    )
+
+    heading("Where we agree with Inductor, and where it does more", "-")
+    print(
+        "Agree: the same decompositions (we use Inductor's table), regions cut at every matmul/conv, a pointwise\n"
+        "chain or a last-dim reduction with its neighbours is one kernel, matmul and conv go to cuBLAS/cuDNN.\n"
+        "Inductor does more: autotuning (block sizes, warps, benchmarked per shape); tiling in 2-D for transposes\n"
+        "and reductions over other dims, split and looped reductions for rows longer than a block; matmul\n"
+        "epilogues fused into Triton GEMM templates (max-autotune); a scheduler that fuses across the whole graph,\n"
+        "reuses buffers and can replay it with CUDA graphs; dynamic shapes.\n"
+        "We do more: BatchNorm folded without the `freezing` promise (the folded weights are refreshed when a\n"
+        "parameter's version counter moves) and conv+bias+ReLU(+residual) in cuDNN's epilogue — Phase 5's\n"
+        "measurement on ResNet-50 (H200, bf16): 1.84× eager against Inductor's 1.57×."
+    )
+
+    heading("Legality: change a BatchNorm's statistics after compiling", "-")
+    reset()
+    net = models.ConvBNNet(width=4).eval()
+    (small,) = models.conv_inputs(batch=1, size=6)
+    compiled = torch.compile(net, backend="fusion")
+    with torch.no_grad():
+        compiled(small)
+        net.bn1.running_var.mul_(4.0)  # an in-place write: its version counter moves
+        print(f"after bn1.running_var *= 4: max |compiled − eager| = {max_abs_diff(compiled(small), net(small)):.1e}")
+    print("The folded weights were recomputed from the new statistics; a baked-in fold would be wrong now.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return lesson_cli(run, __doc__, argv)
 
 
 if __name__ == "__main__":
-    run()
+    raise SystemExit(main())

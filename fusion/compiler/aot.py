@@ -1,0 +1,131 @@
+"""AOTAutograd glue: from Dynamo's torch-level graph to aten graphs, and the boxed calling convention.
+
+Dynamo hands a backend ``(gm, example_inputs)``: a torch-level graph (``torch.conv2d``, ``torch._C._nn.linear``,
+parameters as inputs) and real example tensors. AOTAutograd traces it below autograd into aten graphs on fake
+tensors, applies a decomposition table (we use Inductor's), functionalizes it, and — when some input needs a
+gradient — partitions the joint graph into a forward and a backward graph. It calls one compiler per graph:
+
+* ``inference_compiler`` when no output needs a gradient (``torch.no_grad()``, ``torch.inference_mode()``, or no
+  input requires grad): one graph, parameters as its inputs;
+* ``fw_compiler`` and ``bw_compiler`` otherwise (the backward lazily, on the first ``.backward()``).
+
+Each compiler returns a callable in the *boxed* convention: it takes one list of tensors (so the runtime can free
+inputs early) and carries ``_boxed_call = True``; ``make_boxed_func`` wraps a plain ``f(*args)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def make_boxed(fn: Callable[..., object]) -> Callable[[list], object]:
+    """``fn(*args)`` as a boxed callable ``g(args_list)`` (``torch._functorch.aot_autograd.make_boxed_func``)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(fn)
+
+
+def inductor_decompositions(keep: Iterable[torch._ops.OpOverload] = ()) -> dict:
+    """Inductor's decomposition table (what it decomposes before lowering), less the ops in ``keep``.
+
+    ``keep`` leaves an op whole for a pass that wants to match it (eval-mode batch norm before the fold);
+    :func:`decompose` applies the full table afterwards to whatever the pass left.
+    """
+    try:
+        from torch._inductor.decomposition import select_decomp_table
+
+        table = dict(select_decomp_table())
+    except Exception:  # a torch build without Inductor: the core-aten table is the closest stand-in
+        from torch._decomp import core_aten_decompositions
+
+        table = dict(core_aten_decompositions())
+    for op in keep:
+        table.pop(op, None)
+    return table
+
+
+def lower_with_aot(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[object],
+    *,
+    inference_compiler: Callable,
+    fw_compiler: Callable,
+    bw_compiler: Callable,
+    decompositions: dict,
+) -> Callable:
+    """AOTAutograd with our compilers: returns the callable Dynamo runs in place of ``gm``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
+        inference_compiler=inference_compiler,
+        decompositions=decompositions,
+    )
+    return backend(gm, example_inputs)
+
+
+def placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def input_values(gm: fx.GraphModule) -> list[object]:
+    """The placeholders' ``meta["val"]`` (fake tensors, SymInts): example inputs for a graph a pass rewrote."""
+    return [n.meta.get("val") for n in placeholders(gm)]
+
+
+def has_dynamic_shapes(gm: fx.GraphModule) -> bool:
+    """Does any input have a symbolic size (Dynamo's automatic dynamic shapes after a recompile)?"""
+    for val in input_values(gm):
+        if isinstance(val, torch.SymInt):
+            return True
+        if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
+            return True
+    return False
+
+
+def decompose(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
+    """Re-trace ``gm`` on its placeholders' fake values, applying ``table`` to the ops a pass left whole.
+
+    The result has the same inputs and outputs, fresh ``meta["val"]`` on every node.
+    """
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    vals = input_values(gm)
+    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    interpreter = fx.Interpreter(gm)
+    if fake_mode is None:
+        return make_fx(interpreter.run, decomposition_table=table)(*vals)
+    with fake_mode:
+        return make_fx(interpreter.run, decomposition_table=table)(*vals)
+
+
+def uncompiled(gm: fx.GraphModule) -> Callable[[list], object]:
+    """The aten graph itself, run op by op by PyTorch: the fallback that is always correct."""
+    return make_boxed(gm.forward)
+
+
+def register_once(name: str, module: str, attr: str) -> None:
+    """Register ``<module>.<attr>`` as the Dynamo backend ``name``, once per process.
+
+    Dynamo's registry refuses a second registration under one name, and a re-imported module defines a new
+    function; so what is registered is a small trampoline that looks the function up when Dynamo calls it.
+    """
+    import importlib
+
+    from torch._dynamo import list_backends, register_backend
+
+    if name in list_backends(exclude_tags=()):
+        return
+
+    def backend(gm, example_inputs, **kwargs):
+        return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
+
+    backend.__name__ = attr
+    register_backend(backend, name=name)

@@ -1,0 +1,245 @@
+"""Aten-level rewrites behind ``fusion.backend``: folded Conv+BatchNorm weights and the cuDNN epilogue.
+
+Folding BatchNorm into a convolution needs the parameters' *values*, but in a Dynamo graph the parameters are graph
+inputs, so the values can change between calls (an optimizer step, ``load_state_dict``, a forward in training mode
+updating the running stats). Inductor folds only under ``torch._inductor.config.freezing``, where it promises the
+user that they won't. We fold without that promise: :class:`FoldedWeights` computes the folded weight and bias from
+the live inputs on the first call and keeps them while every source tensor is the same tensor at the same version
+(``tensor._version`` counts in-place writes); any change refolds. The folded tensors enter the graph as extra
+inputs, appended after the real ones.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class FoldSpec:
+    """Where one fold reads its sources: graph-input positions (None: absent), and BatchNorm's eps."""
+
+    weight: int
+    bias: int | None
+    running_mean: int
+    running_var: int
+    bn_weight: int | None
+    bn_bias: int | None
+    eps: float
+    transposed: bool
+    groups: int
+
+    def sources(self) -> tuple[int, ...]:
+        idx = (self.weight, self.bias, self.running_mean, self.running_var, self.bn_weight, self.bn_bias)
+        return tuple(i for i in idx if i is not None)
+
+
+def _version_key(t: torch.Tensor) -> tuple | None:
+    try:
+        return (id(t), t.data_ptr(), t._version)
+    except Exception:  # an inference tensor has no version counter
+        return None
+
+
+class FoldedWeights:
+    """Computes every fold's (weight, bias) from the graph's runtime inputs; cached while the sources are unchanged.
+
+    ``fold_fn`` is Phase 5's ``fold_conv_bn_weights(conv_w, conv_b, rm, rv, eps, bn_w, bn_b, transpose=, groups=)``.
+    """
+
+    def __init__(self, specs: Sequence[FoldSpec], fold_fn: Callable) -> None:
+        self.specs = list(specs)
+        self.fold_fn = fold_fn
+        self.sources = sorted({i for s in self.specs for i in s.sources()})
+        self.key: list | None = None
+        self.folded: list[torch.Tensor] = []
+        self.refolds = 0  # how many times the folded weights were computed (1 = once, never invalidated)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        key = [_version_key(args[i]) for i in self.sources]
+        if self.key is not None and key == self.key and None not in key:
+            return self.folded
+        get = lambda i: None if i is None else args[i]  # noqa: E731
+        folded = []
+        with torch.no_grad():
+            for s in self.specs:
+                w, b = self.fold_fn(
+                    args[s.weight],
+                    get(s.bias),
+                    args[s.running_mean],
+                    args[s.running_var],
+                    s.eps,
+                    get(s.bn_weight),
+                    get(s.bn_bias),
+                    transpose=s.transposed,
+                    groups=s.groups if s.transposed else None,
+                )
+                folded += [w, b]
+        self.key, self.folded, self.refolds = key, folded, self.refolds + 1
+        return folded
+
+
+def install_folds(
+    gm: fx.GraphModule, matches: Sequence[tuple[fx.Node, fx.Node, fx.Node]], fold_fn: Callable
+) -> FoldedWeights | None:
+    """Rewrite every matched ``convolution → batch_norm(eval) → getitem 0`` into one convolution reading a folded
+    weight and bias, two new graph inputs each. Returns the :class:`FoldedWeights` that computes them (None: none).
+
+    Every source of a match must be a graph input (the matcher checks this).
+    """
+    if not matches:
+        return None
+    graph = gm.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(inputs)}
+    pos = lambda n: None if n is None else position[n]  # noqa: E731
+    last = inputs[-1]
+    specs = []
+    for k, (conv, bn, out) in enumerate(matches):
+        x, w, b, _stride, _pad, _dil, transposed, _opad, groups = conv.args
+        _, bn_w, bn_b, rm, rv, _momentum, eps = bn.args
+        specs.append(FoldSpec(pos(w), pos(b), pos(rm), pos(rv), pos(bn_w), pos(bn_b), float(eps), transposed, groups))
+        with graph.inserting_after(last):
+            new_w = graph.placeholder(f"folded_weight_{k}")
+        with graph.inserting_after(new_w):
+            new_b = graph.placeholder(f"folded_bias_{k}")
+        last = new_b
+        w_val, c_out = w.meta["val"], out.meta["val"].shape[1]
+        new_w.meta["val"] = w_val
+        new_b.meta["val"] = w_val.new_empty((c_out,))
+        conv.args = (x, new_w, new_b, *conv.args[3:])
+        out.replace_all_uses_with(conv)
+        for dead in [*bn.users, bn]:
+            graph.erase_node(dead)
+    graph.lint()
+    gm.recompile()
+    return FoldedWeights(specs, fold_fn)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The cuDNN epilogue: relu(conv(x, w) + b [+ z]) as one cuDNN runtime-fusion kernel
+
+
+_refused: dict[tuple, str] = {}  # a configuration cuDNN refused once -> its error: unfused from then on
+
+
+def _unfused(x, w, b, stride, padding, dilation, groups, z=None):
+    y = aten.convolution.default(x, w, b, stride, padding, dilation, False, [0, 0], groups)
+    return aten.relu.default(y if z is None else aten.add.Tensor(y, z))
+
+
+def cudnn_conv_bias_relu(x, w, b, stride, padding, dilation, groups):
+    """``relu(conv(x, w) + b)`` in cuDNN's epilogue; the unfused aten ops if cuDNN refuses this configuration."""
+    key = (x.shape, w.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), x.stride())
+    if key not in _refused:
+        try:
+            return torch.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
+        except RuntimeError as e:  # no engine for it: remember, and say so in epilogue_refusals()
+            _refused[key] = str(e).splitlines()[0][:200]
+    return _unfused(x, w, b, stride, padding, dilation, groups)
+
+
+def cudnn_conv_bias_add_relu(x, w, b, z, stride, padding, dilation, groups):
+    """``relu(conv(x, w) + b + z)`` in cuDNN's epilogue (the residual block's last conv)."""
+    key = ("add", x.shape, w.shape, x.dtype, tuple(stride), tuple(padding), tuple(dilation), x.stride(), z.stride())
+    if key not in _refused:
+        try:
+            return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, stride, padding, dilation, groups)
+        except RuntimeError as e:
+            _refused[key] = str(e).splitlines()[0][:200]
+    return _unfused(x, w, b, stride, padding, dilation, groups, z)
+
+
+def epilogue_refusals() -> dict[tuple, str]:
+    """Configurations cuDNN refused at run time (they ran unfused), with cuDNN's error."""
+    return dict(_refused)
+
+
+_EPILOGUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def epilogue_problem(conv: fx.Node, grouped_reason: str) -> str | None:
+    """Why ``conv`` (an ``aten.convolution`` node) cannot take the cuDNN epilogue, or None."""
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = conv.args
+    xv, wv, out = x.meta["val"], w.meta["val"], conv.meta["val"]
+    if transposed:
+        return "a transposed convolution: cuDNN's fused op is a forward convolution"
+    if groups != 1:
+        return grouped_reason
+    if out.dim() != 4:
+        return f"a {out.dim() - 2}-d convolution: the fused op is 2-d"
+    if out.device.type != "cuda":
+        return f"on {out.device.type}: cuDNN runs on CUDA"
+    if xv.dtype not in _EPILOGUE_DTYPES or wv.dtype != xv.dtype:
+        return f"dtypes {xv.dtype}/{wv.dtype}: cuDNN's fused op takes one of float16, bfloat16, float32"
+    if b is not None and b.meta["val"].dtype != xv.dtype:
+        return "the bias has another dtype than the input"
+    return None
+
+
+def _relu_chain(relu: fx.Node) -> tuple[fx.Node, fx.Node | None, fx.Node | None] | None:
+    """(conv, add or None, z or None) when ``relu`` is ``relu(conv)`` or ``relu(conv + z)``, each its only user."""
+    (src,) = relu.args[:1] or (None,)
+    if not isinstance(src, fx.Node) or len(src.users) != 1:
+        return None
+    if src.target is aten.convolution.default:
+        return src, None, None
+    if src.target is aten.add.Tensor and len(src.args) == 2 and not src.kwargs:
+        for conv, z in (src.args, src.args[::-1]):
+            if (
+                isinstance(conv, fx.Node)
+                and conv.target is aten.convolution.default
+                and len(conv.users) == 1
+                and isinstance(z, fx.Node)
+                and z is not conv
+            ):
+                zv, out = z.meta.get("val"), conv.meta["val"]
+                if isinstance(zv, torch.Tensor) and zv.shape == out.shape and zv.dtype == out.dtype:
+                    return conv, src, z
+    return None
+
+
+def install_epilogues(gm: fx.GraphModule, grouped_reason: str, note: Callable[..., None]) -> int:
+    """Replace every ``relu(conv(x, w, b))`` and ``relu(conv(x, w, b) + z)`` that cuDNN can fuse; returns the count.
+
+    ``note(pass, nodes, action, why)`` receives every decision, fused or skipped.
+    """
+    graph, count = gm.graph, 0
+    for relu in list(graph.nodes):
+        if relu.op != "call_function" or relu.target is not aten.relu.default:
+            continue
+        chain = _relu_chain(relu)
+        if chain is None:
+            continue
+        conv, add, z = chain
+        names = [n.name for n in (conv, add, relu) if n is not None]
+        why = epilogue_problem(conv, grouped_reason)
+        if why:
+            note("cudnn epilogue", names, "skipped", why)
+            continue
+        x, w, b, stride, padding, dilation, _t, _op, groups = conv.args
+        with graph.inserting_before(relu):
+            if z is None:
+                fused = graph.call_function(cudnn_conv_bias_relu, (x, w, b, stride, padding, dilation, groups))
+            else:
+                fused = graph.call_function(cudnn_conv_bias_add_relu, (x, w, b, z, stride, padding, dilation, groups))
+        fused.meta["val"] = relu.meta["val"]
+        relu.replace_all_uses_with(fused)
+        for dead in (relu, add, conv):
+            if dead is not None:
+                graph.erase_node(dead)
+        note("cudnn epilogue", names, "fused", fused.target.__name__)
+        count += 1
+    graph.lint()
+    gm.recompile()
+    return count
+
+
+def is_getitem_of(node: fx.Node, source: fx.Node, index: int) -> bool:
+    return node.target is operator.getitem and node.args[0] is source and node.args[1] == index
