@@ -7,9 +7,9 @@ What you learn
 --------------
 * The four steps of every graph rewrite, done by hand on ``gm.graph.nodes``:
 
-  1. **match**   — find a ``call_module`` node whose module is an ``nn.Linear`` and whose only user is a ReLU,
-     in any of its six spellings (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``torch.relu_``, ``x.relu()``,
-     ``x.relu_()``; in-place or not).
+  1. **match**   — find a ``call_module`` node whose module is an ``nn.Linear`` and whose only user is a ReLU of it,
+     in any spelling (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``torch.relu_``, ``x.relu()``, ``x.relu_()``;
+     in-place or not).
   2. **replace** — put a :class:`FusedLinearReLU` (sharing the Linear's parameters) into the GraphModule and add a
      ``call_module`` node that calls it.
   3. **rewire**  — ``relu.replace_all_uses_with(fused)``: everyone who read the ReLU's output now reads the fused one.
@@ -21,23 +21,20 @@ What you learn
 * **Legality before speed.** Fusing hides the Linear's pre-ReLU output. If anything else reads it (a residual add,
   a second ReLU, the return statement), fusing would hand that reader the wrong value, so the pass leaves the pair
   alone and its :class:`~fusion.common.FusionReport` says why. Same for a ReLU that is not *directly* after the
-  Linear, an uninitialized ``LazyLinear``, a Linear subclass that overrides ``forward``, and modules with hooks
-  (the fused module would not run them).
+  Linear, and for whatever the fused module would not reproduce (:func:`linear_refusal`, :func:`relu_refusal`): an
+  uninitialized ``LazyLinear``, a subclass that overrides ``forward``, a weight computed on access, hooks.
   One ``nn.Linear`` called at several sites stays correct at every site: each site is judged on its own, and the
   fused module shares the Linear's parameters, so the sites keep sharing one set of weights.
 
-* **Why bother: the fused kernel is real.** ``torch._addmm_activation(bias, x, weight.t())`` asks cuBLASLt to apply
-  the bias and the ReLU in the GEMM's *epilogue*, while the output tile is still in registers: the ``(M, N)`` output
-  is written once instead of written, read back and written again by a separate ReLU kernel (Phase 4 times the
-  difference). PyTorch gives ``_addmm_activation`` no backward and leaves it off CUDA's autocast list;
-  :func:`addmm_relu` supplies both. On the CPU PyTorch has no such kernel; the fused module runs ``addmm`` then an
-  in-place ``relu_``, which is exact.
-  :meth:`FusedLinearReLU.kernel_path` tells you which path an input takes; the phase run also *profiles* the
-  kernels that actually ran.
+* **Why bother: the fused kernel is real.** On CUDA ``torch._addmm_activation(bias, x, weight.t())`` asks cuBLASLt to
+  apply the bias and the ReLU in the GEMM's *epilogue*, while the output tile is still in registers: the ``(M, N)``
+  output is written once instead of written, read back and written again by a separate ReLU kernel (Phase 4 times
+  the difference). On the CPU PyTorch has no such kernel: the fused module runs ``addmm`` then an in-place
+  ``relu_``, which is exact. The machinery (a backward and autocast for ``_addmm_activation``, the rule that
+  predicts the kernel path, the profiler) lives in ``fusion/kernels/cublaslt.py``; the run shows what really ran.
 
 Where the report lives: ``fusion.common.report_of(gm)`` (the same object as ``gm.meta["fusion_report"]``).
 
-    >>> import torch
     >>> from fusion import models
     >>> from fusion.common import report_of
     >>> model = models.FunctionalMLP()
@@ -51,8 +48,6 @@ Where the report lives: ``fusion.common.report_of(gm)`` (the same object as ``gm
 from __future__ import annotations
 
 import math
-import os
-import warnings
 from collections import Counter
 
 import torch
@@ -63,153 +58,105 @@ import torch.nn.functional as F
 from fusion import models
 from fusion.common import (
     FusionReport,
-    aten_ops,
     attach_report,
     copy_to_graph_module,
     finish_rewrite,
     heading,
     lesson_cli,
     max_abs_diff,
-    node_table,
     report_of,
     shorten,
     table,
     target_name,
 )
+from fusion.kernels.cublaslt import (  # the kernel back-end; Phase 4, tests and scripts read its names from here too
+    ADDMM_THEN_RELU,  # noqa: F401
+    CUBLASLT_EPILOGUE,  # noqa: F401
+    CUDA_GEMM_THEN_RELU,  # noqa: F401
+    EMPTY,  # noqa: F401
+    KERNEL_PATHS,  # noqa: F401
+    addmm_relu,
+    launched_kernels,  # noqa: F401
+    predict_kernel_path,
+    select_kernel_path,  # noqa: F401
+    show_kernel_paths,
+)
 
 PATTERN = "Linear+ReLU"
 
+
 # ----------------------------------------------------------------------------------------------------------------------
-# The kernel paths FusedLinearReLU can take, and how to predict which one an input takes
-
-CUBLASLT_EPILOGUE = "cublaslt-epilogue"  # CUDA: one cuBLASLt GEMM call; bias and ReLU run in its epilogue
-CUDA_GEMM_THEN_RELU = "cuda-gemm+relu"  # CUDA, cuBLASLt refused: _addmm_activation itself does copy, GEMM, relu_
-ADDMM_THEN_RELU = "addmm+relu_"  # no fused kernel (CPU, ...): addmm, then relu_ in place on its output
-EMPTY = "empty"  # the output has no elements: no kernel runs at all
-
-KERNEL_PATHS = {
-    CUBLASLT_EPILOGUE: "cuBLASLt GEMM with the bias+ReLU epilogue: the output is written once",
-    CUDA_GEMM_THEN_RELU: "bias copy, cuBLAS GEMM, then a separate ReLU kernel (three passes over the output)",
-    ADDMM_THEN_RELU: "addmm, then relu_ in place (two passes over the output; exact, autograd-safe)",
-    EMPTY: "empty output: nothing to compute",
-}
-
-_LT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# The pass
 
 
-def select_kernel_path(device_type: str, dtype: torch.dtype, m: int, k: int, n: int) -> tuple[str, str]:
-    """Predict the kernel path of ``relu(x @ W.T + b)`` for ``x: (m, k)``, ``W: (n, k)``; return ``(path, why)``.
+def fuse_linear_relu(model: nn.Module) -> fx.GraphModule:
+    """Fuse every ``nn.Linear`` call whose output's only user is a ReLU of it into a :class:`FusedLinearReLU`.
 
-    Pure Python on plain values, so it is testable without a GPU. The CUDA rule mirrors PyTorch's own test for
-    handing ``addmm`` to cuBLASLt (``aten/src/ATen/native/cuda/Blas.cpp``): a contiguous 1-D bias of length ``n``
-    (always true here), a floating dtype, both dimensions of ``W.T`` larger than 1, and ``DISABLE_ADDMM_CUDA_LT``
-    unset. It was checked against the profiler on the lent H100 with torch 2.11 (``m == 1`` still took cuBLASLt
-    there; some newer PyTorch sources also require ``m > 1``). cuBLASLt picks the kernels itself: usually one, but
-    for some fp32 shapes it splits K and adds a separate epilogue kernel. The phase run profiles what really ran.
-
-    >>> select_kernel_path("cuda", torch.bfloat16, 64, 4096, 4096)[0]
-    'cublaslt-epilogue'
-    >>> select_kernel_path("cpu", torch.float32, 64, 4096, 4096)[0]
-    'addmm+relu_'
+    Accepts an ``nn.Module`` or a ``GraphModule`` and never mutates it: the pass works on a traced deep copy
+    (:func:`fusion.common.copy_to_graph_module`). Every Linear call it looked at is in the returned module's report,
+    fused or skipped with the reason: ``fusion.common.report_of(gm)``. An untraceable model raises
+    :class:`fusion.common.UntraceableModelError` naming the model, the line and the fix.
     """
-    if m == 0 or n == 0:
-        return EMPTY, f"the output is ({m}, {n}): nothing to compute"
-    if device_type != "cuda":
-        return ADDMM_THEN_RELU, f"PyTorch has no fused Linear+ReLU kernel on {device_type}: addmm, then relu_ in place"
-    if k == 0:
-        return ADDMM_THEN_RELU, (
-            "in_features == 0: torch._addmm_activation on CUDA returns the bias *without* the ReLU for an empty "
-            "reduction (a PyTorch short-circuit), so the fused module uses addmm then relu_"
-        )
-    if os.environ.get("DISABLE_ADDMM_CUDA_LT") == "1":
-        return CUDA_GEMM_THEN_RELU, "DISABLE_ADDMM_CUDA_LT=1 turns PyTorch's cuBLASLt path for addmm off"
-    if dtype not in _LT_DTYPES:
-        return CUDA_GEMM_THEN_RELU, f"cuBLASLt's addmm path takes float64/32/16 and bfloat16, not {dtype}"
-    if k <= 1 or n <= 1:
-        return CUDA_GEMM_THEN_RELU, (
-            f"cuBLASLt's addmm path needs in_features > 1 and out_features > 1 (got {k} and {n}): "
-            "_addmm_activation falls back to a GEMM plus a separate ReLU kernel"
-        )
-    return CUBLASLT_EPILOGUE, (
-        f"CUDA, {str(dtype).removeprefix('torch.')}, K={k}, N={n}: torch._addmm_activation hands bias+ReLU to "
-        "cuBLASLt as the GEMM's epilogue"
-    )
+    gm = copy_to_graph_module(model, what="fuse_linear_relu")
+    graph = gm.graph
+    report = FusionReport("fuse_linear_relu")
+    modules = dict(gm.named_modules())
+    call_sites = Counter(n.target for n in graph.nodes if n.op == "call_module")
+    installed: dict[str, str] = {}  # Linear's qualified name -> its FusedLinearReLU's qualified name
 
+    # TODO(human): for every call_module node of an nn.Linear: if its output has exactly one user, that user is a ReLU reading it (relu_spelling, relu_input), and linear_refusal and relu_refusal give no reason, replace the two nodes by one call of the module install_fused returns and report.fuse(PATTERN, [linear.name, relu.name]); otherwise report.skip(PATTERN, [linear.name, ...], reason). Hint: node.users tells who reads the Linear; the helpers below the pass name the legality rules; the report lists every Linear call once. More: loop over list(graph.nodes); users = list(node.users); with graph.inserting_after(relu): graph.call_module(target, node.args, node.kwargs); relu.replace_all_uses_with(new node); graph.erase_node(relu), then graph.erase_node(node)
+    # BEGIN SOLUTION
+    for node in list(graph.nodes):
+        if node.op != "call_module" or not isinstance(modules[node.target], nn.Linear):
+            continue
+        # 1. match: the Linear's output must have exactly one user, and that user must be a ReLU of it
+        users = list(node.users)
+        if len(users) != 1:
+            names = ", ".join(u.name for u in users)
+            why = f"{len(users)} users ({names}): the others read the pre-ReLU value" if users else "output unused"
+            report.skip(PATTERN, [node.name], why)
+            continue
+        relu = users[0]
+        spelling = relu_spelling(relu, modules)
+        if spelling is None or relu_input(relu) is not node:
+            why = f"its only user, {target_name(relu)}, is not a ReLU of it"
+            report.skip(PATTERN, [node.name, relu.name], why)
+            continue
+        refusal = linear_refusal(modules[node.target]) or relu_refusal(relu, modules)
+        if refusal:
+            report.skip(PATTERN, [node.name, relu.name], refusal)
+            continue
+        # 2. replace: a fused module sharing the Linear's parameters, called by a new node with the Linear's inputs
+        target = install_fused(gm, node.target, call_sites, installed)
+        with graph.inserting_after(relu):
+            fused = graph.create_node("call_module", target, node.args, node.kwargs, name=f"{node.name}_relu")
+        fused.meta.update(relu.meta)  # it produces what the ReLU produced (shape, dtype, source location)
+        # 3. rewire: whoever read the ReLU now reads the fused node
+        relu.replace_all_uses_with(fused)
+        # 4. clean up: the ReLU first (it reads the Linear), then the Linear
+        graph.erase_node(relu)
+        graph.erase_node(node)
+        report.fuse(PATTERN, [node.name, relu.name], replacement=target, reason=f"ReLU spelled {spelling}")
+    # END SOLUTION
 
-def _any_autocast() -> bool:
-    """Is autocast on for any device? One C call (~0.1 µs): the hot path of :func:`addmm_relu` asks this before
-    building ``x.device`` (~0.4 µs) for :func:`_autocast_dtype`. A memory-bound Linear+ReLU on a GPU takes ~15 µs,
-    so the Python around the kernel shows in Phase 4's timings. Older torch without the helper: assume it might be."""
-    probe = getattr(torch._C, "_is_any_autocast_enabled", None)
-    return True if probe is None else probe()
-
-
-def _autocast_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype a matmul really runs in: autocast turns float32 (not float64) into its lower precision."""
-    if dtype == torch.float32 and device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return dtype
+    finish_rewrite(gm)  # lint, dead-code elimination, delete_all_unused_submodules, recompile
+    return attach_report(gm, report)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The fused op: relu(x @ W.T + b) in one call
-
-
-class _AddmmReLUFunction(torch.autograd.Function):
-    """``torch._addmm_activation(bias, x, W.T)`` with a backward: PyTorch defines none for ``_addmm_activation``
-    ("derivative for aten::_addmm_activation is not implemented"), so training through it needs this.
-
-    The backward is exactly what autograd does for ``relu(addmm(b, x, W.T))``: ReLU's own backward
-    (``threshold_backward(grad, out, 0)``, reading the *output*, which is all the fused kernel keeps), then the three
-    matmul/sum gradients of addmm.
-    """
-
-    @staticmethod
-    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        out = torch._addmm_activation(bias, x2d, weight.t())  # (M, N), bias and ReLU fused into the GEMM
-        ctx.save_for_backward(x2d, weight, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        x2d, weight, out = ctx.saved_tensors
-        grad_pre = torch.ops.aten.threshold_backward(grad_out, out, 0)  # (M, N): zero where the ReLU clipped
-        grad_x = grad_pre @ weight if ctx.needs_input_grad[0] else None  # (M, N) @ (N, K) -> (M, K)
-        grad_w = grad_pre.t() @ x2d if ctx.needs_input_grad[1] else None  # (N, M) @ (M, K) -> (N, K)
-        grad_b = grad_pre.sum(0) if ctx.needs_input_grad[2] else None  # (N,)
-        return grad_x, grad_w, grad_b
-
-
-def addmm_relu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``relu(x2d @ weight.T + bias)`` through ``torch._addmm_activation``, made safe to use anywhere.
-
-    Three things PyTorch leaves to the caller: a backward (see :class:`_AddmmReLUFunction`; skipped when nothing
-    needs a gradient, so inference pays nothing for it), autocast (``_addmm_activation`` is not on CUDA's autocast
-    list: without the explicit cast a bf16 autocast region would run this GEMM in fp32, or fail on mixed dtypes),
-    and a missing bias (the epilogue needs a bias vector: a zero one adds exactly nothing).
-    """
-    if x2d.dtype != weight.dtype or _any_autocast():  # rare; the common path skips it (see _any_autocast)
-        dtype = _autocast_dtype(x2d.device.type, x2d.dtype)
-        if dtype != x2d.dtype or dtype != weight.dtype:  # do autocast's cast ourselves, where autograd can see it
-            x2d, weight = x2d.to(dtype), weight.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
-    if bias is None:
-        bias = weight.new_zeros(weight.shape[0])  # (N,): x + 0.0 == x, and the ReLU makes -0.0 and 0.0 alike
-    if torch.is_grad_enabled() and (x2d.requires_grad or weight.requires_grad or bias.requires_grad):
-        return _AddmmReLUFunction.apply(x2d, weight, bias)
-    return torch._addmm_activation(bias, x2d, weight.t())
+# The fused module: relu(x @ W.T + b) in one call
 
 
 @torch.fx.wrap  # a graph that calls this stays a graph: re-tracing a fused model records one call, not its insides
 def fused_linear_relu(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``relu(F.linear(input, weight, bias))`` as one fused call: ``input (..., K)``, ``weight (N, K)`` -> ``(..., N)``.
 
-    On CUDA: ``torch._addmm_activation`` (bias + ReLU in the cuBLASLt epilogue). Elsewhere, or when ``K == 0``:
-    ``addmm`` then ``relu_`` in place, which is exact. Any number of leading dims; ``bias`` may be None.
+    On CUDA: :func:`~fusion.kernels.cublaslt.addmm_relu` (bias + ReLU in the cuBLASLt epilogue). Elsewhere, or when
+    ``K == 0``: ``addmm`` then ``relu_`` in place, which is exact. Any number of leading dims; ``bias`` may be None.
     """
     if input.dim() == 0:
         raise ValueError("fused_linear_relu needs an input with at least 1 dimension (..., in_features), got a scalar")
-    # TODO(human): compute relu(input @ weight.T + bias) for an input of shape (..., K). Hint: flatten the leading dims to one with reshape, call addmm_relu on CUDA when K > 0, else torch.addmm (or torch.mm without bias) then relu_, and reshape back to (..., N)
+    # TODO(human): return relu(input @ weight.T + bias) of shape (..., N) for input (..., K) with any number of leading dims (none too), computed on input viewed as (M, K): on CUDA with K > 0 by one addmm_relu call, otherwise by torch.addmm (torch.mm when bias is None) then relu_ in place. Hint: addmm and addmm_relu take 2-D inputs only; M is the product of the leading dims. More: *lead, k = input.shape; input.reshape(math.prod(lead), k); weight.t(); out.relu_(); out.reshape(*lead, n)
     # BEGIN SOLUTION
     *lead, k = input.shape
     n = weight.shape[0]
@@ -222,21 +169,6 @@ def fused_linear_relu(input: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         out = out.relu_()  # in place is safe: addmm's backward never reads its output
     return out.reshape(*lead, n) if flat else out  # (..., N)
     # END SOLUTION
-
-
-def _linear_refusal(linear: nn.Module, check_hooks: bool = True) -> str | None:
-    """Why this module must not be replaced by a FusedLinearReLU, or None if it may."""
-    if not isinstance(linear, nn.Linear):
-        return f"{type(linear).__name__} is not an nn.Linear"
-    if type(linear).forward is not nn.Linear.forward:
-        return f"{type(linear).__name__} overrides nn.Linear.forward: the fused module would not compute what it does"
-    if isinstance(linear.weight, nn.parameter.UninitializedParameter):
-        return f"{type(linear).__name__} is not initialized yet: run one forward pass first"
-    if not isinstance(linear.weight, nn.Parameter):
-        return "its weight is computed on access (a parametrization?), not a Parameter the fused module can share"
-    if check_hooks and (linear._forward_hooks or linear._forward_pre_hooks):
-        return "it has forward hooks, which the fused module would not run"
-    return None
 
 
 class FusedLinearReLU(nn.Module):
@@ -259,7 +191,7 @@ class FusedLinearReLU(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        refusal = _linear_refusal(linear, check_hooks=False)
+        refusal = linear_refusal(linear, check_hooks=False)
         if refusal:
             raise TypeError(f"FusedLinearReLU needs a plain nn.Linear: {refusal}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -274,19 +206,14 @@ class FusedLinearReLU(nn.Module):
 
     def kernel_path(self, x: torch.Tensor, explain: bool = False) -> str:
         """Which kernel path ``self(x)`` takes (a key of :data:`KERNEL_PATHS`); ``explain=True`` adds the why."""
-        m = math.prod(x.shape[:-1])
-        dtype = _autocast_dtype(x.device.type, torch.promote_types(x.dtype, self.weight.dtype))
-        path, why = select_kernel_path(x.device.type, dtype, m, self.in_features, self.out_features)
-        if path in (CUBLASLT_EPILOGUE, CUDA_GEMM_THEN_RELU) and self.bias is None:
-            why += " (this Linear has no bias: one tiny fill kernel first makes the zero bias the epilogue reads)"
-        return f"{path}: {why}" if explain else path
+        return predict_kernel_path(x, self.weight, self.bias, explain=explain)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Matching: a ReLU in any spelling
+# What the pass calls: a ReLU in any spelling, the legality rules, installing the fused module
 
 RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)  # F.relu_ is torch.relu_
 RELU_METHODS = ("relu", "relu_")
@@ -310,26 +237,43 @@ def relu_input(node: fx.Node) -> object:
     return node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
 
 
-def _relu_refusal(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+def _hooks(module: nn.Module) -> str:
+    """The per-module hooks ``module`` has ('' for none): a fused module would run none of them."""
+    kinds = (
+        ("forward hooks", module._forward_hooks),
+        ("forward pre-hooks", module._forward_pre_hooks),
+        ("backward hooks", module._backward_hooks),
+        ("backward pre-hooks", module._backward_pre_hooks),
+    )
+    return ", ".join(kind for kind, hooks in kinds if hooks)
+
+
+def linear_refusal(linear: nn.Module, check_hooks: bool = True) -> str | None:
+    """Why this module must not be replaced by a FusedLinearReLU (a non-empty reason), or None if it may."""
+    if not isinstance(linear, nn.Linear):
+        return f"{type(linear).__name__} is not an nn.Linear"
+    if type(linear).forward is not nn.Linear.forward:
+        return f"{type(linear).__name__} overrides nn.Linear.forward: the fused module would not compute what it does"
+    if isinstance(linear.weight, nn.parameter.UninitializedParameter):
+        return f"{type(linear).__name__} is not initialized yet: run one forward pass first"
+    if not isinstance(linear.weight, nn.Parameter):
+        return "its weight is computed on access (a parametrization?), not a Parameter the fused module can share"
+    if check_hooks and _hooks(linear):
+        return f"the Linear has {_hooks(linear)}: the fused module would not run them"
+    return None
+
+
+def relu_refusal(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """Why the ReLU ``node`` must not be fused away (a non-empty reason), or None if it may. Only a ReLU *module*
+    can refuse: a subclass overriding ``forward`` computes something else, and its hooks would not run."""
     if node.op != "call_module":
         return None
     relu = modules[node.target]
     if type(relu).forward is not nn.ReLU.forward:
         return f"{type(relu).__name__} overrides nn.ReLU.forward"
-    if relu._forward_hooks or relu._forward_pre_hooks:
-        return f"the ReLU module {node.target} has forward hooks, which the fused module would not run"
+    if _hooks(relu):
+        return f"the ReLU has {_hooks(relu)}: the fused module would not run them"
     return None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Replacing: install the fused module
-
-
-def _free_name(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 1
-    while hasattr(gm, name):
-        name, i = f"{base}_{i}", i + 1
-    return name
 
 
 def install_fused(gm: fx.GraphModule, linear_target: str, call_sites: Counter, installed: dict[str, str]) -> str:
@@ -347,119 +291,41 @@ def install_fused(gm: fx.GraphModule, linear_target: str, call_sites: Counter, i
         parent, _, leaf = linear_target.rpartition(".")
         setattr(gm.get_submodule(parent), leaf, fused)
     else:
-        name = _free_name(gm, linear_target.replace(".", "_") + "_relu")
+        name, i = linear_target.replace(".", "_") + "_relu", 1
+        while hasattr(gm, name):
+            name, i = f"{linear_target.replace('.', '_')}_relu_{i}", i + 1
         gm.add_submodule(name, fused)
     installed[linear_target] = name
     return name
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Cleaning up without losing in-place statements
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The pass
-
-
-def fuse_linear_relu(model: nn.Module) -> fx.GraphModule:
-    """Fuse every ``nn.Linear`` whose output's only user is a ReLU into a :class:`FusedLinearReLU`.
-
-    Accepts an ``nn.Module`` or a ``GraphModule`` and never mutates it: the pass works on a traced deep copy
-    (:func:`fusion.common.copy_to_graph_module`). Every Linear it looked at is in the returned module's report,
-    fused or skipped with the reason: ``fusion.common.report_of(gm)``. An untraceable model raises
-    :class:`fusion.common.UntraceableModelError` naming the model, the line and the fix.
-    """
-    gm = copy_to_graph_module(model, what="fuse_linear_relu")
-    graph = gm.graph
-    report = FusionReport("fuse_linear_relu")
-    modules = dict(gm.named_modules())
-    call_sites = Counter(n.target for n in graph.nodes if n.op == "call_module")
-    installed: dict[str, str] = {}  # Linear's qualified name -> its FusedLinearReLU's qualified name
-
-    # TODO(human): fuse each Linear whose only user is a ReLU of it, and report every Linear fused or skipped with why. Hint: node.users, relu_spelling, relu_input, install_fused, graph.inserting_after, replace_all_uses_with, erase_node
-    # BEGIN SOLUTION
-    for node in list(graph.nodes):
-        if node.op != "call_module" or not isinstance(modules[node.target], nn.Linear):
-            continue
-        # 1. match: the Linear's output must have exactly one user, and that user must be a ReLU of it
-        users = list(node.users)
-        if len(users) != 1:
-            why = (
-                "its output is never used"
-                if not users
-                else (
-                    f"its output has {len(users)} users ({', '.join(u.name for u in users)}): "
-                    "fusing would hide the pre-ReLU value that all but one of them read"
-                )
-            )
-            report.skip(PATTERN, [node.name], why)
-            continue
-        relu = users[0]
-        spelling = relu_spelling(relu, modules)
-        if spelling is None or relu_input(relu) is not node:
-            report.skip(
-                PATTERN,
-                [node.name, relu.name],
-                f"its only user is {target_name(relu)}, not a ReLU of it: the ReLU must come directly after",
-            )
-            continue
-        refusal = _linear_refusal(modules[node.target]) or _relu_refusal(relu, modules)
-        if refusal:
-            report.skip(PATTERN, [node.name, relu.name], refusal)
-            continue
-        # 2. replace: a fused module sharing the Linear's parameters, called by a new node with the Linear's inputs
-        target = install_fused(gm, node.target, call_sites, installed)
-        with graph.inserting_after(relu):
-            fused = graph.create_node("call_module", target, node.args, node.kwargs, name=f"{node.name}_relu")
-        fused.meta.update(relu.meta)  # it produces what the ReLU produced (shape, dtype, source location)
-        # 3. rewire: whoever read the ReLU now reads the fused node
-        relu.replace_all_uses_with(fused)
-        # 4. clean up: the ReLU first (it reads the Linear), then the Linear
-        graph.erase_node(relu)
-        graph.erase_node(node)
-        report.fuse(PATTERN, [node.name, relu.name], replacement=target, reason=f"ReLU spelled {spelling}")
-    # END SOLUTION
-
-    finish_rewrite(gm)  # lint, dead-code elimination, delete_all_unused_submodules, recompile
-    return attach_report(gm, report)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Seeing which kernels really ran
-
-
-def launched_kernels(fn, *args: torch.Tensor) -> list[str]:
-    """Run ``fn(*args)`` once and return what really ran, measured rather than predicted: the CUDA kernels it
-    launched (from the profiler) for CUDA inputs, else the ATen ops it dispatched (below autograd, where each op
-    is one CPU kernel call). Compare with :meth:`FusedLinearReLU.kernel_path`."""
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    with torch.no_grad():
-        if cuda:
-            from torch.profiler import ProfilerActivity, profile
-
-            fn(*args)  # warm up: cuBLAS handles, heuristics, lazy init
-            torch.cuda.synchronize()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    fn(*args)
-                    torch.cuda.synchronize()
-                return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-        return [f"aten::{op}" for op in aten_ops(fn, *args)]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # The lesson
+
+
+def module_table(gm: fx.GraphModule) -> str:
+    """One row per node, with the class of each called module: a Linear turned FusedLinearReLU shows here."""
+    rows = [
+        (
+            n.op,
+            n.name,
+            shorten(target_name(n), 24),
+            type(gm.get_submodule(n.target)).__name__ if n.op == "call_module" else "",
+            shorten(n.args, 34),
+            ", ".join(u.name for u in n.users),
+        )
+        for n in gm.graph.nodes
+    ]
+    return table(rows, ["opcode", "name", "target", "module", "args", "users"])
 
 
 def _show_pass(title: str, model: nn.Module, x: torch.Tensor) -> fx.GraphModule:
     heading(title, "-")
     print("Before:")
-    print(node_table(copy_to_graph_module(model)))
+    print(module_table(copy_to_graph_module(model)))
     gm = fuse_linear_relu(model)
-    print("\nAfter fuse_linear_relu:")
-    print(node_table(gm))
+    print("\nAfter fuse_linear_relu (the `module` column: which Linears became a FusedLinearReLU):")
+    print(module_table(gm))
     print("\nReport (report_of(gm)):")
     print(report_of(gm).table())
 
@@ -494,41 +360,11 @@ def run(quick: bool = False) -> None:
     print(gm.code.strip())
 
     heading("Which kernel path FusedLinearReLU takes on this device", "-")
-    if torch.cuda.is_available():
-        size = 1024 if quick else 4096
-        device, dtype, shape = "cuda", torch.bfloat16, (64, size, size)
-    else:
-        device, dtype, shape = "cpu", torch.float32, (64, 256, 256)
-    m, k, n = shape
+    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    k = n = (1024 if quick else 4096) if device == "cuda" else 256
     linear = nn.Linear(k, n, device=device, dtype=dtype)
-    fused = FusedLinearReLU(linear)
-    xk = torch.randn(m, k, device=device, dtype=dtype)
-    print(f"device {device}, {str(dtype).removeprefix('torch.')}, x ({m}, {k}), weight ({n}, {k}):")
-    path = fused.kernel_path(xk)
-    print(f"  predicted path: {path} = {KERNEL_PATHS[path]}")
-    print(f"  why: {fused.kernel_path(xk, explain=True).split(': ', 1)[1]}")
-    kind = "CUDA kernels (profiler)" if device == "cuda" else "ATen ops (dispatcher)"
-    for label, fn in (("unfused relu(linear(x))", lambda t: torch.relu(linear(t))), ("FusedLinearReLU", fused)):
-        names = launched_kernels(fn, xk)
-        print(f"  measured, {label}: {len(names)} {kind}")
-        for name in names:
-            print(f"    {shorten(name, 70)}")
-    with torch.no_grad():
-        print(f"  max |fused - unfused| = {max_abs_diff(fused(xk), torch.relu(linear(xk))):.3g}")
-    if device != "cuda":
-        print("No GPU here: on CUDA the same module calls torch._addmm_activation, one cuBLASLt GEMM whose epilogue")
-        print("adds the bias and applies the ReLU. The table below is what kernel_path predicts there:")
-    rows = []
-    for dev, dt, mm_, kk, nn_ in [
-        ("cuda", torch.bfloat16, 64, 4096, 4096),
-        ("cuda", torch.float32, 8, 32, 64),
-        ("cuda", torch.float32, 8, 32, 1),
-        ("cuda", torch.float32, 8, 0, 64),
-        ("cpu", torch.float32, 64, 4096, 4096),
-    ]:
-        p, why = select_kernel_path(dev, dt, mm_, kk, nn_)
-        rows.append((dev, str(dt).removeprefix("torch."), f"({mm_}, {kk}) x ({kk}, {nn_})", p))
-    print(table(rows, ["device", "dtype", "x @ W.T", "predicted path"]))
+    x = torch.randn(64, k, device=device, dtype=dtype)  # (M, K)
+    show_kernel_paths(FusedLinearReLU(linear), lambda t: torch.relu(linear(t)), x)
 
 
 def main(argv: list[str] | None = None) -> int:
