@@ -1,12 +1,610 @@
-"""Phase 8 — code generation: every fusion region becomes one Triton kernel. (Under construction.)
+"""Phase 8 — code generation: every fusion region becomes one generated Triton kernel.
 
-Run:  uv run python -m fusion.codegen
+Run it:   uv run python -m fusion.codegen          (``--quick`` for the small version CI runs)
+Test it:  uv run pytest -m phase8
+
+What you learn
+--------------
+* Phase 6 found the regions; here each one becomes **one kernel launch**: the code generator Inductor has, in an
+  afternoon. A region's external inputs are loaded once, every op in it is one line of Triton on registers, and every
+  member that someone outside the region needs is stored: intermediates never touch DRAM.
+* **Indexing is the whole trick.** A pointwise kernel walks the output's elements by a *flat index*
+  ``xindex = program_id * XBLOCK + arange(XBLOCK)``, splits it into one index per dimension with ``//`` and ``%``
+  (``x1 = xindex // 64``, ``x0 = xindex % 64``) and loads every tensor at ``sum(index_d * stride_d)``. Broadcasting
+  is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``.
+  Non-contiguous inputs are just other strides; a view is a different index into the same memory; the tail of the
+  last block is switched off by the *mask* ``xindex < numel``.
+* **Reductions over the last dimension** that fit one block (softmax, LayerNorm): one program per row
+  (``xindex = program_id``), the row in registers (``r0 = arange(RBLOCK)``, masked by ``r0 < N``), ``tl.sum`` /
+  ``tl.max`` over it, and all the pointwise work before and after in the same kernel — softmax is one kernel.
+* Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded once at the store.
+* What the generator cannot do (a reduction over another dimension, an op without a Triton line) runs as its aten
+  ops, and the report says why: never a crash, never a wrong answer.
+
+The anchors: early TorchInductor's ``codegen/triton.py``, the ``triton_poi_fused_*`` kernels Inductor writes
+(``TORCH_LOGS=output_code``), Triton's fused-softmax and layer-norm tutorials.
 """
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+from fusion import models
+from fusion.common import FusionReport, heading, is_todo, lesson_cli, max_abs_diff, table
+from fusion.kernels import triton_runtime as rt
+from fusion.kernels.triton_runtime import CompiledGraph, GeneratedKernel, KernelPlan
+from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
+
+aten, prims = torch.ops.aten, torch.ops.prims
+MAX_RBLOCK = 16384  # the longest row one program holds in registers (Triton's softmax tutorial: one row per block)
+
+
+class Unsupported(Exception):
+    """The generator cannot compile this region; the message is the reason the report shows."""
+
+
+def _bind(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
+    schema = node.target._schema
+    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
+    bound.update(node.kwargs)
+    return bound
+
+
+def _const(value: object) -> str:
+    """A Python scalar as Triton source: 2.0, 1e-05, float('inf')."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    raise Unsupported(f"argument {value!r} of type {type(value).__name__} is not a scalar")
+
+
+def tl_dtype(dtype: torch.dtype) -> str:
+    names = {torch.bool: "int1", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return "tl." + names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half and bfloat16 compute in float32 (loaded up, rounded once at the store), like Inductor."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. One aten op → one Triton expression
+
+
+def pointwise_expr(node: fx.Node, args: list[str]) -> str:
+    """The Triton expression computing one pointwise aten op from its operands (tmp names or constants).
+
+    ``args`` are the op's positional tensor/scalar arguments already turned into source, e.g. ``['tmp0', '2.0']``.
+
+    >>> g = fx.Graph(); x = g.placeholder("x"); n = g.call_function(aten.mul.Tensor, (x, 2.0))
+    >>> pointwise_expr(n, ["tmp0", "2.0"])
+    'tmp0 * 2.0'
+    """
+    packet, bound = node.target.overloadpacket, _bind(node)
+    # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum: tl.where((a > b) | (a != a), a, b)); sigmoid is 1/(1+exp(-x)) and tanh 2*sigmoid(2x)-1 (tl.sigmoid is a @jit helper the interpreter cannot call, and there is no portable tl.tanh); pow(x, 2.0) is x*x, a general exponent tl.exp(tl.log(x) * e); raise Unsupported(reason) for anything else
+    # BEGIN SOLUTION
+    a = args
+    table_ = {
+        aten.sub: "{0} - {1}", aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}",
+        aten.abs: "tl.abs({0})", aten.exp: "tl.exp({0})", aten.log: "tl.log({0})", aten.sqrt: "tl.sqrt({0})",
+        aten.rsqrt: "tl.rsqrt({0})", aten.sigmoid: "1.0 / (1.0 + tl.exp(-{0}))", aten.erf: "tl.erf({0})",
+        aten.tanh: "2.0 / (1.0 + tl.exp(-2.0 * {0})) - 1.0", aten.reciprocal: "1.0 / {0}",
+        aten.relu: "tl.where({0} > 0, {0}, 0)", aten.where: "tl.where({0}, {1}, {2})",
+        aten.maximum: "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+        aten.minimum: "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+        aten.eq: "{0} == {1}", aten.ne: "{0} != {1}", aten.lt: "{0} < {1}", aten.le: "{0} <= {1}",
+        aten.gt: "{0} > {1}", aten.ge: "{0} >= {1}", aten.clone: "{0}", aten.alias: "{0}",
+        aten.logical_not: "{0} == 0",
+    }  # fmt: skip
+    if packet is aten.add:
+        alpha = bound.get("alpha", 1)
+        return f"{a[0]} + {a[1]}" if alpha == 1 else f"{a[0]} + {a[1]} * {_const(alpha)}"
+    if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
+        lo = bound.get("min") if packet is not aten.clamp_max else None
+        hi = bound.get("max") if packet is not aten.clamp_min else None
+        expr = a[0]
+        if lo is not None:  # NaN stays NaN: x < lo is False for NaN
+            expr = f"tl.where({expr} < {_const(lo)}, {_const(lo)}, {expr})"
+        if hi is not None:
+            expr = f"tl.where({expr} > {_const(hi)}, {_const(hi)}, {expr})"
+        return expr
+    if packet is aten.pow and node.target is aten.pow.Tensor_Scalar:
+        e = bound["exponent"]
+        small = {0: "1.0 + 0.0 * {0}", 1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}", -1: "1.0 / {0}"}
+        if e in small:
+            return small[e].format(a[0])
+        return f"tl.sqrt({a[0]})" if e == 0.5 else f"tl.exp(tl.log({a[0]}) * {_const(float(e))})"
+    if packet in table_:
+        return table_[packet].format(*a)
+    raise Unsupported(f"no Triton expression for {node.target}")
+    # END SOLUTION
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. Indexing: flat index → one index per dimension → an offset by strides
+
+
+def split_index(flat: str, shape: Sequence[int], prefix: str = "x") -> list[tuple[str, str]]:
+    """Name and expression of each dimension's index, from a flat index over a contiguous ``shape``.
+
+    Innermost dimension first gets ``x0``; a size-1 dimension has no variable (its index is always 0).
+
+    >>> split_index("xindex", (8, 1, 64))
+    [('x1', 'xindex // 64'), ('0', '0'), ('x0', 'xindex % 64')]
+    """
+    # TODO(human): split the flat index into one index per dimension: the innermost is flat % size, each outer one (flat // (product of the sizes inside it)) % size; size-1 dims get ('0', '0'). Hint: walk the dimensions from the last to the first, keeping the product of the sizes seen so far. More: name them prefix0, prefix1, … (x0, x1, …) from the innermost; leave out '// 1' and the '% size' of the outermost dimension (the mask keeps it in range), as Inductor does; return them outermost first
+    # BEGIN SOLUTION
+    out: list[tuple[str, str]] = []
+    inner, k = 1, 0
+    outermost = next((d for d, s in enumerate(shape) if s != 1), len(shape))
+    for d in range(len(shape) - 1, -1, -1):
+        size = shape[d]
+        if size == 1:
+            out.append(("0", "0"))
+            continue
+        expr = flat if inner == 1 else f"{flat} // {inner}"
+        if d != outermost:
+            expr = f"({expr}) % {size}" if inner != 1 else f"{expr} % {size}"
+        out.append((f"{prefix}{k}", expr))
+        inner, k = inner * size, k + 1
+    return out[::-1]
+    # END SOLUTION
+
+
+def broadcast_index(index: Sequence[str], shape: Sequence[int]) -> list[str]:
+    """The index into a tensor of ``shape`` broadcast against ``index``: align on the right, size-1 dims read 0.
+
+    >>> broadcast_index(["x1", "x0"], (64,)), broadcast_index(["x1", "x0"], (8, 1))
+    (['x0'], ['x1', '0'])
+    """
+    tail = list(index[len(index) - len(shape) :]) if shape else []
+    return ["0" if size == 1 else i for i, size in zip(tail, shape, strict=True)]
+
+
+def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) -> str:
+    """``sum(index_d * stride_d) + offset`` as source; indices that are 0 drop out: '64*x1 + x0'."""
+    terms = [
+        i if s == 1 else f"{s}*{i}" if i.isidentifier() else f"{s}*({i})"
+        for i, s in zip(index, stride, strict=True)
+        if i != "0"
+    ]
+    if offset:
+        terms.append(str(offset))
+    return " + ".join(terms) or "0"
+
+
+def view_index(node: fx.Node, index: list[str]) -> list[str]:
+    """For a view: the index into its input that holds the element at ``index`` of the view (no data moves)."""
+    packet, bound = node.target.overloadpacket, _bind(node)
+    src_shape = tuple(node.args[0].meta["val"].shape)
+    if packet in (aten.alias, aten.expand):
+        return broadcast_index(index, src_shape)
+    if packet is aten.permute:
+        out = [""] * len(index)
+        for i, d in enumerate(bound["dims"]):
+            out[d % len(index)] = index[i]
+        return out
+    if packet in (aten.t, aten.transpose):
+        d0, d1 = (0, 1) if packet is aten.t else (bound["dim0"] % len(index), bound["dim1"] % len(index))
+        out = list(index)
+        out[d0], out[d1] = index[d1], index[d0]
+        return out
+    if packet is aten.unsqueeze:
+        return [i for d, i in enumerate(index) if d != bound["dim"] % len(index)]
+    if packet is aten.select:
+        out = list(index)
+        out.insert(bound["dim"] % len(src_shape), str(bound["index"] % src_shape[bound["dim"]]))
+        return out
+    if packet in (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze):
+        # Any reshape of a contiguous order: the flat position in the view, split again over the input's shape.
+        strides = torch.empty(tuple(node.meta["val"].shape), device="meta").stride()
+        flat = offset_expr(index, strides)
+        return (
+            [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
+            if flat != "0"
+            else ["0"] * len(src_shape)
+        )
+    raise Unsupported(f"view {node.target} of a value computed in the kernel")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. The kernel body: loads, computation in order, stores
+
+REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.var_mean.correction}
+
+
+class KernelWriter:
+    """Writes one region as a Triton kernel. ``value(node, index)`` returns the tmp holding that element."""
+
+    def __init__(self, region: FusionRegion) -> None:
+        self.region, self.members = region, region.members
+        self.lines: list[str] = []
+        self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
+        self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
+        reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
+        self.stored = [n for n in region.external_outputs if not _is_view(n)]
+        for n in region.external_outputs:  # an escaping view: store the member it aliases, rebuild the view later
+            while _is_view(n) and n.args[0] in self.members:
+                n = n.args[0]
+            if not _is_view(n) and n not in self.stored:
+                self.stored.append(n)
+        for n in region.nodes:
+            if n.op != "call_function" or not isinstance(n.target, (torch._ops.OpOverload, type(operator.getitem))):
+                raise Unsupported(f"{n.name} is not an aten op")
+            if "val" not in n.meta:
+                raise Unsupported(f"{n.name} has no meta['val']; capture the graph with fusion.regions.capture_aten")
+            if torch.Tag.reduction in getattr(n.target, "tags", ()) and n.target not in REDUCTIONS:
+                raise Unsupported(f"reduction {n.target} has no generator")
+        if reductions:
+            self.shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
+            ndim = len(self.shape)
+            dims0 = sorted(d % ndim for d in (_bind(reductions[0]).get("dim") or range(ndim)))
+            self.nred = len(dims0)  # the row: the last nred dimensions (softmax 1, a global average pool 2)
+            for r in reductions:
+                dims = sorted(d % ndim for d in (_bind(r).get("dim") or range(ndim)))
+                if tuple(r.args[0].meta["val"].shape) != self.shape or dims != list(range(ndim - self.nred, ndim)):
+                    raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
+                                      "only the trailing dimensions of one common shape are generated")  # fmt: skip
+            self.rnumel = math.prod(self.shape[ndim - self.nred :])
+            self.rblock = 1 << max(self.rnumel - 1, 0).bit_length()
+            if self.rblock > MAX_RBLOCK:
+                raise Unsupported(f"a row of {self.rnumel} elements does not fit one block ({MAX_RBLOCK})")
+            self.rsplit = split_index("rindex", self.shape[ndim - self.nred :], prefix="r")
+            self.index = [i for i, _ in split_index("xindex", self.shape[: ndim - self.nred])]
+            self.index += [i for i, _ in self.rsplit]
+        else:
+            try:
+                self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
+            except RuntimeError as e:
+                raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
+            self.index = [i for i, _ in split_index("xindex", self.shape)]
+        self.reduction = bool(reductions)
+
+    def emit(self, expr: str, dtype: torch.dtype, comment: str = "") -> tuple[str, torch.dtype]:
+        name = f"tmp{len(self.lines)}"
+        self.lines.append(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
+        return name, dtype
+
+    def mask_for(self, offset: str) -> str:
+        if self.reduction:
+            return ", rmask" if any(v in offset for v in self.index[-self.nred :] if v != "0") else ""
+        return ", xmask" if any(v in offset for v in self.index if v != "0") else ""
+
+    def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
+        """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
+        if not isinstance(node, fx.Node):
+            return _const(node), torch.float64 if isinstance(node, float) else torch.int64
+        key = (node, tuple(index))
+        if key not in self.cache:
+            self.cache[key] = self._compute(node, list(index))
+        return self.cache[key]
+
+    def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
+        val = node.meta.get("val")
+        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast is .to(), a reduction goes to self.reduce, any other op computes pointwise_expr over its operands read at broadcast_index. Hint: self.emit(expr, dtype, comment) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; operands of an arithmetic op are cast to compute_dtype(val.dtype) first. More: the load is f'tl.load({ptr} + ({offset_expr(index, val.stride())}){self.mask_for(offset)})'; give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; comparisons cast both sides to their promoted dtype; a cast to half/bf16 rounds (.to(tl.float16).to(tl.float32))
+        # BEGIN SOLUTION
+        if node not in self.members:  # an external input: one load per distinct index
+            if not isinstance(val, torch.Tensor):
+                raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
+            ptr = self.inputs.setdefault(node, f"in_ptr{len(self.inputs)}")
+            offset = offset_expr(index, val.stride())  # the pointer already points at the first element
+            load = f"tl.load({ptr} + ({offset}){self.mask_for(offset)})"
+            ct = compute_dtype(val.dtype)
+            return self.emit(load if ct == val.dtype else f"{load}.to({tl_dtype(ct)})", ct, node.name)
+        if node.target is operator.getitem:
+            return self.reduce(node.args[0], index)[node.args[1]]
+        if _is_view(node):
+            return self.value(node.args[0], view_index(node, index))
+        if node.target in REDUCTIONS:
+            return self.reduce(node, index)
+        where = f"{node.name} = {node.target}"
+        if node.target is prims.convert_element_type.default or node.target is aten._to_copy.default:
+            src, _ = self.value(node.args[0], broadcast_index(index, node.args[0].meta["val"].shape))
+            ct = compute_dtype(val.dtype)
+            expr = f"{src} != 0" if val.dtype == torch.bool else f"{src}.to({tl_dtype(val.dtype)})"
+            return self.emit(expr if ct == val.dtype else f"{expr}.to({tl_dtype(ct)})", ct, where)
+        args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in node.args]
+        cast_to = compute_dtype(val.dtype)
+        if node.target.overloadpacket in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge):
+            cast_to = compute_dtype(torch.result_type(*args[:2]))
+        operands = []
+        for i, a in enumerate(node.args):
+            if isinstance(a, fx.Node):
+                src, dt = self.value(a, broadcast_index(index, a.meta["val"].shape))
+                keep = dt == cast_to or (node.target.overloadpacket is aten.where and i == 0)
+                operands.append(src if keep else f"{src}.to({tl_dtype(cast_to)})")
+            elif isinstance(a, (int, float, bool)):
+                operands.append(_const(a))
+        return self.emit(pointwise_expr(node, operands), compute_dtype(val.dtype), where)
+        # END SOLUTION
+
+    def reduce(self, node: fx.Node, index: list[str]) -> tuple:
+        """A row reduction, computed once per program; ``index`` must be this program's row."""
+        nrow = len(self.index) - self.nred
+        if list(index[:nrow]) != self.index[:nrow]:
+            raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
+        key = (node, "reduce")
+        if key in self.cache:
+            return self.cache[key]
+        x, dt = self.value(node.args[0], self.index)
+        if not dt.is_floating_point:
+            raise Unsupported(f"{node.name}: reductions of {dt} are not generated")
+        n, where = self.rnumel, f"{node.name} = {node.target}"
+        if node.target is aten.amax.default:
+            out = self.emit(f'tl.reduce(tl.where(rmask, {x}, float("-inf")), 0, _maximum)', dt, where)
+        else:
+            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 0, _add)", dt, where)
+            out = total if node.target is aten.sum.dim_IntList else self.emit(f"{total[0]} / {n}", dt, "mean")
+        if node.target is aten.var_mean.correction:
+            corr = _bind(node).get("correction")
+            centered = self.emit(f"tl.where(rmask, {x} - {out[0]}, 0.0)", dt)
+            sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 0, _add)", dt)
+            var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt, "var")
+            out = (var, out)
+        self.cache[key] = out
+        return out
+
+    def source(self, name: str) -> str:
+        """Assemble the kernel: signature, index setup, the body (values of the stored members), the stores."""
+        stores = []
+        for i, node in enumerate(self.stored):
+            val = node.meta["val"]
+            nrow = len(self.index) - self.nred if self.reduction else -1
+            own = self.index[:nrow] if len(val.shape) == nrow else self.index  # a reduction without keepdim
+            idx = broadcast_index(own, val.shape)
+            src, dt = self.value(node, idx)
+            offset = offset_expr(idx, val.stride())
+            if not self.reduction and not self.mask_for(offset):
+                offset = f"{offset} + 0 * xindex"  # a scalar output: one pointer per lane, all equal
+            cast = "" if dt == val.dtype else f".to({tl_dtype(val.dtype)})"
+            stores.append(f"tl.store(out_ptr{i} + ({offset}), {src}{cast}{self.mask_for(offset)})  # {node.name}")
+        ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
+        block = "RBLOCK" if self.reduction else "XBLOCK"
+        head = [f"def {name}({', '.join(ptrs)}, {block}: tl.constexpr):"]
+        body = [f"# region #{self.region.index}: {' → '.join(n.name for n in self.region.nodes)}"]
+        if self.reduction:
+            nrow = len(self.shape) - self.nred
+            rows = math.prod(self.shape[:nrow])
+            body += [f"# one program per row: {rows} rows of {self.rnumel} ({self.shape})",
+                     "xindex = tl.program_id(0)", "rindex = tl.arange(0, RBLOCK)",
+                     f"rmask = rindex < {self.rnumel}"]  # fmt: skip
+            body += [f"{v} = {e}" for v, e in split_index("xindex", self.shape[:nrow]) if v != "0"]
+            body += [f"{v} = {e}" for v, e in self.rsplit if v != "0"]
+        else:
+            body += [f"# elementwise over {self.shape}: {math.prod(self.shape)} elements",
+                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
+                     f"xmask = xindex < {math.prod(self.shape)}"]  # fmt: skip
+            body += [f"{v} = {e}" for v, e in split_index("xindex", self.shape) if v != "0"]
+        body += self.lines + stores
+        lines = ["import triton", "import triton.language as tl", "", ""]
+        if self.reduction:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
+            lines += [*_COMBINE, ""]
+        lines += ["@triton.jit", *head]
+        return "\n".join(lines + ["    " + b for b in body]) + "\n"
+
+
+_COMBINE = [
+    "@triton.jit", "def _add(a, b):", "    return a + b", "", "",
+    "@triton.jit", "def _maximum(a, b):", "    return tl.where((a > b) | (a != a), a, b)", "",
+]  # fmt: skip
+
+
+def _is_view(node: fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and t.is_view
+
+
+def kernel_name(region: FusionRegion, reduction: bool) -> str:
+    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
+    ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not _is_view(n)})  # fmt: skip
+    return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{rt.next_kernel_index()}"
+
+
+def generate_kernel(region: FusionRegion) -> KernelPlan:
+    """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
+    writer = KernelWriter(region)
+    name = kernel_name(region, writer.reduction)
+    source = writer.source(name)
+    ops = [line.split("# ", 1)[1] for line in writer.lines if "  # " in line and " = " in line.split("# ", 1)[1]]
+    kernel = GeneratedKernel(name, source, region, "reduction" if writer.reduction else "pointwise", ops)
+    inputs = list(writer.inputs)
+    meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
+    if writer.reduction:
+        rows = math.prod(writer.shape[: len(writer.shape) - writer.nred])
+        warps = min(16, max(1, writer.rblock // 256))
+        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rblock}, warps)  # fmt: skip
+    return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. The whole graph: one launch per region, aten for the rest
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledGraph:
+    """Generate one Triton kernel per fusion region of an aten graph; the rest of the graph stays aten calls.
+
+    ``gm`` carries ``meta["val"]`` on its nodes (from :func:`~fusion.regions.capture_aten`, or AOTAutograd's forward
+    graph). The result is called with the same flat tensors as ``gm`` and returns what ``gm`` returns; it has
+    ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region the generator cannot compile runs as
+    its aten ops, with the reason in the report.
+    """
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"compile_graph needs a torch.fx.GraphModule (e.g. from capture_aten), got {type(gm).__name__}")
+    if any("val" not in n.meta for n in gm.graph.nodes if n.op in ("placeholder", "call_function")):
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        FakeTensorProp(gm).propagate(*example_inputs)  # shapes, strides and dtypes for every node
+    report = FusionReport("compile_graph")
+    ok, why = rt.triton_status()
+    plans: list[KernelPlan] = []
+    fallbacks = 0
+    for region in unique_regions(build_fusion_regions(gm)):
+        members = [n.name for n in region.nodes]
+        try:
+            plan = generate_kernel(region)
+            if not ok:
+                raise Unsupported(why)
+            plans.append(plan)
+            report.fuse("region", members, replacement=plan.kernel.name, reason=f"{plan.kernel.kind} kernel")
+        except Exception as e:  # a region we cannot compile runs as aten ops: never a crash, never a wrong answer
+            if is_todo(e):
+                raise
+            fallbacks += 1
+            reason = str(e) if isinstance(e, Unsupported) else f"generator error {type(e).__name__}: {e}"
+            report.skip("region", members, f"runs as aten ops: {reason}")
+    new = rt.build_compiled_graph(gm, plans)
+    return CompiledGraph(new, [p.kernel for p in plans], report, fallbacks)
+
+
+class CompiledModel(torch.nn.Module):
+    """What :func:`compile_regions` returns: the model's outputs, computed by the compiled aten graph."""
+
+    def __init__(self, model: torch.nn.Module, compiled: CompiledGraph) -> None:
+        super().__init__()
+        self.compiled = compiled
+        self._model = [model]  # not a submodule: its parameters are read at each call, never copied or changed
+
+    kernels = property(lambda self: self.compiled.kernels)
+    report = property(lambda self: self.compiled.report)
+    num_kernels = property(lambda self: self.compiled.num_kernels)
+    library_calls = property(lambda self: self.compiled.library_calls)
+
+    def forward(self, *inputs: torch.Tensor):
+        with torch.no_grad():  # generated kernels have no backward (Phase 9 compiles the backward graph too)
+            return self.compiled(*aten_inputs(self._model[0], inputs))
+
+
+def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> CompiledModel:
+    """capture_aten + compile_graph: a module computing ``model(*inputs)`` for inputs of the example shapes."""
+    gm = capture_aten(model, example_inputs)
+    return CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The lesson
+
+
+def _show_region(kernel: GeneratedKernel) -> None:
+    print(f"The region's aten ops (the {len(kernel.region.nodes)} nodes Phase 6 grouped):")
+    for n in kernel.region.nodes:
+        args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)
+        print(f"    {n.name} = {n.target}({args})")
+    print(f"\n...become one kernel, {kernel.name} (every op one line, loads and stores around them):\n")
+    print(kernel.source)
+
+
+def _check(title: str, model: torch.nn.Module, inputs: tuple, rows: list, runs: bool) -> CompiledModel:
+    from fusion.regions import kernel_counts
+
+    compiled = compile_regions(model, inputs)
+    gm = capture_aten(model, inputs)
+    unfused, _ = kernel_counts(gm, build_fusion_regions(gm))
+    diff = "-"
+    if runs:
+        with torch.no_grad():
+            diff = f"{max_abs_diff(compiled(*inputs), model(*inputs)):.1e}"
+    fallbacks = len(compiled.report.skipped)
+    rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, fallbacks, diff))
+    return compiled
+
+
+def _timing(model: torch.nn.Module, compiled: CompiledModel, inputs: tuple) -> str:
+    from torch.utils.benchmark import Timer
+
+    with torch.no_grad():
+        t = {
+            name: Timer("f(*x); torch.cuda.synchronize()", globals={"f": f, "x": inputs, "torch": torch})
+            .blocked_autorange(min_run_time=0.3)
+            .median
+            for name, f in (("eager", model), ("generated", compiled))
+        }
+    return f"eager {t['eager'] * 1e6:.1f} µs, generated kernels {t['generated'] * 1e6:.1f} µs (wall, {torch.cuda.get_device_name()})"
 
 
 def run(quick: bool = False) -> None:
-    print("Phase 8 is under construction.")
+    heading("Phase 8 — code generation: every fusion region becomes one Triton kernel")
+    runs, why = rt.triton_status()
+    device = "cuda" if torch.cuda.is_available() and runs else "cpu"
+    print(why + (". Interpreter runs check correctness only: no timings are shown." if device == "cpu" else "."))
+
+    heading("A region and the kernel generated for it", "-")
+    model = models.ElementwiseChain().to(device)
+    inputs = tuple(t.to(device) for t in models.elementwise_inputs(batch=8, d=64))
+    compiled = compile_regions(model, inputs)
+    _show_region(compiled.kernels[0])
+
+    heading("Indexing: flat index, broadcast by // and %, the mask", "-")
+    shape, block = (8, 64), 1024
+    print(f"The output {shape} is walked by one flat index; each dimension's index is cut out of it:")
+    for var, expr in split_index("xindex", shape):
+        print(f"    {var} = {expr}")
+    print(f"x (8, 64), stride (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))};")
+    print(f"a (64,) broadcasts: its index is {broadcast_index(['x1', 'x0'], (64,))} → offset "
+          f"{offset_expr(broadcast_index(['x1', 'x0'], (64,)), (1,))}; x.t() (64, 8) stride (1, 64) would be read at "
+          f"{offset_expr(['x1', 'x0'], (1, 64))}.")  # fmt: skip
+    n = 1000
+    print(f"With {n} elements and XBLOCK={block}, one program covers xindex 0..{block - 1}; the mask xindex < {n}\n"
+          f"switches off the last {block - n} lanes: no load, no store past the end.")  # fmt: skip
+
+    heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
+    soft = compile_regions(models.ScaledSoftmax().to(device), tuple(t.to(device) for t in models.norm_inputs()))
+    print(f"softmax: {soft.num_kernels} kernel ({soft.kernels[0].name}); the region: "
+          f"{' → '.join(n.name for n in soft.kernels[0].region.nodes)}")  # fmt: skip
+    norm = compile_regions(models.NormGELUResidual().to(device), tuple(t.to(device) for t in models.norm_inputs()))
+    print(f"x + gelu(layer_norm(x)): {norm.num_kernels} kernel. Its source:\n")
+    print(norm.kernels[0].source)
+
+    heading("What falls back, and why", "-")
+    probe = capture_aten(_Fallbacks(), (torch.randn(4, 6),))
+    report = compile_graph(probe, [torch.randn(4, 6)]).report
+    print(report.table())
+
+    heading("The course's models: generated kernels vs eager", "-")
+    rows: list = []
+    size = 8 if quick else 16
+    for title, m, inp in (
+        ("ElementwiseChain", models.ElementwiseChain(), models.elementwise_inputs()),
+        ("TinyNet", models.TinyNet(), models.tiny_inputs()),
+        ("MLP", models.MLP(), models.mlp_inputs()),
+        ("TransformerMLP", models.TransformerMLP(), models.transformer_inputs()),
+        ("ConvBNNet (eval)", models.ConvBNNet().eval(), models.conv_inputs(size=size)),
+        ("NormGELUResidual", models.NormGELUResidual(), models.norm_inputs()),
+        ("ScaledSoftmax fp16", models.ScaledSoftmax(), tuple(t.half() for t in models.norm_inputs())),
+    ):
+        inp = tuple(t.to(device) for t in inp)
+        _check(title, m.to(device), inp, rows, runs)
+    print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))
+    print("generated = one launch per region; library calls = matmul/conv/other aten ops (and fallback regions).")
+    if device == "cuda":
+        big = tuple(t.to(device) for t in models.elementwise_inputs(batch=1024 if quick else 8192, d=4096))
+        chain = models.ElementwiseChain(d=4096).to(device)
+        print("ElementwiseChain on", tuple(big[0].shape), ":", _timing(chain, compile_regions(chain, big), big))
+
+
+class _Fallbacks(torch.nn.Module):
+    """Three regions: one the generator compiles, one with an op it has no line for, one reducing dim 0."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.relu(x * 2.0 + 1.0)
+        b = torch.sin(torch.mm(a, a.t())) * 2.0
+        c = torch.mm(b, x).sum(0) * 3.0
+        return a, b, c
+
+
+def main(argv: list[str] | None = None) -> int:
+    return lesson_cli(run, __doc__, argv)
 
 
 if __name__ == "__main__":
-    run()
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""Machinery behind Phase 8 (``fusion.codegen``): turn generated Triton source into a launchable kernel, and run a
+graph in which every compiled region is one launch. A learner reads ``fusion/codegen.py``; this file is plumbing.
+
+* :func:`triton_status` — can this machine run Triton at all (installed? a GPU, or the CPU interpreter?).
+* :func:`load_kernel` — write the source to a cache directory and import it: ``@triton.jit`` reads the function's
+  source with ``inspect``, so a kernel must live in a real file (Inductor's ``PyCodeCache`` does the same). Kernels
+  for CPU tensors are defined with ``TRITON_INTERPRET=1`` set (only while their module is imported), so they run in
+  Triton's interpreter; kernels for CUDA tensors are compiled by Triton.
+* :class:`KernelPlan` / :class:`RegionKernel` — one launch: check the inputs against what the source was specialised
+  for, allocate the outputs, launch on the grid, rebuild escaping views.
+* :func:`build_compiled_graph` / :class:`CompiledGraph` — the original graph with every compiled region replaced by
+  one ``call_module`` of its :class:`RegionKernel`; everything else (matmul, conv, fallbacks) stays an aten call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import itertools
+import operator
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Is Triton here?
+
+
+def triton_status() -> tuple[bool, str]:
+    """(can we run generated kernels, why not / how). Never raises."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # macOS wheels, a torch build without Triton, a broken install
+        return False, f"Triton is not installed here ({type(e).__name__}: {e}); the source can be printed, not run"
+    how = "on the GPU" if torch.cuda.is_available() else "in Triton's CPU interpreter (TRITON_INTERPRET=1)"
+    return True, f"Triton {triton.__version__} runs the kernels {how}"
+
+
+def triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:
+        return "not installed"
+
+
+@contextlib.contextmanager
+def _interpret(on: bool):
+    """TRITON_INTERPRET set (or cleared) while a kernel module is imported: ``@triton.jit`` reads it at definition."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def cache_dir() -> Path:
+    """Where generated kernels are written: $FUSION_CACHE_DIR, else <tmp>/fusion_kernels_<user>."""
+    root = os.environ.get("FUSION_CACHE_DIR")
+    if not root:
+        user = os.environ.get("USER") or os.environ.get("USERNAME") or str(os.getuid() if hasattr(os, "getuid") else 0)
+        root = os.path.join(tempfile.gettempdir(), f"fusion_kernels_{user}")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+_LOADED: dict[tuple[str, bool], object] = {}
+
+
+def load_kernel(source: str, name: str, *, interpret: bool) -> object:
+    """Write ``source`` to ``<cache_dir>/<name>_<hash>.py``, import it, return its function ``name``.
+
+    One module per (source, interpret): loading the same source twice returns the same (already compiled) kernel.
+    """
+    key = (source, interpret)
+    if key in _LOADED:
+        return _LOADED[key]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache_dir() / f"{name}_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)  # atomic: a parallel test worker never imports half a file
+    module_name = f"fusion_kernels.{path.stem}{'_interp' if interpret else ''}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # inspect.getsource finds the file through the module
+    with _interpret(interpret):
+        spec.loader.exec_module(module)
+    kernel = getattr(module, name)
+    _LOADED[key] = kernel
+    return kernel
+
+
+_names = itertools.count()
+
+
+def next_kernel_index() -> int:
+    """A process-wide counter: kernel names are unique per process, as Inductor's are (``..._0``, ``..._1``)."""
+    return next(_names)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One generated kernel and its launch
+
+
+@dataclass
+class GeneratedKernel:
+    """A region's kernel: ``name`` (what the profiler shows), ``source`` (the Triton code), ``region``, ``kind``."""
+
+    name: str
+    source: str
+    region: object  # fusion.regions.FusionRegion
+    kind: str = "pointwise"  # or "reduction"
+    ops: list[str] = field(default_factory=list)  # the aten ops it computes, one per line of the body
+
+    def __repr__(self) -> str:
+        return f"GeneratedKernel({self.name}, {len(self.ops)} ops)"
+
+
+@dataclass
+class KernelPlan:
+    """Everything a launch needs besides the tensors, decided at code-generation time."""
+
+    kernel: GeneratedKernel
+    inputs: list[fx.Node]  # external inputs, in kernel-argument order
+    input_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # (shape, stride, dtype) specialised on
+    stored: list[fx.Node]  # members written by the kernel, in argument order
+    outputs: list[fx.Node]  # the region's external outputs, in the order the launch returns them
+    grid: int  # number of programs of a reduction kernel (one per row); 0 for a pointwise kernel
+    constexprs: dict[str, int]  # e.g. {"RBLOCK": 1024}
+    num_warps: int = 4
+    xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
+
+    def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
+        """(programs, constexprs): a pointwise kernel takes 1024 elements per program on a GPU, and many more in the
+        interpreter, where every program costs ~1 ms of Python."""
+        if not self.xnumel:
+            return self.grid, self.constexprs
+        cap = 1024 if device.type == "cuda" else 16384
+        block = min(cap, 1 << max(self.xnumel - 1, 0).bit_length())
+        return -(-self.xnumel // block), {"XBLOCK": block}
+
+
+def _real_meta(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+class ShapeMismatchError(ValueError):
+    """A compiled kernel was called with tensors of another shape/stride/dtype than it was generated for."""
+
+
+class RegionKernel(torch.nn.Module):
+    """One region = one launch. Called with the region's external inputs, returns its external outputs (a tuple)."""
+
+    def __init__(self, plan: KernelPlan) -> None:
+        super().__init__()
+        self.plan = plan
+        self._compiled: dict[bool, object] = {}
+
+    @property
+    def kernel(self) -> GeneratedKernel:
+        return self.plan.kernel
+
+    def _function(self, interpret: bool):
+        fn = self._compiled.get(interpret)
+        if fn is None:
+            fn = self._compiled[interpret] = load_kernel(self.kernel.source, self.kernel.name, interpret=interpret)
+        return fn
+
+    def forward(self, *inputs: torch.Tensor) -> tuple:
+        plan = self.plan
+        for node, t, want in zip(plan.inputs, inputs, plan.input_meta, strict=True):
+            if not isinstance(t, torch.Tensor):
+                t = torch.as_tensor(t)
+            if _real_meta(t) != want:
+                raise ShapeMismatchError(
+                    f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
+                    f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "
+                    "with example inputs of the shapes (and memory layout) you call it with"
+                )
+        device = inputs[0].device if inputs else torch.device("cpu")
+        values: dict[fx.Node, object] = {}
+        outs = []
+        for node in plan.stored:
+            val = node.meta["val"]
+            out = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=device)
+            values[node] = out
+            outs.append(out)
+        fn = self._function(interpret=device.type != "cuda")
+        grid, constexprs = plan.launch_config(device)
+        if grid > 0:
+            fn[(grid,)](*inputs, *outs, num_warps=plan.num_warps, **constexprs)
+        for node, t in zip(plan.inputs, inputs, strict=True):
+            values[node] = t
+        return tuple(_rebuild(node, values) for node in plan.outputs)
+
+
+def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
+    """An escaping view is not written by the kernel: apply the view op to the tensor it aliases, here in Python."""
+    if node in values:
+        return values[node]
+    args = fx.node.map_arg(node.args, lambda n: _rebuild(n, values))
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: _rebuild(n, values))
+    values[node] = node.target(*args, **kwargs)
+    return values[node]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The whole graph: regions become launches, everything else stays aten
+
+
+class CompiledGraph(torch.nn.Module):
+    """Callable like the aten graph it came from; ``.kernels``, ``.report``, ``.num_kernels``, ``.library_calls``."""
+
+    def __init__(self, graph_module: fx.GraphModule, kernels: list[GeneratedKernel], report, fallbacks: int) -> None:
+        super().__init__()
+        self.graph_module = graph_module
+        self.kernels = kernels
+        self.report = report
+        self.fallback_regions = fallbacks
+
+    @property
+    def num_kernels(self) -> int:
+        """Generated kernel launches per call (one per compiled region)."""
+        return len(self.kernels)
+
+    @property
+    def library_calls(self) -> int:
+        """aten calls per call that are not generated kernels (matmul, conv, ops of fallback regions, lone ops)."""
+        from fusion.regions import is_view_node
+
+        return sum(
+            n.op == "call_function" and not is_view_node(n) and n.target is not operator.getitem
+            for n in self.graph_module.graph.nodes
+        )
+
+    @property
+    def code(self) -> str:
+        return self.graph_module.code
+
+    def forward(self, *args):
+        return self.graph_module(*args)
+
+
+def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
+    """A copy of ``gm`` where each plan's region is one ``call_module`` (named after its kernel) + getitems.
+
+    The call sits where the region's first member was: every external input of a region comes before its span,
+    every outside user after it (Phase 6's regions never reach across a non-fusible node).
+    """
+    import copy
+
+    graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    owner: dict[fx.Node, KernelPlan] = {n: p for p in plans for n in p.kernel.region.nodes}
+    env: dict[fx.Node, fx.Node] = {}
+    done: set[int] = set()
+    root = torch.nn.Module()
+    for name, mod in gm.named_children():
+        root.add_module(name, mod)
+    for name, p in gm.named_parameters(recurse=False):
+        root.register_parameter(name, p)
+    for name, b in gm.named_buffers(recurse=False):
+        root.register_buffer(name, b)
+    for node in gm.graph.nodes:
+        plan = owner.get(node)
+        if plan is None:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            continue
+        if id(plan) in done:
+            continue
+        done.add(id(plan))
+        root.add_module(plan.kernel.name, RegionKernel(plan))
+        call = graph.call_module(plan.kernel.name, tuple(env[n] for n in plan.inputs))
+        for i, out in enumerate(plan.outputs):
+            item = graph.call_function(operator.getitem, (call, i))
+            item.meta = copy.copy(out.meta)
+            env[out] = item
+    new = fx.GraphModule(root, graph, class_name="CompiledGraph")
+    new.graph.lint()
+    new.recompile()
+    return new
+
+
+def run_on(fn: Callable[[], object]) -> object:
+    """Call ``fn`` with gradients off (generated kernels have no backward)."""
+    with torch.no_grad():
+        return fn()
