@@ -410,3 +410,28 @@ class DataDependentBlock(nn.Module):
 
 def data_dependent_inputs(batch: int = 4, d: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
     return (_randn(batch, d, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 6: real torchvision blocks (random init, BatchNorm stats randomized, eval mode)
+
+
+def resnet18_block(seed: int = SEED) -> nn.Module:
+    """ResNet-18's stem and first block as torchvision builds them: conv → BN → ReLU → max-pool → BasicBlock."""
+    from torchvision.models.resnet import BasicBlock
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        stem = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        block = nn.Sequential(*stem, BasicBlock(64, 64))
+    return randomize_batchnorm_(block, seed).eval()
+
+
+def mobilenet_v2_block(channels: int = 32, seed: int = SEED) -> nn.Module:
+    """A MobileNetV2 inverted residual (torchvision): 1×1 expand ×6 → ReLU6 → 3×3 depthwise → ReLU6 → 1×1, + x."""
+    from torchvision.models.mobilenetv2 import InvertedResidual
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        block = InvertedResidual(channels, channels, 1, 6)
+    return randomize_batchnorm_(block, seed).eval()
