@@ -92,9 +92,7 @@ class GraphReport:
         for p in self.parts:
             libs = ", ".join(f"{op}×{c}" if c > 1 else op for op, c in sorted(p.library_calls.items())) or "-"
             kernels = ", ".join(getattr(k, "name", "?") for k in p.kernels) or "-"
-            rows.append(
-                (p.kind, p.aten_ops, p.regions, len(p.kernels), shorten(kernels, 60), shorten(libs, 60))
-            )
+            rows.append((p.kind, p.aten_ops, p.regions, len(p.kernels), shorten(kernels, 60), shorten(libs, 60)))
         lines = [head, table(rows, ["graph", "aten ops", "regions", "kernels", "generated", "library calls"])]
         passes = [(p.kind, *row) for p in self.parts for row in p.passes]
         if passes:
