@@ -6,13 +6,15 @@ Bench it: uv run python scripts/bench_regions.py  (ours vs Inductor's region bui
 
 What you learn
 --------------
-* A compiler does not fuse *modules*, it fuses *aten ops*. :func:`capture_aten` traces a model below autograd into
-  aten ops on fake tensors (shapes, dtypes and strides, no memory), parameters included, and — as Inductor does
-  before lowering — decomposes composites: ``native_layer_norm`` becomes ``var_mean, add, rsqrt, sub, mul, …``,
-  ``gelu`` becomes ``mul, erf, add, mul``. Only after decomposition can a LayerNorm share a kernel with what follows.
+* A compiler does not fuse *modules*, it fuses *aten ops*. ``capture_aten`` (machinery: ``fusion/aten/``) traces a
+  model below autograd into aten ops on fake tensors (shapes, dtypes and strides, no memory), parameters included,
+  and — as Inductor does before lowering — decomposes composites: ``native_layer_norm`` becomes ``var_mean, add,
+  rsqrt, sub, mul, …``, ``gelu`` becomes ``mul, erf, add, mul``. Only then can a LayerNorm share a kernel.
 * Which ops can share a kernel (:func:`is_fusible_node`): elementwise (``torch.Tag.pointwise``), reductions
-  (``torch.Tag.reduction``), views (free: they only change metadata) and simple indexing. Matmuls and convolutions
-  are compute-bound library calls; they end a region.
+  (``torch.Tag.reduction``), views (free: they only change metadata), indexing, pooling and a short ``cat``. Pooling
+  and concatenation look like exceptions but are not: for a code generator each output element of a pooling window
+  is a few loads at shifted indices combined pointwise, and each element of a ``cat`` is one load from the input its
+  index falls in. Matmuls and convolutions are compute-bound library calls; they end a region.
 * A *fusion region* (:func:`build_fusion_regions`): walk the nodes in order, cut them into contiguous *spans* of
   fusible nodes, and inside a span join every producer with its consumers (union-find). Each connected piece with at
   least two real (non-view) ops is one kernel. Because a region never reaches past a non-fusible node, collapsing it
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -39,165 +40,65 @@ import torch
 import torch.fx as fx
 
 from fusion import models
-from fusion.common import (
-    FusionReport,
-    attach_report,
-    ensure_module,
-    finish_rewrite,
-    heading,
-    lesson_cli,
-    max_abs_diff,
-    table,
-)
+from fusion.aten import inductor
+from fusion.aten.bandwidth import BANDWIDTH_PROFILES_GBPS, bandwidth_gbps, measure_bandwidth_gbps
+from fusion.aten.capture import aten_inputs, capture_aten
+from fusion.aten.collapse import REGION_PREFIX, collapse_regions, expand_regions
+from fusion.aten.inductor import KNOWN_DIFFERENCES, inductor_fusion_regions
+from fusion.aten.lesson import histogram_table, show_bandwidth, show_regions
+from fusion.aten.nodes import MissingMetaError, is_view_node, kernel_counts, short_target, unique_regions
+from fusion.aten.report import region_table
+from fusion.common import heading, lesson_cli, table
+
+__all__ = [  # the lesson's API, and what it re-exports from its machinery in fusion/aten/
+    "BANDWIDTH_PROFILES_GBPS", "REGION_PREFIX", "MissingMetaError", "aten_inputs", "bandwidth_gbps", "capture_aten",
+    "collapse_regions", "expand_regions", "inductor_fusion_regions", "is_view_node", "kernel_counts",
+    "measure_bandwidth_gbps", "region_table", "unique_regions", "FusionRegion", "build_fusion_regions",
+    "compare_with_inductor", "fusible_reason", "fusible_spans", "is_fusible_node", "node_bytes", "value_bytes",
+]  # fmt: skip
 
 aten = torch.ops.aten
 
-# Memory bandwidth of a few accelerators (GB/s, vendor peak figures; 1 GB = 1e9 bytes). Real kernels reach 80–90 %.
-BANDWIDTH_PROFILES_GBPS: dict[str, float] = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
-
-# Indexing ops that Inductor lowers to a load with a computed index: fusible although not tagged pointwise.
-# (slice and select are views as well; listing them keeps the rule readable.)
-INDEXING_OPS = frozenset(
-    {aten.slice, aten.select, aten.gather, aten.index_select, aten.embedding}  # OpOverloadPackets
+# The named families of fusible ops that carry no pointwise/reduction tag, by ``op._schema.name``.
+# Indexing: a load at a computed index (slice and select are views as well; listing them keeps the rule readable).
+INDEXING_OPS = frozenset({"aten::slice", "aten::select", "aten::gather", "aten::index_select", "aten::embedding"})
+# Pooling: every output element combines a small window of its input (max, or sum / count) — a few loads at shifted
+# indices, combined pointwise, with no reduction loop of its own. Inductor decomposes max-pool into the prims below
+# (it registers them; torch < 2.12 spells them ..._max_pool2d_...).
+POOLING_OPS = frozenset(
+    {"aten::avg_pool2d", "aten::avg_pool3d", "aten::_adaptive_avg_pool2d", "aten::adaptive_max_pool2d"}
+    | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
+    | {f"prims::_low_memory_max_pool{d}_{s}" for d in ("", "2d") for s in ("with_offsets", "offsets_to_indices")}
 )
-
+# In-place views: they mutate only sizes/strides (capture_aten meets as_strided_ in decomposed means), never data.
+INPLACE_VIEW_OPS = frozenset(
+    {"aten::as_strided_", "aten::t_", "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::detach_"}
+)
+# cat: each output element is one load from the input its index falls in — one select per input. Past a few inputs
+# the selects cost more than separate copies: Inductor's torch._inductor.config.max_pointwise_cat_inputs (default 8).
+MAX_POINTWISE_CAT_INPUTS = 8
 # Collectives and their waits are scheduled on their own, never fused (torch.distributed's functional ops).
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "_dtensor"})
 
-REGION_PREFIX = "fusion_region_"  # collapse_regions names each region submodule fusion_region_<i>
-
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 1. Capture: the aten graph a compiler sees
-
-
-def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
-    return tensors
-
-
-def aten_inputs(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The flat list a graph from :func:`capture_aten` takes: parameters, then buffers, then the model inputs.
-
-    >>> m = models.TinyNet()
-    >>> gm = capture_aten(m, models.tiny_inputs())
-    >>> torch.testing.assert_close(gm(*aten_inputs(m, models.tiny_inputs())), m(*models.tiny_inputs()))
-    """
-    return [*_named_tensors(model).values(), *example_inputs]
-
-
-def _decomposition_table(decompose: bool) -> dict:
-    if not decompose:
-        return {}
-    try:  # Inductor's own table: exactly what it decomposes before lowering
-        from torch._inductor.decomposition import select_decomp_table
-
-        return select_decomp_table()
-    except Exception:  # a torch build without Inductor: the core-aten table is the closest stand-in
-        from torch._decomp import core_aten_decompositions
-
-        return dict(core_aten_decompositions())
-
-
-def capture_aten(
-    model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, decompose: bool = True
-) -> fx.GraphModule:
-    """Trace ``model`` into an aten-level GraphModule on fake tensors, the graph Inductor lowers.
-
-    * Parameters and buffers become placeholders (named ``p_<name>``, before the inputs); call the result with
-      :func:`aten_inputs` to run it on real tensors.
-    * Every tensor node carries ``meta["val"]``: a FakeTensor with shape, dtype and strides, but no storage, so
-      a (64, 4096, 4096) activation costs nothing to capture. Inputs may be real or already fake.
-    * ``decompose=True`` applies Inductor's decomposition table (layer_norm, gelu, batch_norm, … into primitive
-      ops); ``decompose=False`` keeps them as single aten ops.
-    * The trace is functionalized: BatchNorm's running-stat updates in training mode appear as ``copy_`` nodes at
-      the end, not as mutations hidden in the middle. The caller's model is not modified.
-
-    >>> gm = capture_aten(models.TransformerMLP(), models.transformer_inputs())
-    >>> "aten.native_layer_norm" in gm.code, "aten.var_mean" in gm.code
-    (False, True)
-    """
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-    from torch.func import functional_call, functionalize
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    ensure_module(model, "capture_aten")
-    named = _named_tensors(model)
-    names = list(named)
-    inputs = list(example_inputs)
-    if not all(isinstance(t, torch.Tensor) for t in inputs):
-        raise TypeError(
-            "capture_aten needs example_inputs as a sequence of tensors, e.g. (x,); got "
-            f"{[type(t).__name__ for t in inputs]}"
-        )
-
-    def flat_forward(*flat: torch.Tensor):
-        return functional_call(model, dict(zip(names, flat[: len(names)], strict=True)), tuple(flat[len(names) :]))
-
-    modes = {t.fake_mode for t in inputs if isinstance(t, FakeTensor)}
-    fake_mode = modes.pop() if len(modes) == 1 else FakeTensorMode(allow_non_fake_inputs=False)
-    fake = [t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t) for t in [*named.values(), *inputs]]
-    with fake_mode:
-        gm = make_fx(
-            functionalize(flat_forward, remove="mutations"), decomposition_table=_decomposition_table(decompose)
-        )(*fake)
-    gm.graph.eliminate_dead_code()  # decompositions leave dead helpers (empty, full, alias); copy_ is impure and stays
-
-    # Readable placeholder names: p_fc1_weight instead of arg2_1.
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    readable = [f"p_{name.replace('.', '_')}" for name in names] + [f"x{i}" for i in range(len(inputs))]
-    if len(readable) == 1 + len(names):
-        readable[-1] = "x"
-    for node, name in zip(placeholders, readable, strict=True):
-        try:
-            node._rename(name)
-            node.target = node.name
-        except Exception:  # naming is cosmetic: keep torch's names if a version lacks Node._rename
-            pass
-    gm.recompile()
-    gm.meta["aten_input_names"] = [n.name for n in placeholders]
-    return gm
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 2. Which nodes can share a kernel
-
-
-_VIEW_OPS: dict[object, bool] = {}  # OpOverload -> is it a view? (asked once per op)
-
-
-def is_view_node(node: fx.Node) -> bool:
-    """A view (or the projection ``getitem`` of a tuple result): metadata only, no kernel, no bytes moved."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    view = _VIEW_OPS.get(target)
-    if view is None:
-        if target is operator.getitem:
-            view = True
-        else:
-            view = (
-                isinstance(target, torch._ops.OpOverload) and target.is_view and target.namespace in ("aten", "prims")
-            )
-        _VIEW_OPS[target] = view
-    return view
+# 1. Which nodes can share a kernel
 
 
 def is_fusible_node(node: fx.Node) -> bool:
     """Can this node live inside a fused kernel?
 
-    Fusible: pointwise ops (``torch.Tag.pointwise``), reductions (``torch.Tag.reduction``), views, indexing
-    (slice, select, gather, index_select, embedding), and ``operator.getitem`` taking one result out of a fusible
-    multi-output op (``var_mean`` → mean, var). Not fusible: placeholders, get_attr, the output, matmul/conv and other
-    compute-heavy library calls, collectives and waits, ops that mutate their inputs (``copy_``, ``add_``), and
-    anything else.
+    Fusible: pointwise ops (``torch.Tag.pointwise``), reductions (``torch.Tag.reduction``), views and in-place views
+    (``INPLACE_VIEW_OPS``), indexing (``INDEXING_OPS``), pooling (``POOLING_OPS``), ``aten.cat`` of at most
+    ``MAX_POINTWISE_CAT_INPUTS`` tensors, and ``operator.getitem`` taking one result out of a fusible multi-output op
+    (``var_mean`` → mean, var). Not fusible: placeholders, get_attr, the output, matmul/conv and other compute-heavy
+    library calls, collectives and waits, ops that mutate data (``copy_``, ``add_``), and anything else.
 
     >>> gm = capture_aten(models.MatmulAddReLU(), models.matmul_inputs())
     >>> [(n.name, is_fusible_node(n)) for n in gm.graph.nodes if n.op == "call_function"]
     [('mm', False), ('add', True), ('relu', True)]
     """
-    # TODO(human): decide whether one node can live in a fused kernel: pointwise/reduction tags, views, indexing ops, getitem of a fusible op. Hint: node.target is a torch._ops.OpOverload; read its .tags, .is_view, .namespace, ._schema.is_mutable and .overloadpacket
+    # TODO(human): decide whether one node can live in a fused kernel: pointwise or reduction ops, views, in-place views, indexing, pooling, a cat of few inputs, a getitem of a fusible op; never a collective or an op that mutates data. Hint: node.target is a torch._ops.OpOverload (or operator.getitem); the tables above name each family by op._schema.name. More: read target.tags, .is_view, .namespace, ._schema.name and ._schema.is_mutable; an in-place view is mutable yet fusible, so test it first; cat's tensors are the list node.args[0]; a getitem takes the verdict of its producer node.args[0]
     # BEGIN SOLUTION
     if node.op != "call_function":
         return False
@@ -205,19 +106,49 @@ def is_fusible_node(node: fx.Node) -> bool:
     if target is operator.getitem:  # one output of a multi-output op: fusible exactly when its producer is
         source = node.args[0]
         return isinstance(source, fx.Node) and is_fusible_node(source)
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace in COLLECTIVE_NAMESPACES:
         return False
-    if target.namespace in COLLECTIVE_NAMESPACES or target._schema.is_mutable:
+    name = target._schema.name  # "aten::add", "prims::_low_memory_max_pool_with_offsets"
+    if name in INPLACE_VIEW_OPS:
+        return True  # restrides its tensor: metadata only
+    if target._schema.is_mutable:
         return False
-    if target.is_view or target.overloadpacket in INDEXING_OPS:
+    if name == "aten::cat":
+        return len(node.args[0]) <= MAX_POINTWISE_CAT_INPUTS
+    if target.is_view or name in INDEXING_OPS or name in POOLING_OPS:
         return True
     tags = target.tags
     return torch.Tag.pointwise in tags or torch.Tag.reduction in tags
     # END SOLUTION
 
 
+def fusible_reason(node: fx.Node) -> str:
+    """Which part of the rule decides ``node`` (for the lesson's tables and the comparison with Inductor)."""
+    target = node.target
+    if node.op != "call_function":
+        return node.op
+    if target is operator.getitem:
+        return "getitem of a fusible op" if is_fusible_node(node) else "getitem of a non-fusible op"
+    if not isinstance(target, torch._ops.OpOverload):
+        return "not an aten op"
+    name, tags = target._schema.name, target.tags
+    if name == "aten::cat" and not target._schema.is_mutable:
+        return f"cat of {len(node.args[0])} tensors (fusible up to {MAX_POINTWISE_CAT_INPUTS})"
+    checks = {
+        "a collective": target.namespace in COLLECTIVE_NAMESPACES,
+        "an in-place view": name in INPLACE_VIEW_OPS,
+        "mutates its input": target._schema.is_mutable,
+        "a view": target.is_view,
+        "indexing": name in INDEXING_OPS,
+        "pooling": name in POOLING_OPS,
+        "tagged pointwise": torch.Tag.pointwise in tags,
+        "tagged reduction": torch.Tag.reduction in tags,
+    }
+    return next((because for because, applies in checks.items() if applies), "neither pointwise nor reduction")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# 3. Bytes: what a kernel reads and writes
+# 2. Bytes: what a kernel reads and writes
 
 
 def value_bytes(val: object) -> int:
@@ -230,7 +161,7 @@ def value_bytes(val: object) -> int:
     >>> value_bytes(torch.ones(4).expand(1000, 4)), value_bytes(torch.ones(2, 3)), value_bytes(2.0)
     (16, 24, 0)
     """
-    # TODO(human): return the bytes a value occupies in memory: a tensor by the storage its strides span, a tuple or list by its parts, anything else 0. Hint: the last element sits at offset sum((size-1)*stride); multiply the span by element_size(); an empty tensor is 0
+    # TODO(human): return the bytes a value occupies in memory: a tensor by the storage its strides span, a tuple or list by its parts, anything else 0. Hint: a tensor's shape, stride() and element_size(); a broadcast dim has stride 0. More: the last element sits at offset sum((size-1)*stride) elements from the first, so the span is that + 1 elements times element_size(); numel() == 0 is 0 bytes; recurse into tuples and lists
     # BEGIN SOLUTION
     if isinstance(val, torch.Tensor):
         if val.numel() == 0:
@@ -243,10 +174,6 @@ def value_bytes(val: object) -> int:
         return sum(value_bytes(v) for v in val)
     return 0
     # END SOLUTION
-
-
-class MissingMetaError(ValueError):
-    """A node has no ``meta["val"]``: bytes cannot be counted. Capture the graph with :func:`capture_aten`."""
 
 
 def node_bytes(node: fx.Node) -> int:
@@ -268,7 +195,7 @@ def node_bytes(node: fx.Node) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 4. Regions
+# 3. Regions
 
 
 @dataclass(eq=False)  # identity semantics: region_of maps every member to the *same* object
@@ -314,7 +241,7 @@ class FusionRegion:
         An external output that is a view writes the value it aliases (once), or nothing when it aliases an input.
         An input read only through a slice is charged the storage it spans, not just the slice: an upper bound.
         """
-        # TODO(human): count the fused kernel's bytes: each external input once, plus each external output it must write. Hint: self.bytes_of(n) gives one value; an escaping aten view (is_view_node, not getitem) writes nothing itself: follow args[0] back to the member it aliases, count that once, or nothing if it aliases an input
+        # TODO(human): count the fused kernel's bytes: each external input once, plus each external output it must write. Hint: self.external_inputs, self.external_outputs and self.bytes_of(n); a view writes no data of its own. More: for an escaping aten view (is_view_node(n) and not a getitem) follow n.args[0] while it stays a member; count the member it reaches once (keep a set), or nothing if the chain leaves the region (it aliases an input)
         # BEGIN SOLUTION
         bytes_of = self.bytes_of
         members = self.members
@@ -336,7 +263,7 @@ class FusionRegion:
     @cached_property
     def unfused_bytes(self) -> int:
         """DRAM traffic if every member ran as its own kernel: each op reads its inputs and writes its output."""
-        # TODO(human): count the bytes if every non-view member ran as its own kernel: it reads each of its inputs once and writes its output. Hint: node.all_input_nodes is already deduplicated; is_view_node(n) marks the free ops; self.bytes_of(n) gives one value
+        # TODO(human): count the bytes if every non-view member ran as its own kernel: it reads each of its inputs once and writes its output. Hint: self.nodes, is_view_node(n) marks the free ops, self.bytes_of(n) gives one value. More: for each member that is not a view add bytes_of of every node in n.all_input_nodes (already deduplicated: x * x reads x once) plus bytes_of(n) itself
         # BEGIN SOLUTION
         bytes_of = self.bytes_of
         unfused = 0
@@ -376,10 +303,14 @@ def fusible_spans(gm: fx.GraphModule | fx.Graph) -> list[list[fx.Node]]:
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     spans: list[list[fx.Node]] = []
     current: list[fx.Node] = []
-    verdict: dict[object, bool] = {}  # an aten op's verdict depends only on the op: ask once per op
+    verdict: dict[object, bool] = {}  # an op's verdict depends only on the op (cat: on its inputs): ask once
     for node in graph.nodes:
         target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and target.overloadpacket != aten.cat
+        ):
             fusible = verdict.get(target)
             if fusible is None:
                 fusible = verdict[target] = is_fusible_node(node)
@@ -410,7 +341,7 @@ def build_fusion_regions(gm: fx.GraphModule | fx.Graph) -> dict[fx.Node, FusionR
     region_of: dict[fx.Node, FusionRegion] = {}
     byte_cache: dict[fx.Node, int] = {}  # shared by the regions: each node's bytes are measured once
 
-    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: index = {node: i}, parent = list(range(len(span))); walk node.all_input_nodes; collect members by root in span order so they stay topologically sorted
+    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: fusible_spans(gm) gives the spans; a union-find over positions in one span joins producers and consumers. More: index = {node: i} and parent = list(range(len(span))); union each node with every n.all_input_nodes found in index; collect members by root in span order (so they stay topologically sorted); keep pieces with >= 2 nodes that are not is_view_node; FusionRegion(nodes, index=count, byte_cache=byte_cache)
     # BEGIN SOLUTION
     def find(parent: list[int], i: int) -> int:
         while parent[i] != i:
@@ -455,412 +386,21 @@ def build_fusion_regions(gm: fx.GraphModule | fx.Graph) -> dict[fx.Node, FusionR
     return region_of
 
 
-def unique_regions(region_of: dict[fx.Node, FusionRegion]) -> list[FusionRegion]:
-    """The distinct regions of a ``build_fusion_regions`` result, in graph order."""
-    return list({id(r): r for r in region_of.values()}.values())
-
-
-def kernel_counts(gm: fx.GraphModule, region_of: dict[fx.Node, FusionRegion]) -> tuple[int, int]:
-    """(kernels unfused, kernels fused): one per non-view op, vs one per region plus every op left outside."""
-    ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
-    outside = sum(1 for n in ops if n not in region_of)
-    return len(ops), outside + len(unique_regions(region_of))
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 5. Bandwidth: a named profile, or measured here
-
-
-def measure_bandwidth_gbps(device: str | torch.device | None = None, mbytes: int = 256) -> float:
-    """Copy bandwidth of ``device`` (default: cuda if available, else cpu): read + write bytes / median copy time."""
-    from torch.utils.benchmark import Timer
-
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    src = torch.empty(mbytes * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    timer = Timer("dst.copy_(src)", globals={"dst": dst, "src": src})
-    seconds = timer.blocked_autorange(min_run_time=0.2).median
-    return 2 * src.nbytes / seconds / 1e9
-
-
-def bandwidth_gbps(profile: str | float = "H100") -> float:
-    """GB/s for a profile name ("H100", "H200", "A100"), "measured" (a copy on this machine), or a number."""
-    if isinstance(profile, (int, float)):
-        return float(profile)
-    if profile == "measured":
-        return measure_bandwidth_gbps()
-    try:
-        return BANDWIDTH_PROFILES_GBPS[profile]
-    except KeyError:
-        raise ValueError(
-            f"unknown bandwidth profile {profile!r}: use one of {sorted(BANDWIDTH_PROFILES_GBPS)}, 'measured', "
-            "or a number in GB/s"
-        ) from None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 6. Collapse every region into one call_module, and expand it back
-
-
-def _copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
-    """A new GraphModule over a copy of ``gm``'s graph (node meta kept) and the old→new node map.
-
-    The copy shares parameters with ``gm`` but not its graph: rewriting it leaves ``gm`` untouched.
-    """
-    import copy
-
-    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    env: dict[fx.Node, fx.Node] = {}
-    out, old_output = graph.graph_copy(gm.graph, env, return_output_node=True)
-    new_output = graph.output(out, type_expr=getattr(old_output, "type", None))
-    new_output.meta = copy.copy(old_output.meta)
-    env[old_output] = new_output
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
-    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    new.meta.update({k: v for k, v in gm.meta.items() if k != "fusion_report"})
-    return new, env
-
-
-def collapse_regions(gm: fx.GraphModule, region_of: dict[fx.Node, FusionRegion]) -> fx.GraphModule:
-    """A new GraphModule in which every region is one ``call_module`` node (``fusion_region_<i>``).
-
-    Uses ``torch.fx.passes.utils.fuser_utils.fuse_by_partitions``. Dead code is removed first, so a region whose
-    result nobody uses (a dead fusible chain) is dropped rather than fused, and the report says so. ``gm`` is not
-    modified. The report (``report_of(result)``) lists each region fused or skipped.
-    """
-    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
-
-    if not isinstance(gm, fx.GraphModule):
-        raise TypeError(
-            f"collapse_regions needs the torch.fx.GraphModule the regions were built on, got {type(gm).__name__}"
-        )
-    new, env = _copy_graph_module(gm)
-    report = FusionReport("collapse_regions")
-    regions = unique_regions(region_of)
-    for region in regions:
-        stranger = next((n for n in region.nodes if n not in env), None)
-        if stranger is not None:
-            raise ValueError(
-                f"region {region.index} contains node {stranger.name!r}, which is not in this graph. "
-                "Fix: pass the region_of that build_fusion_regions returned for this same GraphModule"
-            )
-
-    new.graph.eliminate_dead_code()  # mutating ops (copy_) are impure and stay
-    alive = set(new.graph.nodes)
-    partitions: list[dict[fx.Node, None]] = []
-    names: list[str] = []
-    for region in regions:
-        kept = [env[n] for n in region.nodes if env[n] in alive]
-        if sum(not is_view_node(n) for n in kept) < 2:
-            why = "dead code: nothing uses its result" if not kept else f"only {len(kept)} live node(s) after DCE"
-            report.skip("region", [n.name for n in region.nodes], why)
-            continue
-        name = f"{REGION_PREFIX}{len(partitions)}"
-        partitions.append(dict.fromkeys(kept))
-        names.append(name)
-        dropped = len(region.nodes) - len(kept)
-        note = f"{_fmt_bytes(region.total_bytes)} external" if _has_meta(region) else "not costed (no meta)"
-        if dropped:
-            note += f"; {dropped} dead member(s) removed first"
-        report.fuse("region", [n.name for n in kept], replacement=name, reason=note)
-    if partitions:
-        fuse_by_partitions(new, partitions, prefix=REGION_PREFIX)
-    finish_rewrite(new)
-    new.meta["fusion_region_modules"] = names
-    return attach_report(new, report)
-
-
-def _has_meta(region: FusionRegion) -> bool:
-    try:
-        region.total_bytes  # noqa: B018
-    except MissingMetaError:
-        return False
-    return True
-
-
-def expand_regions(gm: fx.GraphModule) -> fx.GraphModule:
-    """The inverse of :func:`collapse_regions`: inline every ``fusion_region_<i>`` submodule back into the graph.
-
-    Node meta (``meta["val"]``) survives the round trip, so the result can be costed again. ``gm`` is not modified.
-    """
-    import copy
-
-    if not isinstance(gm, fx.GraphModule):
-        raise TypeError(f"expand_regions needs a torch.fx.GraphModule, got {type(gm).__name__}")
-    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
-    env: dict[fx.Node, object] = {}
-    report = FusionReport("expand_regions")
-
-    def lookup(n: fx.Node) -> object:
-        return env[n]
-
-    for node in gm.graph.nodes:
-        if node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(REGION_PREFIX):
-            sub = gm.get_submodule(node.target)
-            args = fx.node.map_arg(node.args, lookup)
-            sub_env: dict[fx.Node, object] = {}
-            placeholders = [p for p in sub.graph.nodes if p.op == "placeholder"]
-            if len(placeholders) != len(args) or node.kwargs:
-                raise ValueError(f"{node.name}: expected {len(placeholders)} positional inputs for {node.target}")
-            sub_env.update(zip(placeholders, args, strict=True))
-            for sub_node in sub.graph.nodes:
-                if sub_node.op == "placeholder":
-                    continue
-                if sub_node.op == "output":
-                    env[node] = fx.node.map_arg(sub_node.args[0], sub_env.__getitem__)
-                    break
-                sub_env[sub_node] = graph.node_copy(sub_node, sub_env.__getitem__)
-            report.fuse("inline", [node.name], replacement=node.target, reason=f"{len(sub_env) - len(args)} nodes")
-        elif (
-            node.op == "call_function"
-            and node.target is operator.getitem
-            and isinstance(env.get(node.args[0]), (tuple, list))
-        ):
-            env[node] = env[node.args[0]][node.args[1]]  # a region's i-th output is now that node itself
-        else:
-            env[node] = graph.node_copy(node, lookup)
-    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    new.meta.update({k: v for k, v in gm.meta.items() if k not in ("fusion_report", "fusion_region_modules")})
-    finish_rewrite(new)
-    return attach_report(new, report)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 7. Ours vs Inductor's regions on the same graph
-
-
-def inductor_fusion_regions() -> Callable | None:
-    """Inductor's ``build_fusion_regions`` when this torch ships it (2.15 does), else None."""
-    try:
-        from torch._inductor.fx_passes import fusion_regions
-    except Exception:
-        return None
-    return getattr(fusion_regions, "build_fusion_regions", None)
-
-
-def _inductor_verdict(node: fx.Node) -> tuple[bool, str]:
-    """Inductor's is_fusible_node, with the rule that decided it (mirrors its checks, for explanations only)."""
-    from torch._inductor.fx_passes import fusion_regions
-
-    fusible = bool(fusion_regions.is_fusible_node(node))
-    target = node.target
-    if node.op != "call_function":
-        return fusible, f"{node.op}"
-    if not isinstance(target, torch._ops.OpOverload):
-        return fusible, f"{getattr(target, '__name__', target)} is not an aten OpOverload"
-    try:
-        from torch._inductor.lowering import fallbacks, lowerings
-        from torch.utils.flop_counter import flop_registry
-    except Exception:
-        return fusible, "its lowering table"
-    if target not in lowerings:
-        return fusible, "no Inductor lowering"
-    if target in fallbacks:
-        return fusible, "an eager fallback"
-    if target.overloadpacket in flop_registry:
-        return fusible, "has a FLOP formula (compute-bound)"
-    return fusible, "has a fusible lowering"
-
-
-def _our_reason(node: fx.Node) -> str:
-    target = node.target
-    if node.op != "call_function":
-        return node.op
-    if target is operator.getitem:
-        return "getitem of a fusible op" if is_fusible_node(node) else "getitem of a non-fusible op"
-    if not isinstance(target, torch._ops.OpOverload):
-        return "not an aten op"
-    if target._schema.is_mutable:
-        return "mutates its input"
-    tags = target.tags
-    if target.is_view:
-        return "a view"
-    if target.overloadpacket in INDEXING_OPS:
-        return "indexing"
-    if torch.Tag.pointwise in tags:
-        return "tagged pointwise"
-    if torch.Tag.reduction in tags:
-        return "tagged reduction"
-    return "neither pointwise nor reduction"
-
-
-def _short_target(node: fx.Node) -> str:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return str(t).removeprefix("aten.")
-    return getattr(t, "__name__", str(t))
-
-
 def compare_with_inductor(gm: fx.GraphModule, region_of: dict[fx.Node, FusionRegion]) -> list[tuple] | None:
     """Rows (verdict, ours, Inductor's, why) matching our regions with Inductor's on the same graph; None without it.
 
-    Regions that share nodes are grouped; a group is ``same`` (identical node sets), ``merged`` (ours is larger:
-    one of ours covers several of Inductor's, or nodes it leaves out), ``split`` (ours is smaller), ``different``
-    (both). The reason names the nodes on whose fusibility the two rules disagree.
+    A group of overlapping regions is ``same``, ``merged`` (ours larger), ``split`` (ours smaller) or ``different``;
+    the reason names the nodes on whose fusibility the two rules disagree, and marks the differences kept on purpose
+    (``fusion.aten.inductor.KNOWN_DIFFERENCES``). The machinery is in ``fusion/aten/inductor.py``.
     """
-    theirs_fn = inductor_fusion_regions()
-    if theirs_fn is None:
-        return None
-    theirs_of = theirs_fn(gm)
-    ours = unique_regions(region_of)
-    theirs = list({id(s): s for s in theirs_of.values()}.values())
-    their_index = {id(s): i for i, s in enumerate(theirs)}
-
-    # Union the two families of regions into groups of overlapping regions (small: a handful per model).
-    groups: list[tuple[set[int], set[int]]] = []  # (our indices, their indices)
-    owner: dict[fx.Node, int] = {}
-    for r in ours:
-        gid = len(groups)
-        groups.append(({r.index}, set()))
-        for n in r.nodes:
-            owner[n] = gid
-    for s in theirs:
-        hits = {owner[n] for n in s if n in owner}
-        if not hits:
-            gid = len(groups)
-            groups.append((set(), {their_index[id(s)]}))
-        else:
-            gid = min(hits)
-            for other in hits - {gid}:
-                groups[gid][0].update(groups[other][0])
-                groups[gid][1].update(groups[other][1])
-                for n, g in owner.items():
-                    if g == other:
-                        owner[n] = gid
-                groups[other] = (set(), set())
-            groups[gid][1].add(their_index[id(s)])
-        for n in s:
-            owner[n] = gid
-
-    nodes = list(gm.graph.nodes)
-    position = {n: i for i, n in enumerate(nodes)}
-    rows = []
-    for our_ids, their_ids in groups:
-        if not our_ids and not their_ids:
-            continue
-        ours_nodes = {n for i in our_ids for n in ours[i].nodes}
-        their_nodes = {n for i in their_ids for n in theirs[i]}
-        if ours_nodes == their_nodes and len(our_ids) == len(their_ids) == 1:
-            verdict = "same"
-        elif ours_nodes >= their_nodes and len(our_ids) <= len(their_ids):
-            verdict = "merged" if their_ids else "ours only"
-        elif ours_nodes <= their_nodes and len(our_ids) >= len(their_ids):
-            verdict = "split" if our_ids else "Inductor only"
-        else:
-            verdict = "different"
-        reasons: list[str] = []
-        if verdict != "same":
-            # Where the two rules disagree between the group's first and last node: those nodes moved a boundary.
-            group = ours_nodes | their_nodes
-            lo = min(position[n] for n in group)
-            hi = max(position[n] for n in group)
-            disagree: dict[str, list[str]] = {}  # one line per op and verdict pair, naming its nodes
-            for n in nodes[max(lo - 1, 0) : hi + 2]:
-                mine = is_fusible_node(n)
-                their_fusible, their_why = _inductor_verdict(n)
-                if mine != their_fusible:
-                    why = (
-                        f"ours {'fusible' if mine else 'not fusible'} ({_our_reason(n)}), "
-                        f"Inductor {'fusible' if their_fusible else 'not fusible'} ({their_why})"
-                    )
-                    disagree.setdefault(f"{_short_target(n)}: {why}", []).append(n.name)
-            reasons = [f"{', '.join(names)} = {why}" for why, names in disagree.items()]
-            if not reasons:
-                reasons.append("the same fusibility verdicts: a region dropped by the >= 2 non-view rule")
-        ours_text = ", ".join(f"#{i} ({len(ours[i].nodes)})" for i in sorted(our_ids)) or "-"
-        theirs_text = ", ".join(f"#{i} ({len(theirs[i])})" for i in sorted(their_ids)) or "-"
-        rows.append((verdict, ours_text, theirs_text, "; ".join(dict.fromkeys(reasons)) or "-"))
-    return rows
+    return inductor.compare_with_inductor(gm, region_of, is_fusible_node, fusible_reason)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The lesson
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def region_table(region_of: dict[fx.Node, FusionRegion], bandwidth: float) -> str:
-    rows = []
-    for r in unique_regions(region_of):
-        saved = 1 - r.total_bytes / r.unfused_bytes if r.unfused_bytes else 0.0
-        rows.append(
-            (
-                f"#{r.index}",
-                r.summary(48),
-                len(r.external_inputs),
-                len(r.external_outputs),
-                _fmt_bytes(r.total_bytes),
-                _fmt_bytes(r.unfused_bytes),
-                f"{saved:.0%}",
-                f"{r.cost_ms(bandwidth) * 1e3:.3g}",
-                f"{r.unfused_cost_ms(bandwidth) * 1e3:.3g}",
-            )
-        )
-    return table(
-        rows, ["region", "ops", "in", "out", "fused bytes", "unfused bytes", "saved", "fused µs", "unfused µs"]
-    )
-
-
-def _op_histogram(gm: fx.GraphModule) -> Counter[str]:
-    return Counter(_short_target(n) for n in gm.graph.nodes if n.op == "call_function")
-
-
-def _lesson_for(title: str, model: torch.nn.Module, inputs: tuple, profile: str, compare: bool) -> None:
-    bw = bandwidth_gbps(profile)
-    heading(title, "-")
-    gm = capture_aten(model, inputs)
-    region_of = build_fusion_regions(gm)
-    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
-    print(f"input {shapes}; aten graph: {sum(n.op == 'call_function' for n in gm.graph.nodes)} ops")
-    print(region_table(region_of, bw))
-    before, after = kernel_counts(gm, region_of)
-    regions = unique_regions(region_of)
-    fused = sum(r.total_bytes for r in regions)
-    unfused = sum(r.unfused_bytes for r in regions)
-    print(
-        f"kernels: {before} unfused (one per non-view op) → {after} fused "
-        f"({len(regions)} regions + {after - len(regions)} ops outside any region)"
-    )
-    print(
-        f"memory traffic in the regions: {_fmt_bytes(unfused)} → {_fmt_bytes(fused)}; predicted on {profile} "
-        f"({bw:.0f} GB/s): {unfused / bw / 1e3:.3g} µs → {fused / bw / 1e3:.3g} µs"
-    )
-
-    collapsed = collapse_regions(gm, region_of)
-    expanded = expand_regions(collapsed)
-    real = aten_inputs(model, inputs)
-    with torch.no_grad():
-        want = model(*inputs)
-        got_c, got_e, got_g = collapsed(*real), expanded(*real), gm(*real)
-    print(
-        f"collapse_regions: {len(collapsed.meta['fusion_region_modules'])} call_module nodes "
-        f"({', '.join(collapsed.meta['fusion_region_modules'])}); max |Δ| vs eager model: "
-        f"aten graph {max_abs_diff(got_g, want):.1e}, collapsed {max_abs_diff(got_c, want):.1e}, "
-        f"expanded again {max_abs_diff(got_e, want):.1e}"
-    )
-
-    if not compare:
-        print(
-            "(--quick skips the comparison with Inductor's regions: importing Inductor's lowerings takes ~10 s;\n"
-            " run without --quick to see it)"
-        )
-        return
-    rows = compare_with_inductor(gm, region_of)
-    if rows is None:
-        print("This torch has no torch._inductor.fx_passes.fusion_regions: no comparison with Inductor.")
-    else:
-        print("\nOur regions vs Inductor's build_fusion_regions on the same graph (region #, node count):")
-        print(table(rows, ["verdict", "ours", "Inductor", "why"]))
-
-
 def run(quick: bool = False) -> None:
-    profile = "H100"
     heading("Phase 6 — fusion regions on the aten graph")
     print(
         "A compiler fuses aten ops, not modules. Capture the graph on fake tensors, decompose composites, cut it at\n"
@@ -868,13 +408,9 @@ def run(quick: bool = False) -> None:
     )
 
     heading("Decomposition: what Inductor sees before lowering", "-")
-    model = models.TransformerMLP()
-    inputs = models.transformer_inputs(batch=2, seq=8)
-    plain = capture_aten(model, inputs, decompose=False)
-    decomposed = capture_aten(model, inputs, decompose=True)
-    hist_plain, hist_dec = _op_histogram(plain), _op_histogram(decomposed)
-    ops = sorted(set(hist_plain) | set(hist_dec), key=lambda k: (-(hist_plain[k] + hist_dec[k]), k))
-    print(table([(op, hist_plain[op], hist_dec[op]) for op in ops], ["aten op", "decompose=False", "decompose=True"]))
+    model, inputs = models.TransformerMLP(), models.transformer_inputs(batch=2, seq=8)
+    plain, decomposed = capture_aten(model, inputs, decompose=False), capture_aten(model, inputs)
+    print(histogram_table(plain, decomposed))
     for label, g in (("decompose=False", plain), ("decompose=True", decomposed)):
         r = unique_regions(build_fusion_regions(g))
         print(f"{label}: {len(r)} region(s): {[x.summary(70) for x in r]}")
@@ -883,39 +419,33 @@ def run(quick: bool = False) -> None:
         "so LayerNorm cannot fuse with its neighbours. Decomposed, they are chains of pointwise ops and reductions."
     )
 
-    heading("Fusible or not: the rule per op", "-")
-    rows = [
-        (_short_target(n), "yes" if is_fusible_node(n) else "no", _our_reason(n))
-        for n in {_short_target(n): n for n in decomposed.graph.nodes if n.op == "call_function"}.values()
-    ]
-    print(table(rows, ["aten op", "fusible", "because"]))
+    size = 16 if quick else 56
+    resnet, resnet_in = models.resnet18_block(), (torch.randn(1, 3, 2 * size, 2 * size),)
+    heading("Fusible or not: the rule per op (TransformerMLP, ResNet-18 stem)", "-")
+    seen = {short_target(n): n for g in (decomposed, capture_aten(resnet, resnet_in)) for n in g.graph.nodes}
+    rows = [(op, "yes" if is_fusible_node(n) else "no", fusible_reason(n)) for op, n in seen.items()]
+    print(table([row for row in rows if row[2] not in ("placeholder", "output")], ["aten op", "fusible", "because"]))
 
+    # Importing Inductor's lowerings for the comparison takes ~10 s: --quick leaves it out.
+    compare = None if quick else compare_with_inductor
     batch, seq = (2, 64) if quick else (8, 512)
-    _lesson_for(
-        "TransformerMLP: x + fc2(gelu(fc1(layer_norm(x)))), float32",
-        models.TransformerMLP(),
-        models.transformer_inputs(batch=batch, seq=seq),
-        profile,
-        compare=not quick,
-    )
-    size = 16 if quick else 64
-    _lesson_for(
-        "ConvBNNet (eval mode: BatchNorm uses running stats)",
-        models.ConvBNNet().eval(),
-        models.conv_inputs(batch=2 if quick else 8, size=size),
-        profile,
-        compare=not quick,
-    )
-
-    heading("Bandwidth profiles (GB/s) and this machine", "-")
-    measured = measure_bandwidth_gbps(mbytes=16 if quick else 256)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = [(name, f"{gbps:.0f}") for name, gbps in BANDWIDTH_PROFILES_GBPS.items()]
-    print(table([*rows, (f"measured here ({device} copy)", f"{measured:.0f}")], ["profile", "GB/s"]))
-    print(
-        "Predicted µs = bytes / bandwidth: a lower bound for memory-bound kernels (real ones reach ~80–90 %).\n"
-        "The saving comes from intermediates that never touch DRAM: every op inside a region reads registers."
-    )
+    for title, m, x in (
+        ("TransformerMLP: x + fc2(gelu(fc1(layer_norm(x))))", model, models.transformer_inputs(batch=batch, seq=seq)),
+        ("ConvBNNet (eval mode)", models.ConvBNNet().eval(), models.conv_inputs(batch=2 if quick else 8, size=size)),
+        ("torchvision ResNet-18 stem + first BasicBlock: BN·ReLU·max-pool in one region", resnet, resnet_in),
+        (
+            "torchvision MobileNetV2 InvertedResidual (expand 6×)",
+            models.mobilenet_v2_block(),
+            (torch.randn(1, 32, size, size),),
+        ),
+    ):
+        show_regions(title, m, x, "H100", build_fusion_regions, compare)
+    if compare:
+        print("\nKnown differences from Inductor's rule, kept on purpose:")
+        print("\n".join(f"  {op}: {why}" for op, why in KNOWN_DIFFERENCES.items()))
+    else:
+        print("\n(--quick skips the comparison with Inductor's regions; run without --quick to see it)")
+    show_bandwidth(quick)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,123 @@
+"""Capture a model as the aten graph Inductor lowers: fake tensors, parameters as inputs, Inductor's decompositions.
+
+>>> from fusion import models
+>>> m = models.TinyNet()
+>>> gm = capture_aten(m, models.tiny_inputs())
+>>> torch.testing.assert_close(gm(*aten_inputs(m, models.tiny_inputs())), m(*models.tiny_inputs()))
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from fusion.common import ensure_module
+
+# Inductor decompositions that read torch._inductor.lowering when they run (max_pool*_with_indices asks
+# ``lowering.should_fallback_max_pool_with_indices`` whether to keep the op). Only a compile imports that module, so
+# a capture outside torch.compile met "module 'torch._inductor' has no attribute 'lowering'" on every max-pool.
+_NEEDS_LOWERING = frozenset({"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})
+
+
+def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    return tensors
+
+
+def aten_inputs(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The flat list a graph from :func:`capture_aten` takes: parameters, then buffers, then the model inputs."""
+    return [*_named_tensors(model).values(), *example_inputs]
+
+
+def _with_lowering(decomposition: Callable) -> Callable:
+    """``decomposition``, importing torch._inductor.lowering the first time it runs (importing it costs seconds)."""
+
+    @functools.wraps(decomposition)
+    def run(*args, **kwargs):
+        import torch._inductor.lowering  # noqa: F401  (the decomposition reads torch._inductor.lowering.<…>)
+
+        return decomposition(*args, **kwargs)
+
+    return run
+
+
+@functools.cache
+def decomposition_table(decompose: bool = True) -> dict:
+    """Inductor's own decomposition table (exactly what it decomposes before lowering); {} for ``decompose=False``.
+
+    A torch build without Inductor gets the core-aten table, the closest stand-in.
+    """
+    if not decompose:
+        return {}
+    try:
+        from torch._inductor.decomposition import select_decomp_table
+
+        table = dict(select_decomp_table())
+    except Exception:
+        from torch._decomp import core_aten_decompositions
+
+        return dict(core_aten_decompositions())
+    for op, fn in table.items():
+        if isinstance(op, torch._ops.OpOverload) and op._schema.name in _NEEDS_LOWERING:
+            table[op] = _with_lowering(fn)
+    return table
+
+
+def capture_aten(
+    model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, decompose: bool = True
+) -> fx.GraphModule:
+    """Trace ``model`` into an aten-level GraphModule on fake tensors, the graph Inductor lowers.
+
+    * Parameters and buffers become placeholders (named ``p_<name>``, before the inputs); call the result with
+      :func:`aten_inputs` to run it on real tensors.
+    * Every tensor node carries ``meta["val"]``: a FakeTensor with shape, dtype and strides, but no storage, so
+      a (64, 4096, 4096) activation costs nothing to capture. Inputs may be real or already fake.
+    * ``decompose=True`` applies Inductor's decomposition table (layer_norm, gelu, batch_norm, max_pool, … into
+      primitive ops); ``decompose=False`` keeps them as single aten ops.
+    * The trace is functionalized: BatchNorm's running-stat updates in training mode appear as ``copy_`` nodes at
+      the end, not as mutations hidden in the middle. The caller's model is not modified.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.func import functional_call, functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    ensure_module(model, "capture_aten")
+    named = _named_tensors(model)
+    names = list(named)
+    inputs = list(example_inputs)
+    if not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise TypeError(
+            "capture_aten needs example_inputs as a sequence of tensors, e.g. (x,); got "
+            f"{[type(t).__name__ for t in inputs]}"
+        )
+
+    def flat_forward(*flat: torch.Tensor):
+        return functional_call(model, dict(zip(names, flat[: len(names)], strict=True)), tuple(flat[len(names) :]))
+
+    modes = {t.fake_mode for t in inputs if isinstance(t, FakeTensor)}
+    fake_mode = modes.pop() if len(modes) == 1 else FakeTensorMode(allow_non_fake_inputs=False)
+    fake = [t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t) for t in [*named.values(), *inputs]]
+    with fake_mode:
+        gm = make_fx(
+            functionalize(flat_forward, remove="mutations"), decomposition_table=decomposition_table(decompose)
+        )(*fake)
+    gm.graph.eliminate_dead_code()  # decompositions leave dead helpers (empty, full, alias); copy_ is impure and stays
+
+    # Readable placeholder names: p_fc1_weight instead of arg2_1.
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    readable = [f"p_{name.replace('.', '_')}" for name in names] + [f"x{i}" for i in range(len(inputs))]
+    if len(readable) == 1 + len(names):
+        readable[-1] = "x"
+    for node, name in zip(placeholders, readable, strict=True):
+        try:
+            node._rename(name)
+            node.target = node.name
+        except Exception:  # naming is cosmetic: keep torch's names if a version lacks Node._rename
+            pass
+    gm.recompile()
+    gm.meta["aten_input_names"] = [n.name for n in placeholders]
+    return gm
