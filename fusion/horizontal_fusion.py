@@ -202,7 +202,7 @@ def slice_plan(node: fx.Node, facts: GraphFacts) -> tuple[str | None, list[fx.No
         if node in touched:
             return f"{w.name} modifies it in place: a view would share a version counter with its siblings", []
     views = []
-    for n in aliases:
+    for n in {u for a in aliases for u in a.users}:  # everything that reads it or one of its aliases
         if n.op == "call_method" and n.target in MEMORY_INTROSPECTION:
             return f"{n.name} looks at its memory layout", []
         if n.op == "call_method" and n.target in ("view", "view_as"):
