@@ -38,28 +38,38 @@ def summarize(path: str) -> None:
     for w in r["workloads"]:
         v = {x["name"]: x for x in w["variants"]}
         parts = []
-        for name in ("fx", "fx_epilogue", "compile"):
-            x = v.get(name)
-            if x is None:
+        for name, x in v.items():
+            if name == "eager":
                 continue
             if x["median_s"] is None:
-                parts.append(f"{name}: skipped ({x['reason'][:60]})")
+                parts.append(
+                    f"{name}: {'skipped' if not x.get('available', True) else 'not timed'} ({x['reason'][:60]})"
+                )
             else:
                 bad = "" if x["outputs_match"] else " MISMATCH"
                 gpu = f", GPU {_x(x['gpu_speedup'])}" if x.get("gpu_speedup") else ""
                 parts.append(f"{name} {_x(x['speedup_vs_eager'])} (pred {_x(x['predicted_speedup'])}{gpu}){bad}")
-        print(f"  {w['title']:<27} eager {_t(v['eager']['median_s']):>10} | " + " | ".join(parts))
+        print(f"  {w['title'][:27]:<27} eager {_t(v['eager']['median_s']):>10} | " + " | ".join(parts))
         for name, x in v.items():  # CUDA: GPU kernel time per call and what the wall clock adds on top
             g = x.get("gpu") or {}
             if g.get("gpu_s") and x["median_s"]:
                 print(
-                    f"    {name:<11} GPU {_t(g['gpu_s']):>10} in {g['kernels_per_call']:.3g} kernels, "
+                    f"    {name:<14} GPU {_t(g['gpu_s']):>10} in {g['kernels_per_call']:.3g} kernels, "
                     f"wall - GPU {_t(max(x['median_s'] - g['gpu_s'], 0.0))}"
+                    + (f", max |diff| {x['max_abs_diff']:.2e}" if x.get("max_abs_diff") is not None else "")
                 )
+            for k in x.get("generated") or []:
+                print(
+                    f"    {name:<14} kernel {k['name'][:48]}: predicted {_t(k['predicted_s'])}, "
+                    f"measured {_t(k['measured_s'])}, ratio {_x(k['ratio'])}"
+                )
+    for s in r.get("skipped") or []:
+        print(f"  skipped {s['workload']}: {s['reason'][:100]}")
     for e in r.get("errors") or []:
         print(f"  FAILED {e['workload']}: {e['error'][:200]}")
     for t in r.get("targets") or []:
-        print(f"  target {t['workload']} >= {t['need']}x: {t['status']}")
+        vs = f" vs {t['vs']} ({t.get('clock', 'wall')})" if "vs" in t else ""
+        print(f"  target {t['workload']}{vs} >= {t['need']:.2f}x: {t['status']}")
 
 
 if __name__ == "__main__":

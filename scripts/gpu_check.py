@@ -20,8 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusion import bench_report as R
 from fusion import benchmark as B
+from fusion.bench import harness as H
+from fusion.bench import report as R
+from fusion.bench import workloads as W
+from fusion.bench.profile import gpu_profile, measure_peaks
+from fusion.conv_bn_fusion import CUDNN_EPILOGUE
 
 t_start = time.time()
 dev = "cuda"
@@ -34,7 +38,7 @@ bad = []
 
 
 def rel(a, b):
-    return B._rel_diff(a, b)
+    return H._diffs(a, b)[0]
 
 
 # -- 1. the fused cuDNN ops against eager ----------------------------------------------------------------------------
@@ -67,7 +71,7 @@ for dtype in (torch.bfloat16, torch.float32):
                     got = torch.cudnn_convolution_relu(x, w, b, *args)
                 torch.cuda.synchronize()
                 d = rel(got, ref)
-                ok = bool(torch.isfinite(got).all()) and d <= B._tolerance(dtype)
+                ok = bool(torch.isfinite(got).all()) and d <= H.tolerance(dtype)
                 print(
                     f"  {str(dtype)[6:]:<9} {'CL' if cl else 'NCHW':<4} {name:<18} rel diff {d:.2e} "
                     f"finite {bool(torch.isfinite(got).all())} {'ok' if ok else 'BAD'}"
@@ -92,7 +96,7 @@ for name, conv in (
         x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups
     )
     with torch.no_grad():
-        prof = B.gpu_profile(lambda conv=conv: conv(x), calls=5)
+        prof = gpu_profile(lambda conv=conv: conv(x), calls=5)
     names = [f"{k['name'][:60]} ({k['us_per_call']:.1f} µs)" for k in prof["top"]]
     print(
         f"  {name:<20} backend {backend}: {prof['kernels_per_call']:.3g} kernels/call, "
@@ -101,18 +105,28 @@ for name, conv in (
 
 # -- 3. the two workloads through run_workload -----------------------------------------------------------------------
 print("\n== 3. run_workload (cuda-quick, no compile): linear_relu_memory and conv_bn_relu")
-config = B.Config(device="cuda", sizes="cuda-quick", compile=False, threads=torch.get_num_threads())
+config = W.Config(device="cuda", sizes="cuda-quick", compile=False, threads=torch.get_num_threads())
 result = {"meta": {"device": "cuda", "sizes": "cuda-quick"}, "workloads": []}
 with torch.no_grad():
-    peaks = B.measure_peaks(dataclasses.replace(config), config.threads)
+    s = W.SIZES[config.sizes]
+    peaks = measure_peaks(
+        B.time_variants,
+        device="cuda",
+        dtype=config.dtype,
+        copy_numel=s.copy_numel,
+        matmul_n=s.matmul_n,
+        min_run_time=0.05,
+        threads=config.threads,
+    )
+    result["peaks"] = dataclasses.asdict(peaks)
     print(f"  peaks {peaks.bytes_per_s / 1e9:.0f} GB/s, {peaks.flops_per_s / 1e12:.0f} TFLOP/s")
-    for w in B.workloads(config):
+    for w in W.workloads(config):
         if w.key in ("linear_relu_memory", "conv_bn_relu"):
-            result["workloads"].append(B.run_workload(w, config, peaks, config.threads, print))
+            result["workloads"].append(H.run_workload(w, config, peaks, config.threads, print, B.LESSON, s.rounds))
 print(R.results_table(result))
 print("\n".join(R.skipped_lines(result) + R.kernel_path_lines(result)))
 print("\n".join(R.gpu_lines(result)))
-print("\n".join(R.closing_note(result, peaks)))
+print("\n".join(R.closing_note(result)))
 for w in result["workloads"]:
     for v in w["variants"]:
         if v["outputs_match"] is False:
@@ -122,7 +136,7 @@ for w in result["workloads"]:
                 f"  fx_epilogue kernel paths: {v['kernel_paths']}, rel diff {v['max_rel_diff']:.2e}, "
                 f"report {[(d['pattern'], d['fused']) for d in v['fusion_report'] or []]}"
             )
-            if v["kernel_paths"] != [B.CUDNN_EPILOGUE]:
+            if v["kernel_paths"] != [CUDNN_EPILOGUE]:
                 bad.append(f"fx_epilogue paths {v['kernel_paths']}")
     for name, nodes in w["nodes"].items():
         paths = {n["name"]: n["kernel_path"] for n in nodes if n["kernel_path"]}
@@ -147,10 +161,10 @@ fns = {
 with torch.no_grad():
     for f in fns.values():
         f()
-    times = B.time_interleaved(fns, rounds=3, min_run_time=0.1, threads=1, timer=B.make_timer("cuda"))
+    times = B.time_variants(fns, rounds=3, min_run_time=0.1, sync=torch.cuda.synchronize, threads=1)
     for name, f in fns.items():
-        med, iqr = B.summarize(times[name])
-        prof = B.gpu_profile(f, calls=50)
+        med, iqr = H.summarize(times[name].times_s)
+        prof = gpu_profile(f, calls=50)
         print(
             f"  {name:<22} wall {med * 1e6:6.1f} µs (IQR {iqr * 1e6:.1f}) | GPU {prof['gpu_s'] * 1e6:5.1f} µs in "
             f"{prof['kernels_per_call']:.2g} kernels | overhead {max(med - prof['gpu_s'], 0) * 1e6:5.1f} µs"

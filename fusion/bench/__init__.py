@@ -1,0 +1,11 @@
+"""Phase 4's benchmark harness: plumbing beside the lesson ``fusion/benchmark.py``, no exercise here.
+
+workloads.py  what is measured: the workloads, their sizes per device, how each variant is built (lazy imports)
+counting.py   FLOPs and bytes of every FX node (ShapeProp), intermediates, minimum bytes
+profile.py    the machine's peaks, what the GPU did per call (torch.profiler), the CPU allocation log
+harness.py    the run: build, check, count, time (with the lesson's loop), profile; the JSON's schema
+report.py     the tables, the verdicts, the issues' targets, the cost-model check of generated kernels
+plot.py       the roofline picture (matplotlib)
+
+Dependencies point one way: the lesson imports these; nothing here imports ``fusion.benchmark``.
+"""
