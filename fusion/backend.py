@@ -86,7 +86,7 @@ def find_conv_bn_folds(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node,
     read at run time, not something computed inside the graph.
     """
     folds, skipped = [], []
-    # TODO(human): match convolution → BN_EVAL → getitem 0 and check the fold is legal, else record why not. Hint: the BN's args are (input, weight, bias, running_mean, running_var, momentum, eps) and a convolution's (x, w, b, stride, padding, dilation, transposed, output_padding, groups). More: for each node with node.target is BN_EVAL: conv = node.args[0] must be aten.convolution.default with len(conv.users) == 1; every user of the BN must be operator.getitem with index 0 (exactly one); every source in (conv.args[1], conv.args[2], *node.args[1:5]) that is not None must have .op == "placeholder"
+    # TODO(human): match convolution → BN_EVAL → getitem 0 and check the fold is legal, else record why not. Hint: the BN's args are (input, weight, bias, running_mean, running_var, momentum, eps) and a convolution's (x, w, b, stride, padding, dilation, transposed, output_padding, groups). More: for each node with node.target is BN_EVAL: conv = node.args[0] must be aten.convolution.default with len(conv.users) == 1; every user of the BN must be operator.getitem with index 0 (exactly one); every source in (conv.args[1], conv.args[2], *node.args[1:5]) that is not None must have .op == 'placeholder'
     # BEGIN SOLUTION
     for bn in gm.graph.nodes:
         if bn.op != "call_function" or bn.target is not BN_EVAL:
@@ -190,7 +190,7 @@ def fusion_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], optio
     entry = GraphReport(len(reports), str(gm.meta.get("dynamo_compile_id", "?")), ops)
     reports.append(entry)
 
-    # TODO(human): lower the Dynamo graph through AOTAutograd with one compiler per aten graph kind. Hint: aot.lower_with_aot takes inference_compiler, fw_compiler, bw_compiler and decompositions; keep BN_EVAL whole when folding. More: make each compiler a lambda (g, ex) -> compile_aten_graph(g, ex, kind, entry, opts) with kind "inference", "forward", "backward"; decompositions=aot.inductor_decompositions(keep=[BN_EVAL] if opts.fold_bn else []); if lowering raises, set entry.error and return gm.forward (the Dynamo graph runs as it is)
+    # TODO(human): lower the Dynamo graph through AOTAutograd with one compiler per aten graph kind. Hint: aot.lower_with_aot takes inference_compiler, fw_compiler, bw_compiler and decompositions; keep BN_EVAL whole when folding. More: make each compiler a lambda (g, ex) -> compile_aten_graph(g, ex, kind, entry, opts) with kind 'inference', 'forward', 'backward'; decompositions=aot.inductor_decompositions(keep=[BN_EVAL] if opts.fold_bn else []); if lowering raises, set entry.error and return gm.forward (the Dynamo graph runs as it is)
     # BEGIN SOLUTION
     def compiler(kind: str):
         return lambda g, ex: compile_aten_graph(g, ex, kind, entry, opts)
@@ -271,6 +271,8 @@ def _compare(title: str, model: nn.Module, inputs: tuple, *, inductor: bool, sho
     headers = ["backend", "graphs", "generated kernels", "library calls", "rel. max |Δ|"]
     headers += ["CUDA kernels / call", "µs / call (wall)"] if want.is_cuda else []
     print(f"\n{table(rows, headers)}")
+    if not want.is_cuda:
+        print("(on a CPU Inductor generates C++/OpenMP loops, not Triton: its count is of those loops)")
 
 
 def run(quick: bool = False) -> None:
@@ -292,6 +294,7 @@ def run(quick: bool = False) -> None:
     print(f"torch._dynamo.explain: {explanation.graph_count} graphs, {explanation.graph_break_count} break(s):")
     for b in explanation.break_reasons:
         print(f"  {str(b.reason).splitlines()[0][:110]}")
+    print("(Dynamo's words for: a Python `if` on a tensor's value; the second graph starts after the branch)")
     _compare(
         "DataDependentBlock: both graphs go through our backend", model, (x,), inductor=not quick, show_kernel=True
     )

@@ -116,6 +116,8 @@ def register_once(name: str, module: str, attr: str) -> None:
 
     Dynamo's registry refuses a second registration under one name, and a re-imported module defines a new
     function; so what is registered is a small trampoline that looks the function up when Dynamo calls it.
+    An unsolved exercise (``NotImplementedError("TODO(human) ...")``) comes out of the compiled call unwrapped,
+    so the practice tooling and ``fusion.main`` recognise it.
     """
     import importlib
 
@@ -125,7 +127,17 @@ def register_once(name: str, module: str, attr: str) -> None:
         return
 
     def backend(gm, example_inputs, **kwargs):
-        return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
+        try:
+            return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
+        except NotImplementedError as e:  # an unsolved TODO(human) in a practice workspace: raise it as it is when
+            if not str(e).startswith("TODO(human)"):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
+                raise
+            todo = e
+
+            def unsolved(*args, **kwargs):
+                raise todo
+
+            return unsolved
 
     backend.__name__ = attr
     register_backend(backend, name=name)
