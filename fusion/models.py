@@ -435,3 +435,37 @@ def mobilenet_v2_block(channels: int = 32, seed: int = SEED) -> nn.Module:
         torch.manual_seed(seed)
         block = InvertedResidual(channels, channels, 1, 6)
     return randomize_batchnorm_(block, seed).eval()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 7: what "the same value" means, and elementwise siblings
+
+
+class InPlaceBetweenSiblings(nn.Module):
+    """``a(x)``, then ``x.add_(1)``, then ``b(x)``: one node, two values, so ``a`` and ``b`` must not merge."""
+
+    @_private_rng
+    def __init__(self, d: int = 4, seed: int = SEED):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
+        x = x.clone()
+        h = self.a(x)  # reads x
+        x.add_(1)  # the same node now holds another value
+        return h + self.b(x)  # reads x + 1
+
+
+class PointwiseSiblings(nn.Module):
+    """``h = x * s``, then two pointwise consumers of ``h`` (relu, sigmoid): elementwise siblings."""
+
+    @_private_rng
+    def __init__(self, d: int = 64, seed: int = SEED):
+        super().__init__()
+        self.s = nn.Parameter(torch.empty(d))
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # x: (..., d)
+        h = x * self.s
+        return torch.relu(h), torch.sigmoid(h)
