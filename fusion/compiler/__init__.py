@@ -7,6 +7,8 @@
   epilogue.
 * :mod:`fusion.compiler.report` — what the backend did to each graph: regions, generated kernels, library calls,
   fallbacks with reasons, graph breaks, printed as tables.
+* :mod:`fusion.compiler.end_to_end` — the GPU rows: eager vs ``backend="fusion"`` vs ``backend="inductor"`` on
+  ResNet-18/50 and a transformer block (``uv run python -m fusion.compiler.end_to_end``).
 
 Dependencies point from the lesson to here, never back: the fold math (Phase 5) and the code generator (Phase 8)
 are passed in by ``fusion.backend``.
