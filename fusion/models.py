@@ -469,3 +469,21 @@ class PointwiseSiblings(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # x: (..., d)
         h = x * self.s
         return torch.relu(h), torch.sigmoid(h)
+
+
+class QKVProjections(nn.Module):
+    """Just the Q, K and V projections of attention, returned as they are: Phase 4's horizontal-fusion workload
+    (x (tokens, d) -> three (tokens, d) outputs; a launch-bound decode size and a compute-bound prefill size)."""
+
+    @_private_rng
+    def __init__(self, d_model: int = 32, seed: int = SEED):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(d_model, d_model) for _ in range(3))
+        _seeded(self, seed)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: (..., d)
+        return self.q(x), self.k(x), self.v(x)  # 3 x (..., d)
+
+
+def qkv_inputs(tokens: int = 32, d_model: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
+    return (_randn(tokens, d_model, seed=seed),)
