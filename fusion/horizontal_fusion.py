@@ -42,7 +42,6 @@ concatenate → one op → split); its scheduler's ``can_fuse_horizontal`` merge
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import pairwise
@@ -65,6 +64,7 @@ from fusion.common import (
     report_of,
     table,
 )
+from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
 MERGEABLE = (nn.Linear, nn.Conv2d)
 
@@ -91,7 +91,9 @@ def sibling_refusal(module: nn.Module) -> str | None:
     if isinstance(module.weight, nn.parameter.UninitializedParameter):
         return f"{kind} is not initialised yet: run one forward pass first"
     base = next(b for b in MERGEABLE if isinstance(module, b))
-    overridden = [m for m in ("forward", "_conv_forward") if getattr(type(module), m, None) is not getattr(base, m, None)]
+    overridden = [
+        m for m in ("forward", "_conv_forward") if getattr(type(module), m, None) is not getattr(base, m, None)
+    ]
     if overridden:
         return f"{kind} overrides {base.__name__}.{overridden[0]}: the merged module would not compute what it does"
     if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
@@ -191,12 +193,12 @@ def same_value_runs(nodes: list[fx.Node], facts: GraphFacts) -> list[list[fx.Nod
     return runs
 
 
-def slice_plan(node: fx.Node, facts: GraphFacts) -> tuple[str | None, list[fx.Node]]:
+def slice_plan(node: fx.Node, facts: GraphFacts, clone_outputs: bool = True) -> tuple[str | None, list[fx.Node]]:
     """How a sibling's output may be handed out as a view of the merged output: (why it needs its own copy, or
     None; the ``.view`` calls on it, which become ``.reshape``)."""
     aliases = [n for n, r in facts.roots.items() if node in r]  # node itself and everything that may share its memory
     for n in aliases:
-        if any(u.op == "output" for u in n.users):
+        if clone_outputs and any(u.op == "output" for u in n.users):
             return "it is returned: the caller gets a tensor of its own, as before", []
     for w, touched in facts.writes:
         if node in touched:
@@ -329,15 +331,19 @@ def _merged_name(gm: fx.GraphModule, targets: list[str]) -> str:
     return name
 
 
-def fuse_horizontal(model: nn.Module) -> fx.GraphModule:
+def fuse_horizontal(model: nn.Module, *, clone_outputs: bool = True) -> fx.GraphModule:
     """Merge every group of >= 2 sibling ``nn.Linear`` (or ``nn.Conv2d``) calls that read the same value into one wide
     module followed by a slice per sibling. Never mutates ``model``; ``report_of(gm)`` lists every Linear/Conv2d
-    call: merged (with its group) or skipped (with why)."""
+    call: merged (with its group) or skipped (with why).
+
+    ``clone_outputs=False`` returns siblings that are graph outputs as views of the merged output (no copy, e.g.
+    for a benchmark of Q/K/V projections): same values, but the caller must not modify them in place under autograd.
+    """
     gm = copy_to_graph_module(model, what="fuse_horizontal")
     facts = graph_facts(gm)
     report = FusionReport("fuse_horizontal")
     groups = group_siblings(gm, facts, report)
-    plans = [{n: slice_plan(n, facts) for n in nodes} for nodes in groups]  # on the untouched graph, all first
+    plans = [{n: slice_plan(n, facts, clone_outputs) for n in nodes} for nodes in groups]  # on the untouched graph
     for nodes, plan in zip(groups, plans, strict=True):
         targets = list(dict.fromkeys(n.target for n in nodes))  # distinct modules, in order of first call
         mods = [facts.modules[t] for t in targets]
@@ -349,7 +355,7 @@ def fuse_horizontal(model: nn.Module) -> fx.GraphModule:
             start += m.weight.shape[0]
         copies = {n for n, (why, _) in plan.items() if why}
         rewire_group(gm.graph, nodes, name, slices, -1 if isinstance(mods[0], nn.Linear) else -3, copies)
-        for n, (why, views) in plan.items():
+        for why, views in plan.values():
             for view in [] if why else views:
                 view.target = {"view": "reshape", "view_as": "reshape_as"}[view.target]
         widths = "+".join(str(slices[t][1]) for t in targets)
@@ -358,38 +364,14 @@ def fuse_horizontal(model: nn.Module) -> fx.GraphModule:
         reason = f"widths {widths} = {start}" + (f"; {notes}" if notes else "")
         reason += f"; {', '.join(reshaped)}: view -> reshape" if reshaped else ""
         report.fuse(type(mods[0]).__name__, [n.name for n in nodes], replacement=name, reason=reason)
+    position = {n.name: i for n, i in facts.order.items()}
+    report.decisions.sort(key=lambda d: min(position[name] for name in d.nodes))  # the report in graph order
     finish_rewrite(gm)
     return attach_report(gm, report)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The lesson
-
-
-class InPlaceBetween(nn.Module):
-    """``a(x)``, then ``x.add_(1)``, then ``b(x)``: one node, two values. The pass must not merge ``a`` and ``b``."""
-
-    def __init__(self, d: int = 4):
-        super().__init__()
-        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        h = self.a(x)
-        x.add_(1)
-        return h + self.b(x)
-
-
-class PointwiseSiblings(nn.Module):
-    """``h = x * s``, then two pointwise consumers of ``h``: elementwise siblings."""
-
-    def __init__(self, d: int = 64):
-        super().__init__()
-        self.s = nn.Parameter(torch.linspace(0.5, 1.5, d))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x * self.s
-        return torch.relu(h), torch.sigmoid(h)
 
 
 def _show(title: str, model: nn.Module, inputs: tuple[torch.Tensor, ...], grad: bool = True) -> fx.GraphModule:
@@ -436,8 +418,10 @@ def run(quick: bool = False) -> None:
     print(gm.code.strip())
     print("\nThe merged Linear owns new parameters (cat of q, k, v); the caller's q, k, v are untouched.")
 
-    _show("Inception block: three 1x1 convs merge; the 3x3 and the pooled branch cannot", *_inception())
-    _show("An in-place op between two siblings: same node, two values", InPlaceBetween(), (torch.randn(2, 4),), grad=False)
+    inception = "Inception block: three 1x1 convs merge; the 3x3 and the pooled branch cannot"
+    _show(inception, models.InceptionBlock(), models.inception_inputs())
+    inplace = "An in-place op between two siblings: same node, two values"
+    _show(inplace, models.InPlaceBetweenSiblings(), (torch.randn(2, 4),), grad=False)
 
     heading("What the merged GEMM saves (bf16, computed from the shapes; Phase 4 times it on a GPU)", "-")
     rows = qkv_cost_rows(32, 1024) + qkv_cost_rows(8192 if not quick else 2048, 1024)
@@ -448,20 +432,18 @@ def run(quick: bool = False) -> None:
     print("change. And a sibling that needs a contiguous copy (report: 'cloned') pays back part of what was saved.")
 
     heading("Elementwise siblings on the aten graph (Phase 6 regions)", "-")
-    from fusion.regions import build_fusion_regions, capture_aten, unique_regions
-
     x = torch.randn(64 if quick else 256, 64)
-    aten_gm = capture_aten(PointwiseSiblings(), (x,))
+    aten_gm = capture_aten(models.PointwiseSiblings(), (x,))
     regions = unique_regions(build_fusion_regions(aten_gm))
     for r in regions:
         outs = [n.name for n in r.external_outputs]
         print(f"region {r.index}: {r.summary()}  outputs: {', '.join(outs)}")
-        print(f"  fused {r.total_bytes} bytes vs unfused {r.unfused_bytes} bytes: h is never written, x read once")
-    print("relu(h) and sigmoid(h) read one h: they join h's producer (x * s) in one region with two outputs.")
-
-
-def _inception() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    return models.InceptionBlock(), models.inception_inputs()
+        saved = 1 - r.total_bytes / r.unfused_bytes
+        print(f"  fused {r.total_bytes} bytes vs unfused {r.unfused_bytes} bytes ({saved:.0%} less traffic)")
+    print("relu(h) and sigmoid(h) read one h: they join h's producer (x * s) in one kernel with two outputs, so h")
+    print("is never written to memory nor read back twice. Phase 6 joins siblings only through a producer in the")
+    print("same span: two pointwise consumers of a matmul output or of a graph input stay two kernels there;")
+    print("Inductor's scheduler also merges kernels that merely share reads (can_fuse_horizontal).")
 
 
 def main(argv: list[str] | None = None) -> int:

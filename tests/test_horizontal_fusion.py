@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fusion import models
 from fusion.common import report_of
-from fusion.horizontal_fusion import InPlaceBetween, PointwiseSiblings, fuse_horizontal, main, merge_modules, run
+from fusion.horizontal_fusion import fuse_horizontal, main, merge_modules, run
 
 pytestmark = pytest.mark.phase7
 
@@ -95,7 +95,9 @@ class Siblings(nn.Module):
 
 
 orders = st.integers(2, 5).flatmap(
-    lambda n: st.tuples(st.just(n), st.permutations(range(n)), st.permutations(range(n)), st.sets(st.integers(0, n - 1)))
+    lambda n: st.tuples(
+        st.just(n), st.permutations(range(n)), st.permutations(range(n)), st.sets(st.integers(0, n - 1))
+    )
 )
 
 
@@ -295,9 +297,7 @@ def _odd(kind: str, case: str, calls: list) -> nn.Module:
 
 
 REFUSALS = ["forward hook", "forward pre-hook", "backward hook", "subclass", "lazy", "parametrized", "frozen"]
-CASES = [("Linear", c) for c in REFUSALS] + [
-    ("Conv2d", c) for c in [*REFUSALS, "conv_forward subclass", "grouped"]
-]
+CASES = [("Linear", c) for c in REFUSALS] + [("Conv2d", c) for c in [*REFUSALS, "conv_forward subclass", "grouped"]]
 RUN_CASES = [c for c in CASES if c[1] != "lazy"]  # a lazy module would infer its shape on the first call
 
 
@@ -324,7 +324,9 @@ def test_refused_sibling_stays_alone(kind, case):
 
 
 def test_a_user_subclass_is_traced_through_and_its_siblings_merge():
-    model = SumOfSiblings([_linear(4, 2, seed=0), _seeded(DoubleForwardLinear(4, 3).double(), 1), _linear(4, 1, seed=2)])
+    model = SumOfSiblings(
+        [_linear(4, 2, seed=0), _seeded(DoubleForwardLinear(4, 3).double(), 1), _linear(4, 1, seed=2)]
+    )
     gm = fuse_horizontal(model)
     assert fused_groups(gm) == [{"mods_0", "mods_2"}]
     assert_exact(model, gm, _randn(3, 4))
@@ -419,7 +421,7 @@ def test_an_in_place_write_between_siblings_cuts_the_group(how, groups):
 
 
 def test_graph_with_in_place_op_between_siblings_runs_the_lesson_model():
-    model = InPlaceBetween()
+    model = models.InPlaceBetweenSiblings()
     gm = fuse_horizontal(model)
     assert fused_groups(gm) == []
     assert {"a", "b"} <= skipped_nodes(gm)
@@ -529,8 +531,9 @@ def test_one_module_called_twice_shares_one_slice_in_a_group():
 
 def test_torchvision_googlenet_inception_branches_merge():
     torchvision = pytest.importorskip("torchvision")
-    net = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=False).eval().double()
-    _seeded(net, 0)
+    with torch.random.fork_rng(devices=[]):  # torchvision's default (random) init; no weights are downloaded
+        torch.manual_seed(0)
+        net = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=False).eval().double()
     gm = fuse_horizontal(net)
     groups = fused_groups(gm)
     assert len(groups) == 9  # one per Inception block: branch1, branch2[0], branch3[0] 1x1 convs read its input
@@ -544,7 +547,7 @@ def test_torchvision_googlenet_inception_branches_merge():
 def test_elementwise_siblings_share_one_region_with_two_outputs():
     from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
-    (region,) = unique_regions(build_fusion_regions(capture_aten(PointwiseSiblings(), (torch.randn(8, 64),))))
+    (region,) = unique_regions(build_fusion_regions(capture_aten(models.PointwiseSiblings(), (torch.randn(8, 64),))))
     assert len(region.external_outputs) == 2
     assert region.total_bytes < region.unfused_bytes
 
@@ -559,3 +562,15 @@ def test_lesson_runs(capsys):
     out = capsys.readouterr().out
     assert "q_k_v" in out and "fused" in out
     assert main(["--quick"]) == 0
+
+
+@pytest.mark.parametrize("clone_outputs", [True, False])
+def test_returned_siblings_are_copies_unless_asked_for_views(clone_outputs):
+    model = models.QKVProjections().double()
+    gm = fuse_horizontal(model, clone_outputs=clone_outputs)
+    assert fused_groups(gm) == [{"q", "k", "v"}]
+    (x,) = (t.double() for t in models.qkv_inputs())
+    outs = gm(x)
+    for out, ref in zip(outs, model(x), strict=True):
+        torch.testing.assert_close(out, ref)
+        assert (out._base is None) == clone_outputs  # views of the merged output only when asked for
