@@ -44,7 +44,9 @@ def inductor_decompositions(keep: Iterable[torch._ops.OpOverload] = ()) -> dict:
         from torch._decomp import core_aten_decompositions
 
         table = dict(core_aten_decompositions())
-    for op in keep:
+    # Inductor decomposes max-pool into window loads that only its own lowering can fuse (and the decomposition
+    # reaches into torch._inductor.lowering, which costs ~10 s to import): for us it stays one library call.
+    for op in (*keep, aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default):
         table.pop(op, None)
     return table
 

@@ -123,7 +123,7 @@ def summary(reports: Sequence[GraphReport]) -> str:
                 r.index,
                 r.compile_id,
                 r.dynamo_ops,
-                "+".join(p.kind for p in r.parts) or "-",
+                "not lowered: see its table" if r.error else "+".join(p.kind for p in r.parts) or "-",
                 sum(p.regions for p in r.parts),
                 len(r.kernels),
                 sum(sum(p.library_calls.values()) for p in r.parts),
