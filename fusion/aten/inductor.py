@@ -83,9 +83,9 @@ def compare_with_inductor(
     # Union the two families of regions into groups of overlapping regions (small: a handful per model).
     groups: list[tuple[set[int], set[int]]] = []  # (our indices, their indices)
     owner: dict[fx.Node, int] = {}
-    for r in ours:
+    for i, r in enumerate(ours):  # by position, not r.index: a region built by hand may leave index at -1
         gid = len(groups)
-        groups.append(({r.index}, set()))
+        groups.append(({i}, set()))
         for n in r.nodes:
             owner[n] = gid
     for s in theirs:

@@ -21,11 +21,11 @@ def fmt_bytes(n: int) -> str:
 def region_table(region_of: dict, bandwidth: float) -> str:
     """One row per region: its ops, external inputs/outputs, fused vs unfused bytes and predicted µs."""
     rows = []
-    for r in unique_regions(region_of):
+    for i, r in enumerate(unique_regions(region_of)):
         saved = 1 - r.total_bytes / r.unfused_bytes if r.unfused_bytes else 0.0
         rows.append(
             (
-                f"#{r.index}",
+                f"#{i}",
                 r.summary(48),
                 len(r.external_inputs),
                 len(r.external_outputs),
