@@ -487,3 +487,23 @@ class QKVProjections(nn.Module):
 
 def qkv_inputs(tokens: int = 32, d_model: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
     return (_randn(tokens, d_model, seed=seed),)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Phase 5: a conv shared between two call sites
+
+
+class SharedConvNet(nn.Module):
+    """One conv called at two sites, each followed by its own BatchNorm: ``bn1(conv(x)) + bn2(conv(x))``.
+    ``torch.fx.experimental.optimization.fuse`` edits the shared conv in place (pytorch issue 104593)."""
+
+    @_private_rng
+    def __init__(self, ch: int = 4, seed: int = SEED):
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, padding=1)
+        self.bn1, self.bn2 = nn.BatchNorm2d(ch), nn.BatchNorm2d(ch)
+        _seeded(self, seed)
+        randomize_batchnorm_(self, seed)  # bn1 and bn2 get different statistics
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, ch, H, W)
+        return self.bn1(self.conv(x)) + self.bn2(self.conv(x))
