@@ -92,7 +92,7 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     'tmp0 * 2.0'
     """
     packet, bound = node.target.overloadpacket, _bind(node)
-    # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum: tl.where((a > b) | (a != a), a, b)); sigmoid is 1/(1+exp(-x)) and tanh 2*sigmoid(2x)-1 (tl.sigmoid is a @jit helper the interpreter cannot call, and there is no portable tl.tanh); pow(x, 2.0) is x*x, a general exponent tl.exp(tl.log(x) * e); raise Unsupported(reason) for anything else
+    # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum: tl.where(a != a, a, tl.where(a > b, a, b)); no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) and tanh 2*sigmoid(2x)-1 (tl.sigmoid is a @jit helper the interpreter cannot call, and there is no portable tl.tanh); pow(x, 2.0) is x*x, a general exponent tl.exp(tl.log(x) * e); raise Unsupported(reason) for anything else
     # BEGIN SOLUTION
     a = args
     table_ = {
@@ -100,9 +100,9 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
         aten.abs: "tl.abs({0})", aten.exp: "tl.exp({0})", aten.log: "tl.log({0})", aten.sqrt: "tl.sqrt({0})",
         aten.rsqrt: "tl.rsqrt({0})", aten.sigmoid: "1.0 / (1.0 + tl.exp(-{0}))", aten.erf: "tl.erf({0})",
         aten.tanh: "2.0 / (1.0 + tl.exp(-2.0 * {0})) - 1.0", aten.reciprocal: "1.0 / {0}",
-        aten.relu: "tl.where({0} > 0, {0}, 0)", aten.where: "tl.where({0}, {1}, {2})",
-        aten.maximum: "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
-        aten.minimum: "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+        aten.relu: "tl.where({0} < 0, 0, {0})", aten.where: "tl.where({0}, {1}, {2})",
+        aten.maximum: "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
+        aten.minimum: "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))",
         aten.eq: "{0} == {1}", aten.ne: "{0} != {1}", aten.lt: "{0} < {1}", aten.le: "{0} <= {1}",
         aten.gt: "{0} > {1}", aten.ge: "{0} >= {1}", aten.clone: "{0}", aten.alias: "{0}",
         aten.logical_not: "{0} == 0",
@@ -276,10 +276,14 @@ class KernelWriter:
         self.lines.append(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
         return name, dtype
 
-    def mask_for(self, offset: str) -> str:
+    def address(self, ptr: str, offset: str) -> str:
+        """``ptr + (offset), mask`` for tl.load/tl.store: masked where the offset moves with the lanes."""
+        lanes = self.index[-self.nred :] if self.reduction else self.index
+        if any(v in offset for v in lanes if v != "0"):
+            return f"{ptr} + ({offset}), {'rmask' if self.reduction else 'xmask'}"
         if self.reduction:
-            return ", rmask" if any(v in offset for v in self.index[-self.nred :] if v != "0") else ""
-        return ", xmask" if any(v in offset for v in self.index if v != "0") else ""
+            return f"{ptr} + ({offset})"  # one scalar per row
+        return f"{ptr} + ({offset}) + 0 * xindex, xmask"  # the same element in every lane: a vector, not a scalar
 
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
         """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
@@ -292,14 +296,14 @@ class KernelWriter:
 
     def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
         val = node.meta.get("val")
-        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast is .to(), a reduction goes to self.reduce, any other op computes pointwise_expr over its operands read at broadcast_index. Hint: self.emit(expr, dtype, comment) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; operands of an arithmetic op are cast to compute_dtype(val.dtype) first. More: the load is f'tl.load({ptr} + ({offset_expr(index, val.stride())}){self.mask_for(offset)})'; give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; comparisons cast both sides to their promoted dtype; a cast to half/bf16 rounds (.to(tl.float16).to(tl.float32))
+        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast is .to(), a reduction goes to self.reduce, any other op computes pointwise_expr over its operands read at broadcast_index. Hint: self.emit(expr, dtype, comment) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; operands of an arithmetic op are cast to compute_dtype(val.dtype) first. More: the load is f'tl.load({self.address(ptr, offset_expr(index, val.stride()))})'; give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; comparisons cast both sides to their promoted dtype; a cast to half/bf16 rounds (.to(tl.float16).to(tl.float32))
         # BEGIN SOLUTION
         if node not in self.members:  # an external input: one load per distinct index
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
             ptr = self.inputs.setdefault(node, f"in_ptr{len(self.inputs)}")
             offset = offset_expr(index, val.stride())  # the pointer already points at the first element
-            load = f"tl.load({ptr} + ({offset}){self.mask_for(offset)})"
+            load = f"tl.load({self.address(ptr, offset)})"
             ct = compute_dtype(val.dtype)
             return self.emit(load if ct == val.dtype else f"{load}.to({tl_dtype(ct)})", ct, node.name)
         if node.target is operator.getitem:
@@ -365,10 +369,9 @@ class KernelWriter:
             idx = broadcast_index(own, val.shape)
             src, dt = self.value(node, idx)
             offset = offset_expr(idx, val.stride())
-            if not self.reduction and not self.mask_for(offset):
-                offset = f"{offset} + 0 * xindex"  # a scalar output: one pointer per lane, all equal
             cast = "" if dt == val.dtype else f".to({tl_dtype(val.dtype)})"
-            stores.append(f"tl.store(out_ptr{i} + ({offset}), {src}{cast}{self.mask_for(offset)})  # {node.name}")
+            ptr, _, mask = self.address(f"out_ptr{i}", offset).partition(", ")
+            stores.append(f"tl.store({', '.join(filter(None, (ptr, src + cast, mask)))})  # {node.name}")
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
         block = "RBLOCK" if self.reduction else "XBLOCK"
         head = [f"def {name}({', '.join(ptrs)}, {block}: tl.constexpr):"]
@@ -396,7 +399,7 @@ class KernelWriter:
 
 _COMBINE = [
     "@triton.jit", "def _add(a, b):", "    return a + b", "", "",
-    "@triton.jit", "def _maximum(a, b):", "    return tl.where((a > b) | (a != a), a, b)", "",
+    "@triton.jit", "def _maximum(a, b):", "    return tl.where(a != a, a, tl.where(a > b, a, b))", "",
 ]  # fmt: skip
 
 

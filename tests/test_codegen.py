@@ -1,0 +1,301 @@
+"""Phase 8: generated Triton kernels (CPU tensors through Triton's interpreter) against eager PyTorch."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusion import models
+from fusion.codegen import (
+    broadcast_index,
+    compile_graph,
+    compile_regions,
+    offset_expr,
+    split_index,
+)
+from fusion.kernels import triton_runtime as rt
+from fusion.regions import aten_inputs, capture_aten
+
+pytestmark = [
+    pytest.mark.phase8,
+    pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed"),
+]
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _rand(shape, seed, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def check(fn, *inputs, kernels=None, atol=None, rtol=None):
+    """compile_regions(fn) on ``inputs`` equals fn(*inputs); returns the compiled module."""
+    model = Fn(fn)
+    compiled = compile_regions(model, inputs)
+    got, want = compiled(*inputs), fn(*inputs)
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+    if kernels is not None:
+        assert compiled.num_kernels == kernels, (compiled.report.table(), [k.source for k in compiled.kernels])
+    return compiled
+
+
+# Shapes: 1–3 dims, odd sizes; the second operand broadcasts (dims dropped from the left, dims set to 1).
+dims = st.lists(st.integers(1, 9), min_size=1, max_size=3)
+
+
+@st.composite
+def broadcast_pair(draw):
+    shape = draw(dims)
+    keep = draw(st.integers(0, len(shape)))
+    other = [1 if draw(st.booleans()) else s for s in shape[len(shape) - keep :]]
+    return tuple(shape), tuple(other)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Indexing, the learner's second region
+
+
+@given(st.lists(st.integers(1, 7), min_size=0, max_size=4))
+def test_split_index_recovers_every_coordinate(shape):
+    parts = split_index("xindex", shape)
+    assert len(parts) == len(shape)
+    for flat, coord in enumerate(itertools.product(*(range(s) for s in shape))):
+        env = {"xindex": flat}
+        got = tuple(eval(expr, {}, env) for _, expr in parts)
+        assert got == coord
+
+
+def test_split_index_names_and_broadcast():
+    names = [v for v, _ in split_index("xindex", (8, 1, 64))]
+    assert names == ["x1", "0", "x0"]
+    assert broadcast_index(["x2", "x1", "x0"], (5, 1)) == ["x1", "0"]
+    assert broadcast_index(["x1", "x0"], ()) == []
+    assert eval(offset_expr(["x1", "x0"], (1, 64)), {}, {"x1": 3, "x0": 2}) == 3 + 128
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Every supported pointwise op against eager, in one multi-output region per drawn shape
+
+
+def unary_ops(x):
+    x = x * 1.0  # every op below reads this member: all of them are one region, one kernel with many outputs
+    a = x.abs() + 0.5
+    return (
+        -x, x.abs(), torch.relu(x), torch.exp(x), torch.log(a), torch.sqrt(a), torch.rsqrt(a), torch.sigmoid(x),
+        torch.tanh(x), torch.erf(x), F.gelu(x), x.pow(2), x.pow(3), a.pow(0.5), a.pow(1.7), a.pow(-1), x.clamp(-0.5, 0.7),
+        x.clamp(min=0.1), x.clamp(max=-0.1), x * 2.5 + 1, 3 - x, x / 4, torch.where(x > 0, x, 0.1 * x),
+        x.half().float(), x.to(torch.int32), x.to(torch.bool), torch.reciprocal(a), F.silu(x), F.hardtanh(x),
+    )  # fmt: skip
+
+
+def binary_ops(x, y):
+    x, y = x * 1.0, y + 0.0
+    return (
+        x + y, x - y, x * y, x / (y.abs() + 0.5), torch.maximum(x, y), torch.minimum(x, y), torch.add(x, y, alpha=2),
+        x == y, x != y, x < y, x <= y, x > y, x >= y, torch.where(x > y, x, y),
+    )  # fmt: skip
+
+
+@given(shape=dims, seed=st.integers(0, 2**16))
+def test_unary_ops_match_eager(shape, seed):
+    x = _rand(shape, seed)
+    check(unary_ops, x, kernels=1)
+
+
+@given(pair=broadcast_pair(), seed=st.integers(0, 2**16))
+def test_binary_ops_broadcast_match_eager(pair, seed):
+    x, y = _rand(pair[0], seed), _rand(pair[1], seed + 1)
+    y.reshape(-1)[:1] = x.reshape(-1)[0]  # some equal elements, so == and <= see both answers
+    check(binary_ops, x, y, kernels=1)
+    check(lambda x, y: binary_ops(y, x), x, y, kernels=1)  # the broadcast operand first
+
+
+def test_nan_and_inf_propagate_like_torch():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 2.0])
+    check(lambda x: (torch.relu(x) * 1.0, torch.maximum(x, x * 0.5), x.clamp(-1, 1) + 0.0, torch.sigmoid(x)), x)
+
+
+def test_broadcast_is_index_arithmetic_not_a_copy():
+    c = check(lambda x, b: torch.relu(x * b + 1.0), _rand((6, 5), 0), _rand((5,), 1), kernels=1)
+    src = c.kernels[0].source
+    assert "% 5" in src and "xmask" in src
+    assert "expand" not in src
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# dtypes and memory layouts
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_computed_in_float32_stored_in_their_dtype(dtype):
+    m = models.ElementwiseChain(d=24).to(dtype)
+    (x,) = models.elementwise_inputs(batch=7, d=24)
+    x = x.to(dtype)
+    c = compile_regions(m, (x,))
+    with torch.no_grad():
+        got, want = c(x), m(x)
+        ref = m.float()(x.float()).to(dtype)  # computed in float32, rounded once
+    assert got.dtype == dtype
+    assert ".to(tl.float32)" in c.kernels[0].source
+    torch.testing.assert_close(got, ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_float64_is_exact():
+    x, b = _rand((5, 7), 0, torch.float64), _rand((7,), 1, torch.float64)
+    check(lambda x, b: (x * b + b) * 2.0 - x, x, b, kernels=1, atol=0, rtol=0)
+
+
+@given(shape=st.tuples(st.integers(1, 9), st.integers(2, 9)), seed=st.integers(0, 2**16))
+def test_non_contiguous_inputs(shape, seed):
+    base = _rand((shape[1], shape[0] * 2), seed)
+    xt = base.t()[::2]  # transposed and strided: (shape[0], shape[1])
+    y = _rand(shape, seed + 1)
+    assert not xt.is_contiguous()
+    check(lambda a, b: torch.relu(a * 2.0 + b) - a, xt, y, kernels=1)
+
+
+def test_views_inside_a_region_and_escaping_views():
+    x = _rand((4, 6), 0)
+    c = check(lambda x: ((x * 2.0).t() + 1.0).relu().reshape(3, 8) * 3.0, x, kernels=1)
+    assert c.num_kernels == 1
+    check(lambda x: ((x + 1.0) * 2.0).t(), x, kernels=1)  # the region's output is a view of a member
+    check(lambda x, b: (x * b.unsqueeze(1)).exp() + 1.0, _rand((3, 5), 1), _rand((3,), 2), kernels=1)
+
+
+def test_a_call_with_other_shapes_is_a_clear_error():
+    x = _rand((4, 6), 0)
+    c = compile_regions(Fn(lambda x: torch.relu(x * 2.0)), (x,))
+    with pytest.raises(ValueError, match="generated for"):
+        c(_rand((5, 6), 0))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Several outputs, matmul boundaries, fallbacks
+
+
+def test_two_outputs_one_kernel():
+    x = _rand((5, 7), 0)
+
+    def siblings(x):
+        h = x * 2.0  # read by two consumers: sibling outputs of one kernel (horizontal fusion at the kernel level)
+        return torch.relu(h), h + 1.0
+
+    c = check(siblings, x, kernels=1)
+    assert c.kernels[0].source.count("tl.store") == 2
+    c = check(lambda x: (lambda h: (h, torch.sigmoid(h)))(x * 2.0 + 1.0), x, kernels=1)  # a member used inside too
+    assert c.kernels[0].source.count("tl.store") == 2
+    assert c.library_calls == 0
+
+
+def test_matmul_between_two_chains_gives_two_kernels():
+    x, w = _rand((6, 5), 0), _rand((5, 3), 1)
+    c = check(lambda x, w: torch.sigmoid(torch.relu(x * 2.0 + 1.0) @ w) * 3.0 - 1.0, x, w, kernels=2)
+    assert c.library_calls == 1  # the mm
+    assert all(k.name.startswith("triton_poi_fused_") for k in c.kernels)
+    assert len({k.name for k in c.kernels}) == 2
+
+
+def test_unsupported_op_falls_back_with_a_reason():
+    x = _rand((4, 6), 0)
+    c = check(lambda x: (torch.sin(x * 2.0) + 1.0, torch.relu(x @ x.t()) * 3.0), x, kernels=1)
+    (skip,) = c.report.skipped
+    assert "sin" in skip.reason
+    c = check(lambda x: (x * 2.0).sum(0) + 1.0, x, kernels=0)  # a reduction over the first dimension
+    assert c.report.skipped and "dim" in c.report.skipped[0].reason
+
+
+def test_compile_graph_on_an_aten_graph():
+    m = models.ElementwiseChain(d=8)
+    (x,) = models.elementwise_inputs(batch=3, d=8)
+    gm = capture_aten(m, (x,))
+    flat = aten_inputs(m, (x,))
+    cg = compile_graph(gm, flat)
+    with torch.no_grad():
+        torch.testing.assert_close(cg(*flat), gm(*flat))
+    assert cg.num_kernels == 1 and cg.kernels[0].region.nodes[0].graph is gm.graph
+    assert "tl.store" in cg.kernels[0].source
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reductions over the last dimension(s)
+
+
+@given(rows=st.integers(1, 6), n=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_softmax_is_one_kernel(rows, n, seed):
+    x = _rand((rows, n), seed) * 4
+    check(lambda x: torch.softmax(x, dim=-1), x, kernels=1)
+
+
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 33)), seed=st.integers(0, 2**16))
+def test_layernorm_gelu_residual_is_one_kernel(shape, seed):
+    m = models.NormGELUResidual(d_model=shape[-1])
+    x = _rand(shape, seed)
+    c = compile_regions(m, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), atol=1e-5, rtol=1e-4)
+    assert c.num_kernels == 1 and c.kernels[0].name.startswith("triton_per_fused_")
+
+
+def test_reductions_sum_mean_amax_var_keepdim_or_not():
+    x = _rand((3, 4, 7), 0)
+    check(
+        lambda x: (
+            x.sum(-1), x.mean(-1, keepdim=True) * 2.0, x.amax(-1) + 1.0, torch.var(x, -1) * 1.0,
+            x - x.mean(-1, keepdim=True), (x * 2.0).sum((-1, -2)),
+        ),
+        x,
+    )  # fmt: skip
+    check(lambda x: torch.softmax(x.half() * 2.0, dim=-1), x, kernels=1, atol=1e-3, rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The course's models
+
+
+@pytest.mark.parametrize(
+    "name, make, inputs, kernels",
+    [
+        ("TinyNet", models.TinyNet, models.tiny_inputs, 1),
+        ("MLP", models.MLP, models.mlp_inputs, 1),
+        ("TransformerMLP", models.TransformerMLP, models.transformer_inputs, 2),
+        ("ElementwiseChain", models.ElementwiseChain, models.elementwise_inputs, 1),
+        ("ConvBNNet", lambda: models.ConvBNNet().eval(), lambda: models.conv_inputs(size=6), 3),
+        ("NormGELUResidual", models.NormGELUResidual, models.norm_inputs, 1),
+        ("ScaledSoftmax", models.ScaledSoftmax, models.norm_inputs, 1),
+    ],
+)
+def test_demo_models_equal_eager(name, make, inputs, kernels):
+    model, x = make(), inputs()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    c = compile_regions(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(c(*x), model(*x), atol=1e-5, rtol=1e-4)
+    assert c.num_kernels == kernels, c.report.table()
+    assert not c.report.skipped, c.report.table()
+    for k, v in model.state_dict().items():  # the caller's model is untouched
+        torch.testing.assert_close(v, before[k])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: Triton compiles for CUDA")
+def test_cuda_kernels_match_eager():
+    m = models.NormGELUResidual(d_model=1024).cuda().half()
+    x = _rand((4, 32, 1024), 0, torch.float16).cuda()
+    c = compile_regions(m, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), atol=2e-2, rtol=2e-2)
+    check(unary_ops, _rand((33, 70), 1).cuda(), kernels=1)
+    check(binary_ops, _rand((33, 70), 1).cuda(), _rand((70,), 2).cuda(), kernels=1)
