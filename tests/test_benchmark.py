@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import statistics
 import subprocess
 from pathlib import Path
@@ -110,14 +111,15 @@ def test_timing_interleaves_rounds_and_times_every_fn_every_round():
 
 def test_timing_reports_the_median_block():
     dev = FakeDevice()
+    rng = random.Random(0)
 
-    def costs():  # blocks of one call each (1-40 ms ≫ min_run_time / 1000): the block times cycle through these
+    def costs():  # random per call, so blocks of any number of calls differ from each other
         while True:
-            yield from (2e-3, 1e-3, 3e-3, 40e-3, 2e-3)
+            yield rng.choice((1e-3, 2e-3, 3e-3, 40e-3))
 
-    timing = _time(dev, {"a": dev.work("a", costs())}, rounds=2, warmup=0, min_run_time=0.05)["a"]
+    timing = _time(dev, {"a": dev.work("a", costs())}, rounds=3, warmup=0, min_run_time=0.05)["a"]
     ts = timing.times_s
-    assert len(set(round(t, 6) for t in ts)) > 2  # the blocks differ: median, mean and minimum all differ
+    assert len(set(round(t, 9) for t in ts)) > 2  # the blocks differ: median, mean and minimum all differ
     assert timing.median_s == pytest.approx(statistics.median(ts))
     assert timing.median_s != pytest.approx(statistics.mean(ts)) and timing.median_s != pytest.approx(min(ts))
 
@@ -385,8 +387,8 @@ def test_tiny_run_json_schema(tiny_json):
     assert r["peaks"]["flops_per_s"] > 0 and r["peaks"]["bytes_per_s"] > 0 and r["peaks"]["copy_times_s"]
     keys = [w["key"] for w in r["workloads"]]
     assert keys[: len(CORE)] == CORE
-    done = set(keys) | {s["workload"] for s in r["skipped"]}
-    assert set(NEW) <= done and "e2e_transformer" in {s["workload"] for s in r["skipped"]}  # CUDA only
+    assert set(NEW) <= set(keys) and "e2e_transformer" in keys  # untraceable: FLOPs from torch's FlopCounterMode
+    assert next(w for w in r["workloads"] if w["key"] == "e2e_transformer")["flops"] > 0
     assert r["targets"] == [] and r["errors"] == []  # the GPU targets are checked on CUDA only
 
 
@@ -490,7 +492,7 @@ def _cuda_like(result: dict) -> dict:
                 continue
             gpu_s = 0.6 * v["median_s"]
             v["gpu"] = {"gpu_s": gpu_s, "kernels_per_call": 3, "top": [{"name": long, "us_per_call": 1.0}] * 3}
-            v["overhead_s"], v["gpu_speedup"] = v["median_s"] - gpu_s, 1.1
+            v["overhead_s"], v["gpu_speedup"], v["gpu_vs_bound"] = v["median_s"] - gpu_s, 1.1, 12.345
             v["generated"] = [{"name": "triton_poi_fused_add_mul_relu_" + "x" * 60, "bytes": 10**6,
                                "predicted_s": 1e-6, "measured_s": 1.2e-6, "ratio": 1.2}]  # fmt: skip
     r["targets"] = R.check_targets(r)

@@ -272,8 +272,16 @@ def kernels_bound(costs: Sequence[NodeCost], bound_s: Callable[[int, int], float
 
 def flop_count(model: nn.Module, inputs: Sequence[torch.Tensor]) -> int:
     """FLOPs of one call by torch.utils.flop_counter (matmuls, convs, attention; elementwise ops count 0)."""
+    import contextlib
+
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    mha = getattr(torch.backends, "mha", None)
+    with contextlib.ExitStack() as stack:
+        if mha is not None and hasattr(mha, "set_fastpath_enabled"):  # the fused encoder op has no FLOP formula:
+            was = mha.get_fastpath_enabled()  # count the same math through the unfused path
+            mha.set_fastpath_enabled(False)
+            stack.callback(mha.set_fastpath_enabled, was)
+        counter = stack.enter_context(FlopCounterMode(display=False))
         model(*inputs)
     return int(counter.get_total_flops())

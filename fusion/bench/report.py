@@ -9,10 +9,17 @@ from __future__ import annotations
 import math
 import textwrap
 
-from fusion.common import heading, shorten, table
+from tabulate import tabulate
+
+from fusion.common import heading, shorten
 from fusion.conv_bn_fusion import CONV_PATHS
 
 WIDTH = 120  # no printed line is wider (a test checks)
+
+
+def table(rows, headers) -> str:
+    """A plain table of preformatted cells (no number parsing: columns stay as narrow as their text)."""
+    return tabulate(list(rows), headers, disable_numparse=True)
 
 
 def say(text: str, indent: str = "  ", hang: str = "      ") -> str:
@@ -151,7 +158,7 @@ def workloads_table(result: dict) -> str:
         )
         for w in result["workloads"]
     ]
-    headers = ["workload", "GFLOP", "min MB", "FLOP/byte", "bound by", "limit", "eager limit", "kernels", "interm. MB"]
+    headers = ["workload", "GFLOP", "min MB", "FLOP/B", "bound", "limit", "eager lim.", "kernels", "interm. MB"]
     return table(rows, headers)
 
 
@@ -211,15 +218,16 @@ How to read it
   vs eager      eager median / this median (measured). predicted: the roofline's bound for eager's kernels (one
                 per graph node, each paying its own bytes) / the same for this variant; for compiled or generated
                 code, whose kernels we do not count, the ideal of the whole workload in one kernel (an upper bound).
-  bound by      the workload's intensity (FLOPs / minimum bytes) against this machine's measured ridge point.
-  limit         max(FLOPs / peak FLOP/s, min bytes / peak bytes/s); eager limit: the same summed over eager's
+  FLOP/B, bound the workload's intensity (FLOPs / minimum bytes) against this machine's measured ridge point.
+  limit         max(FLOPs / peak FLOP/s, min bytes / peak bytes/s); eager lim.: the same summed over eager's
                 kernels (kernels: how many); % of limit = limit / median. Above 100%: the data stayed in cache.
   GB/s          effective bandwidth: the workload's *minimum* bytes / median: bytes that had to move.
   peak MB       bytes allocated during one call above what was resident (CUDA: the allocator's peak; CPU: the
                 running sum of the allocations and frees the dispatcher saw; '-' for compiled code on CPU).
   interm. MB    intermediate tensors the graph writes and reads back (ShapeProp); removed: eager's minus this.
   (!)           the output differs from eager beyond the dtype's tolerance: that row's speed is not a result.
-  GPU (CUDA)    torch.profiler's kernel time per call; wall − GPU is time the GPU waited for the CPU."""
+  GPU (CUDA)    torch.profiler's kernel time per call (× limit: over the workload's roofline limit); wall − GPU is
+                time the GPU waited for the CPU."""
 
 
 HOLDS_WITHIN = 1.15  # the roofline "holds" when measured and predicted speedups agree within 15%
@@ -298,9 +306,10 @@ def gpu_lines(result: dict) -> list[str]:
                 lines.append(say(f"{title} / {v['label']}: profiler failed: {gpu.get('error')}"))
                 continue
             over = max(v["median_s"] - gpu["gpu_s"], 0.0)
+            limit = f" = {v['gpu_vs_bound']:.2f}× limit" if v.get("gpu_vs_bound") else ""
             lines.append(
-                f"  {title:<26} {v['name']:<14} GPU {fmt_time(gpu['gpu_s']):>9} in {gpu['kernels_per_call']:>5.3g} "
-                f"kernels | wall − GPU {fmt_time(over):>9} ({100 * over / v['median_s']:.0f}% overhead)"
+                f"  {title:<26} {v['name']:<14} GPU {fmt_time(gpu['gpu_s']):>9}{limit} in "
+                f"{gpu['kernels_per_call']:.3g} kernels | wall − GPU {fmt_time(over)} ({100 * over / v['median_s']:.0f}%)"
             )
             top = ", ".join(f"{shorten(k['name'], 40)} {k['us_per_call']:.1f} µs" for k in gpu["top"][:3])
             if top:
@@ -324,7 +333,7 @@ def generated_table(result: dict) -> str:
                         _x(k["ratio"]),
                     )
                 )
-    return table(rows, ["workload", "generated kernel", "MB", "predicted", "measured (GPU)", "measured/pred."])
+    return table(rows, ["workload", "generated kernel", "MB", "predicted", "GPU time", "GPU/pred."])
 
 
 def kernel_path_lines(result: dict) -> list[str]:

@@ -107,6 +107,7 @@ SIZES: dict[str, Sizes] = {
         qkv_prefill=(16, 16),
         resnet=(1, 32),
         resnet18=(1, 32),
+        transformer=(1, 8, 32, 4),
         copy_numel=2**16,
         matmul_n=64,
         rounds=2,
