@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusion import backend, models
 from fusion.compiler import aten_passes
@@ -55,6 +57,38 @@ def test_plain_function_uses_generated_kernels():
     assert part is not None and part.compiled and not part.library_calls, report.table()
 
 
+@settings(max_examples=6)
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 13),
+    broadcast_rows=st.booleans(),
+    transposed=st.booleans(),
+)
+def test_pointwise_and_softmax_on_drawn_shapes(rows, cols, broadcast_rows, transposed):
+    """Odd sizes, size-1 dims, a broadcast operand and non-contiguous inputs, each shape compiled afresh."""
+    backend.reset()
+
+    def f(x, y):  # (R, C), (1 or R, C)
+        return torch.softmax(torch.tanh(x * y) - 0.5 * x, dim=-1) + y
+
+    g = torch.Generator().manual_seed(rows * 100 + cols)
+    x = torch.randn(cols, rows, generator=g).T if transposed else torch.randn(rows, cols, generator=g)
+    y = torch.randn(1 if broadcast_rows else rows, cols, generator=g)
+    torch.testing.assert_close(torch.compile(f, backend="fusion", dynamic=False)(x, y), f(x, y))
+    assert backend.reports and all(r.parts[0].compiled for r in backend.reports)
+
+
+def test_dynamic_shapes_run_as_aten_with_a_reason():
+    def f(x):
+        return torch.relu(x * 2.0 + 1.0)
+
+    compiled = torch.compile(f, backend="fusion", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert any("dynamic" in why for r in backend.reports for _, why in r.fallbacks)
+
+
 def test_data_dependent_control_flow_compiles_every_graph():
     model = models.DataDependentBlock(d=16).eval()
     (x,) = models.data_dependent_inputs(batch=4, d=16)
@@ -88,9 +122,11 @@ def test_transformer_encoder_layer():
 def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
     model = models.ConvBNNet(width=4).eval()
     (x,) = models.conv_inputs(batch=2, size=6)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     compiled = torch.compile(model, backend="fusion")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)  # the fold never edits the model
         (report,) = backend.reports
         assert len(folded(report)) == 3, report.table()
         assert report.kernels, report.table()
@@ -152,6 +188,17 @@ def test_training_mode_batch_norm_is_not_folded_and_updates_stats():
         torch.testing.assert_close(torch.compile(mine, backend="fusion")(x), eager(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mine.bn1.running_mean, eager.bn1.running_mean)
     torch.testing.assert_close(mine.bn1.running_var, eager.bn1.running_var)
+    assert not any(folded(r) for r in backend.reports)
+
+
+def test_eval_model_with_gradients_is_not_folded():
+    """Eval-mode BatchNorm, but grad enabled: a forward+backward graph, where a fold would change the gradients."""
+    eager, mine = models.ConvBNNet(width=4).eval(), models.ConvBNNet(width=4).eval()
+    (x,) = models.conv_inputs(batch=2, size=5)
+    torch.compile(mine, backend="fusion")(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    for (name, p), q in zip(mine.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
     assert not any(folded(r) for r in backend.reports)
 
 

@@ -126,7 +126,9 @@ def install_folds(
 # The cuDNN epilogue: relu(conv(x, w) + b [+ z]) as one cuDNN runtime-fusion kernel
 
 
-_refused: dict[tuple, str] = {}  # configurations cuDNN refused (they ran unfused) -> cuDNN's error
+# What cuDNN refused at run time (no engine for that configuration): {(x shape, x strides): cuDNN's error}. Such
+# a call runs the unfused aten ops, then and from then on — checked with one dict lookup, nothing else on the hot path.
+_refused: dict[tuple, str] = {}
 
 
 def _unfused(x, w, b, stride, padding, dilation, groups, z=None):
@@ -134,25 +136,25 @@ def _unfused(x, w, b, stride, padding, dilation, groups, z=None):
     return aten.relu.default(y if z is None else aten.add.Tensor(y, z))
 
 
-def _refuse(e: RuntimeError, *config: object) -> None:
-    _refused[tuple(tuple(c) if isinstance(c, (list, torch.Size)) else c for c in config)] = str(e).splitlines()[0][:200]
-
-
 def cudnn_conv_bias_relu(x, w, b, stride, padding, dilation, groups):
     """``relu(conv(x, w) + b)`` in cuDNN's epilogue; the unfused aten ops where cuDNN has no engine for the call."""
-    try:  # the hot path is one call: no checks on it (the pass checked dtype, groups, rank and device)
-        return torch.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
-    except RuntimeError as e:  # no engine for this configuration: correct anyway, and epilogue_refusals() says so
-        _refuse(e, x.shape, w.shape, x.dtype, x.stride())
+    key = (x.shape, x.stride(), w.shape, x.dtype)
+    if key not in _refused:  # the pass checked dtype, groups, rank and device already
+        try:
+            return torch.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
+        except RuntimeError as e:  # correct anyway, and epilogue_refusals() says why
+            _refused[key] = str(e).splitlines()[0][:200]
     return _unfused(x, w, b, stride, padding, dilation, groups)
 
 
 def cudnn_conv_bias_add_relu(x, w, b, z, stride, padding, dilation, groups):
     """``relu(conv(x, w) + b + z)`` in cuDNN's epilogue (a residual block's last conv)."""
-    try:
-        return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, stride, padding, dilation, groups)
-    except RuntimeError as e:
-        _refuse(e, "add", x.shape, w.shape, x.dtype, x.stride(), z.stride())
+    key = (x.shape, x.stride(), w.shape, x.dtype, z.stride())
+    if key not in _refused:
+        try:
+            return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, stride, padding, dilation, groups)
+        except RuntimeError as e:
+            _refused[key] = str(e).splitlines()[0][:200]
     return _unfused(x, w, b, stride, padding, dilation, groups, z)
 
 
