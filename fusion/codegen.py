@@ -35,47 +35,23 @@ import torch
 import torch.fx as fx
 
 from fusion import models
-from fusion.common import FusionReport, heading, is_todo, lesson_cli, max_abs_diff, table
+from fusion.common import heading, lesson_cli, max_abs_diff, shorten, table
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_runtime import CompiledGraph, GeneratedKernel, KernelPlan
+from fusion.kernels.triton_runtime import (
+    CompiledGraph,
+    GeneratedKernel,
+    KernelPlan,
+    Unsupported,
+    bind_args,
+    compute_dtype,
+    const_source,
+    is_view,
+    tl_dtype,
+)
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
 MAX_RBLOCK = 16384  # the longest row one program holds in registers (Triton's softmax tutorial: one row per block)
-
-
-class Unsupported(Exception):
-    """The generator cannot compile this region; the message is the reason the report shows."""
-
-
-def _bind(node: fx.Node) -> dict:
-    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
-    schema = node.target._schema
-    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
-    bound.update(node.kwargs)
-    return bound
-
-
-def _const(value: object) -> str:
-    """A Python scalar as Triton source: 2.0, 1e-05, float('inf')."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f'float("{value}")'
-    if isinstance(value, (int, float)):
-        return repr(value)
-    raise Unsupported(f"argument {value!r} of type {type(value).__name__} is not a scalar")
-
-
-def tl_dtype(dtype: torch.dtype) -> str:
-    names = {torch.bool: "int1", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    return "tl." + names.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half and bfloat16 compute in float32 (loaded up, rounded once at the store), like Inductor."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -91,7 +67,7 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     >>> pointwise_expr(n, ["tmp0", "2.0"])
     'tmp0 * 2.0'
     """
-    packet, bound = node.target.overloadpacket, _bind(node)
+    packet, bound = node.target.overloadpacket, bind_args(node)
     # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum: tl.where(a != a, a, tl.where(a > b, a, b)); no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) and tanh 2*sigmoid(2x)-1 (tl.sigmoid is a @jit helper the interpreter cannot call, and there is no portable tl.tanh); pow(x, 2.0) is x*x, a general exponent tl.exp(tl.log(x) * e); raise Unsupported(reason) for anything else
     # BEGIN SOLUTION
     a = args
@@ -109,22 +85,22 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     }  # fmt: skip
     if packet is aten.add:
         alpha = bound.get("alpha", 1)
-        return f"{a[0]} + {a[1]}" if alpha == 1 else f"{a[0]} + {a[1]} * {_const(alpha)}"
+        return f"{a[0]} + {a[1]}" if alpha == 1 else f"{a[0]} + {a[1]} * {const_source(alpha)}"
     if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
         lo = bound.get("min") if packet is not aten.clamp_max else None
         hi = bound.get("max") if packet is not aten.clamp_min else None
         expr = a[0]
         if lo is not None:  # NaN stays NaN: x < lo is False for NaN
-            expr = f"tl.where({expr} < {_const(lo)}, {_const(lo)}, {expr})"
+            expr = f"tl.where({expr} < {const_source(lo)}, {const_source(lo)}, {expr})"
         if hi is not None:
-            expr = f"tl.where({expr} > {_const(hi)}, {_const(hi)}, {expr})"
+            expr = f"tl.where({expr} > {const_source(hi)}, {const_source(hi)}, {expr})"
         return expr
     if packet is aten.pow and node.target is aten.pow.Tensor_Scalar:
         e = bound["exponent"]
         small = {0: "1.0 + 0.0 * {0}", 1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}", -1: "1.0 / {0}"}
         if e in small:
             return small[e].format(a[0])
-        return f"tl.sqrt({a[0]})" if e == 0.5 else f"tl.exp(tl.log({a[0]}) * {_const(float(e))})"
+        return f"tl.sqrt({a[0]})" if e == 0.5 else f"tl.exp(tl.log({a[0]}) * {const_source(float(e))})"
     if packet in table_:
         return table_[packet].format(*a)
     raise Unsupported(f"no Triton expression for {node.target}")
@@ -186,7 +162,7 @@ def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) ->
 
 def view_index(node: fx.Node, index: list[str]) -> list[str]:
     """For a view: the index into its input that holds the element at ``index`` of the view (no data moves)."""
-    packet, bound = node.target.overloadpacket, _bind(node)
+    packet, bound = node.target.overloadpacket, bind_args(node)
     src_shape = tuple(node.args[0].meta["val"].shape)
     if packet in (aten.alias, aten.expand):
         return broadcast_index(index, src_shape)
@@ -221,7 +197,8 @@ def view_index(node: fx.Node, index: list[str]) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------------
 # 3. The kernel body: loads, computation in order, stores
 
-REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.var_mean.correction}
+REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
+REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}  # what Inductor's decompositions leave
 
 
 class KernelWriter:
@@ -233,26 +210,20 @@ class KernelWriter:
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
         reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
-        self.stored = [n for n in region.external_outputs if not _is_view(n)]
+        self.stored = [n for n in region.external_outputs if not is_view(n)]
         for n in region.external_outputs:  # an escaping view: store the member it aliases, rebuild the view later
-            while _is_view(n) and n.args[0] in self.members:
+            while is_view(n) and n.args[0] in self.members:
                 n = n.args[0]
-            if not _is_view(n) and n not in self.stored:
+            if not is_view(n) and n not in self.stored:
                 self.stored.append(n)
-        for n in region.nodes:
-            if n.op != "call_function" or not isinstance(n.target, (torch._ops.OpOverload, type(operator.getitem))):
-                raise Unsupported(f"{n.name} is not an aten op")
-            if "val" not in n.meta:
-                raise Unsupported(f"{n.name} has no meta['val']; capture the graph with fusion.regions.capture_aten")
-            if torch.Tag.reduction in getattr(n.target, "tags", ()) and n.target not in REDUCTIONS:
-                raise Unsupported(f"reduction {n.target} has no generator")
+        rt.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
         if reductions:
             self.shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
             ndim = len(self.shape)
-            dims0 = sorted(d % ndim for d in (_bind(reductions[0]).get("dim") or range(ndim)))
+            dims0 = sorted(d % ndim for d in (bind_args(reductions[0]).get("dim") or range(ndim)))
             self.nred = len(dims0)  # the row: the last nred dimensions (softmax 1, a global average pool 2)
             for r in reductions:
-                dims = sorted(d % ndim for d in (_bind(r).get("dim") or range(ndim)))
+                dims = sorted(d % ndim for d in (bind_args(r).get("dim") or range(ndim)))
                 if tuple(r.args[0].meta["val"].shape) != self.shape or dims != list(range(ndim - self.nred, ndim)):
                     raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
                                       "only the trailing dimensions of one common shape are generated")  # fmt: skip
@@ -288,7 +259,7 @@ class KernelWriter:
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
         """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
         if not isinstance(node, fx.Node):
-            return _const(node), torch.float64 if isinstance(node, float) else torch.int64
+            return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
         key = (node, tuple(index))
         if key not in self.cache:
             self.cache[key] = self._compute(node, list(index))
@@ -308,12 +279,12 @@ class KernelWriter:
             return self.emit(load if ct == val.dtype else f"{load}.to({tl_dtype(ct)})", ct, node.name)
         if node.target is operator.getitem:
             return self.reduce(node.args[0], index)[node.args[1]]
-        if _is_view(node):
+        if is_view(node):
             return self.value(node.args[0], view_index(node, index))
         if node.target in REDUCTIONS:
             return self.reduce(node, index)
         where = f"{node.name} = {node.target}"
-        if node.target is prims.convert_element_type.default or node.target is aten._to_copy.default:
+        if node.target is prims.convert_element_type.default:
             src, _ = self.value(node.args[0], broadcast_index(index, node.args[0].meta["val"].shape))
             ct = compute_dtype(val.dtype)
             expr = f"{src} != 0" if val.dtype == torch.bool else f"{src}.to({tl_dtype(val.dtype)})"
@@ -329,7 +300,7 @@ class KernelWriter:
                 keep = dt == cast_to or (node.target.overloadpacket is aten.where and i == 0)
                 operands.append(src if keep else f"{src}.to({tl_dtype(cast_to)})")
             elif isinstance(a, (int, float, bool)):
-                operands.append(_const(a))
+                operands.append(const_source(a))
         return self.emit(pointwise_expr(node, operands), compute_dtype(val.dtype), where)
         # END SOLUTION
 
@@ -345,17 +316,20 @@ class KernelWriter:
         if not dt.is_floating_point:
             raise Unsupported(f"{node.name}: reductions of {dt} are not generated")
         n, where = self.rnumel, f"{node.name} = {node.target}"
-        if node.target is aten.amax.default:
-            out = self.emit(f'tl.reduce(tl.where(rmask, {x}, float("-inf")), 0, _maximum)', dt, where)
+        if node.target in (aten.amax.default, aten.amin.default):
+            big, fn = (
+                ('float("-inf")', "_maximum") if node.target is aten.amax.default else ('float("inf")', "_minimum")
+            )
+            out = self.emit(f"tl.reduce(tl.where(rmask, {x}, {big}), 0, {fn})", dt, where)
         else:
             total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 0, _add)", dt, where)
-            out = total if node.target is aten.sum.dim_IntList else self.emit(f"{total[0]} / {n}", dt, "mean")
-        if node.target is aten.var_mean.correction:
-            corr = _bind(node).get("correction")
+            out = total if node.target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt, "mean")
+        if node.target.overloadpacket in (aten.var_mean, aten.var):
+            corr = bind_args(node).get("correction")
             centered = self.emit(f"tl.where(rmask, {x} - {out[0]}, 0.0)", dt)
             sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 0, _add)", dt)
             var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt, "var")
-            out = (var, out)
+            out = (var, out) if node.target is aten.var_mean.correction else var
         self.cache[key] = out
         return out
 
@@ -375,7 +349,8 @@ class KernelWriter:
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
         block = "RBLOCK" if self.reduction else "XBLOCK"
         head = [f"def {name}({', '.join(ptrs)}, {block}: tl.constexpr):"]
-        body = [f"# region #{self.region.index}: {' → '.join(n.name for n in self.region.nodes)}"]
+        ops = [n.name for n in self.region.nodes if not is_view(n) and n.target is not operator.getitem]
+        body = [f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}"]
         if self.reduction:
             nrow = len(self.shape) - self.nred
             rows = math.prod(self.shape[:nrow])
@@ -392,32 +367,15 @@ class KernelWriter:
         body += self.lines + stores
         lines = ["import triton", "import triton.language as tl", "", ""]
         if self.reduction:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
-            lines += [*_COMBINE, ""]
+            lines += [*rt.COMBINE_FUNCTIONS, ""]
         lines += ["@triton.jit", *head]
         return "\n".join(lines + ["    " + b for b in body]) + "\n"
-
-
-_COMBINE = [
-    "@triton.jit", "def _add(a, b):", "    return a + b", "", "",
-    "@triton.jit", "def _maximum(a, b):", "    return tl.where(a != a, a, tl.where(a > b, a, b))", "",
-]  # fmt: skip
-
-
-def _is_view(node: fx.Node) -> bool:
-    t = node.target
-    return isinstance(t, torch._ops.OpOverload) and t.is_view
-
-
-def kernel_name(region: FusionRegion, reduction: bool) -> str:
-    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
-    ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not _is_view(n)})  # fmt: skip
-    return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{rt.next_kernel_index()}"
 
 
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    name = kernel_name(region, writer.reduction)
+    name = rt.kernel_name(region, writer.reduction)
     source = writer.source(name)
     ops = [line.split("# ", 1)[1] for line in writer.lines if "  # " in line and " = " in line.split("# ", 1)[1]]
     kernel = GeneratedKernel(name, source, region, "reduction" if writer.reduction else "pointwise", ops)
@@ -442,56 +400,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region the generator cannot compile runs as
     its aten ops, with the reason in the report.
     """
-    if not isinstance(gm, fx.GraphModule):
-        raise TypeError(f"compile_graph needs a torch.fx.GraphModule (e.g. from capture_aten), got {type(gm).__name__}")
-    if any("val" not in n.meta for n in gm.graph.nodes if n.op in ("placeholder", "call_function")):
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-        FakeTensorProp(gm).propagate(*example_inputs)  # shapes, strides and dtypes for every node
-    report = FusionReport("compile_graph")
-    ok, why = rt.triton_status()
-    plans: list[KernelPlan] = []
-    fallbacks = 0
-    for region in unique_regions(build_fusion_regions(gm)):
-        members = [n.name for n in region.nodes]
-        try:
-            plan = generate_kernel(region)
-            if not ok:
-                raise Unsupported(why)
-            plans.append(plan)
-            report.fuse("region", members, replacement=plan.kernel.name, reason=f"{plan.kernel.kind} kernel")
-        except Exception as e:  # a region we cannot compile runs as aten ops: never a crash, never a wrong answer
-            if is_todo(e):
-                raise
-            fallbacks += 1
-            reason = str(e) if isinstance(e, Unsupported) else f"generator error {type(e).__name__}: {e}"
-            report.skip("region", members, f"runs as aten ops: {reason}")
-    new = rt.build_compiled_graph(gm, plans)
-    return CompiledGraph(new, [p.kernel for p in plans], report, fallbacks)
+    return rt.compile_graph_with(gm, example_inputs, generate_kernel)
 
 
-class CompiledModel(torch.nn.Module):
-    """What :func:`compile_regions` returns: the model's outputs, computed by the compiled aten graph."""
-
-    def __init__(self, model: torch.nn.Module, compiled: CompiledGraph) -> None:
-        super().__init__()
-        self.compiled = compiled
-        self._model = [model]  # not a submodule: its parameters are read at each call, never copied or changed
-
-    kernels = property(lambda self: self.compiled.kernels)
-    report = property(lambda self: self.compiled.report)
-    num_kernels = property(lambda self: self.compiled.num_kernels)
-    library_calls = property(lambda self: self.compiled.library_calls)
-
-    def forward(self, *inputs: torch.Tensor):
-        with torch.no_grad():  # generated kernels have no backward (Phase 9 compiles the backward graph too)
-            return self.compiled(*aten_inputs(self._model[0], inputs))
-
-
-def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> CompiledModel:
+def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> rt.CompiledModel:
     """capture_aten + compile_graph: a module computing ``model(*inputs)`` for inputs of the example shapes."""
     gm = capture_aten(model, example_inputs)
-    return CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
+    return rt.CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -501,38 +416,15 @@ def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tenso
 def _show_region(kernel: GeneratedKernel) -> None:
     print(f"The region's aten ops (the {len(kernel.region.nodes)} nodes Phase 6 grouped):")
     for n in kernel.region.nodes:
-        args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)
-        print(f"    {n.name} = {n.target}({args})")
-    print(f"\n...become one kernel, {kernel.name} (every op one line, loads and stores around them):\n")
+        print(f"    {n.name} = {n.target}({', '.join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)})")
+    print(f"\n...become one kernel, {kernel.name} (one line per op, loads and stores around them):\n")
     print(kernel.source)
 
 
-def _check(title: str, model: torch.nn.Module, inputs: tuple, rows: list, runs: bool) -> CompiledModel:
-    from fusion.regions import kernel_counts
-
-    compiled = compile_regions(model, inputs)
+def generated_sources(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[GeneratedKernel]:
+    """The kernels of every region, generated but not loaded: this works without Triton installed."""
     gm = capture_aten(model, inputs)
-    unfused, _ = kernel_counts(gm, build_fusion_regions(gm))
-    diff = "-"
-    if runs:
-        with torch.no_grad():
-            diff = f"{max_abs_diff(compiled(*inputs), model(*inputs)):.1e}"
-    fallbacks = len(compiled.report.skipped)
-    rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, fallbacks, diff))
-    return compiled
-
-
-def _timing(model: torch.nn.Module, compiled: CompiledModel, inputs: tuple) -> str:
-    from torch.utils.benchmark import Timer
-
-    with torch.no_grad():
-        t = {
-            name: Timer("f(*x); torch.cuda.synchronize()", globals={"f": f, "x": inputs, "torch": torch})
-            .blocked_autorange(min_run_time=0.3)
-            .median
-            for name, f in (("eager", model), ("generated", compiled))
-        }
-    return f"eager {t['eager'] * 1e6:.1f} µs, generated kernels {t['generated'] * 1e6:.1f} µs (wall, {torch.cuda.get_device_name()})"
+    return [generate_kernel(r).kernel for r in unique_regions(build_fusion_regions(gm))]
 
 
 def run(quick: bool = False) -> None:
@@ -542,57 +434,60 @@ def run(quick: bool = False) -> None:
     print(why + (". Interpreter runs check correctness only: no timings are shown." if device == "cpu" else "."))
 
     heading("A region and the kernel generated for it", "-")
-    model = models.ElementwiseChain().to(device)
-    inputs = tuple(t.to(device) for t in models.elementwise_inputs(batch=8, d=64))
-    compiled = compile_regions(model, inputs)
-    _show_region(compiled.kernels[0])
+    _show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
 
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
-    shape, block = (8, 64), 1024
-    print(f"The output {shape} is walked by one flat index; each dimension's index is cut out of it:")
-    for var, expr in split_index("xindex", shape):
+    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:")
+    for var, expr in split_index("xindex", (8, 64)):
         print(f"    {var} = {expr}")
-    print(f"x (8, 64), stride (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))};")
-    print(f"a (64,) broadcasts: its index is {broadcast_index(['x1', 'x0'], (64,))} → offset "
-          f"{offset_expr(broadcast_index(['x1', 'x0'], (64,)), (1,))}; x.t() (64, 8) stride (1, 64) would be read at "
-          f"{offset_expr(['x1', 'x0'], (1, 64))}.")  # fmt: skip
-    n = 1000
-    print(f"With {n} elements and XBLOCK={block}, one program covers xindex 0..{block - 1}; the mask xindex < {n}\n"
-          f"switches off the last {block - n} lanes: no load, no store past the end.")  # fmt: skip
+    b = broadcast_index(["x1", "x0"], (64,))
+    print(
+        f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))}; a (64,) broadcasts: "
+        f"index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same element sits at "
+        f"{offset_expr(['x1', 'x0'], (1, 64))}. Nothing is copied or expanded: broadcasting is index arithmetic."
+    )
+    print("With 1000 elements and XBLOCK=1024, program 0 covers xindex 0..1023; the mask xindex < 1000 switches off\n"
+          "the last 24 lanes: no load, no store past the end.")  # fmt: skip
 
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
-    soft = compile_regions(models.ScaledSoftmax().to(device), tuple(t.to(device) for t in models.norm_inputs()))
-    print(f"softmax: {soft.num_kernels} kernel ({soft.kernels[0].name}); the region: "
-          f"{' → '.join(n.name for n in soft.kernels[0].region.nodes)}")  # fmt: skip
-    norm = compile_regions(models.NormGELUResidual().to(device), tuple(t.to(device) for t in models.norm_inputs()))
-    print(f"x + gelu(layer_norm(x)): {norm.num_kernels} kernel. Its source:\n")
-    print(norm.kernels[0].source)
+    (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())
+    print(f"softmax(x * 0.125): {soft.name}, ops {' → '.join(n.name for n in soft.region.nodes)}")
+    (norm,) = generated_sources(models.NormGELUResidual(), models.norm_inputs())
+    print(f"x + gelu(layer_norm(x)): one kernel, one program per row:\n\n{norm.source}")
+    if not runs:
+        print(f"These kernels cannot run here: {why}.")
+        return
 
     heading("What falls back, and why", "-")
-    probe = capture_aten(_Fallbacks(), (torch.randn(4, 6),))
-    report = compile_graph(probe, [torch.randn(4, 6)]).report
-    print(report.table())
+    x = torch.randn(4, 6)
+    print(compile_graph(capture_aten(_Fallbacks(), (x,)), [x]).report.table())
 
     heading("The course's models: generated kernels vs eager", "-")
+    from fusion.regions import kernel_counts
+
     rows: list = []
-    size = 8 if quick else 16
     for title, m, inp in (
         ("ElementwiseChain", models.ElementwiseChain(), models.elementwise_inputs()),
         ("TinyNet", models.TinyNet(), models.tiny_inputs()),
         ("MLP", models.MLP(), models.mlp_inputs()),
         ("TransformerMLP", models.TransformerMLP(), models.transformer_inputs()),
-        ("ConvBNNet (eval)", models.ConvBNNet().eval(), models.conv_inputs(size=size)),
+        ("ConvBNNet (eval)", models.ConvBNNet().eval(), models.conv_inputs(size=8 if quick else 16)),
         ("NormGELUResidual", models.NormGELUResidual(), models.norm_inputs()),
         ("ScaledSoftmax fp16", models.ScaledSoftmax(), tuple(t.half() for t in models.norm_inputs())),
     ):
-        inp = tuple(t.to(device) for t in inp)
-        _check(title, m.to(device), inp, rows, runs)
+        m, inp = m.to(device), tuple(t.to(device) for t in inp)
+        compiled, gm = compile_regions(m, inp), capture_aten(m, inp)
+        with torch.no_grad():
+            diff = max_abs_diff(compiled(*inp), m(*inp))
+        unfused = kernel_counts(gm, build_fusion_regions(gm))[0]
+        skipped = len(compiled.report.skipped)
+        rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, skipped, f"{diff:.1e}"))
     print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))
     print("generated = one launch per region; library calls = matmul/conv/other aten ops (and fallback regions).")
     if device == "cuda":
         big = tuple(t.to(device) for t in models.elementwise_inputs(batch=1024 if quick else 8192, d=4096))
         chain = models.ElementwiseChain(d=4096).to(device)
-        print("ElementwiseChain on", tuple(big[0].shape), ":", _timing(chain, compile_regions(chain, big), big))
+        print("ElementwiseChain on", tuple(big[0].shape), ":", rt.cuda_timing(chain, compile_regions(chain, big), big))
 
 
 class _Fallbacks(torch.nn.Module):

@@ -252,13 +252,18 @@ def test_layernorm_gelu_residual_is_one_kernel(shape, seed):
 
 def test_reductions_sum_mean_amax_var_keepdim_or_not():
     x = _rand((3, 4, 7), 0)
-    check(
-        lambda x: (
+
+    def rows(x):
+        x = x * 1.0  # one region: every reduction reads this member
+        return (
             x.sum(-1), x.mean(-1, keepdim=True) * 2.0, x.amax(-1) + 1.0, torch.var(x, -1) * 1.0,
-            x - x.mean(-1, keepdim=True), (x * 2.0).sum((-1, -2)),
-        ),
-        x,
-    )  # fmt: skip
+            x - x.mean(-1, keepdim=True), torch.var_mean(x, -1, correction=0)[0] + 0.0, x.amin(-1) * 1.0,
+        )  # fmt: skip
+
+    check(rows, x, kernels=1)
+    check(lambda x: (x * 2.0).sum((-1, -2)) + 1.0, x, kernels=1)  # a global pool: the row is the last two dims
+    check(lambda x: (x * 2.0).sum() + 1.0, x, kernels=1)  # everything is one row
+    check(lambda x: (x * 2.0).amax(-1, keepdim=True) - x.sum(1, keepdim=True), x, kernels=0)  # two row shapes
     check(lambda x: torch.softmax(x.half() * 2.0, dim=-1), x, kernels=1, atol=1e-3, rtol=1e-3)
 
 
@@ -299,3 +304,22 @@ def test_cuda_kernels_match_eager():
         torch.testing.assert_close(c(x), m(x), atol=2e-2, rtol=2e-2)
     check(unary_ops, _rand((33, 70), 1).cuda(), kernels=1)
     check(binary_ops, _rand((33, 70), 1).cuda(), _rand((70,), 2).cuda(), kernels=1)
+
+
+def test_without_triton_every_region_falls_back_and_the_lesson_still_prints_source(monkeypatch, capsys):
+    from fusion import codegen
+
+    monkeypatch.setattr(rt, "triton_status", lambda: (False, "Triton is not installed here"))
+    c = check(lambda x: torch.relu(x * 2.0 + 1.0), _rand((3, 4), 0), kernels=0)
+    assert "not installed" in c.report.skipped[0].reason
+    codegen.run(quick=True)
+    out = capsys.readouterr().out
+    assert "@triton.jit" in out and "cannot run here" in out
+
+
+def test_regions_with_ops_phase6_fuses_but_we_do_not_generate_fall_back():
+    m, x = models.InceptionBlock(), models.inception_inputs(size=4)  # max-pool and cat
+    c = compile_regions(m, x)
+    with torch.no_grad():
+        torch.testing.assert_close(c(*x), m(*x))
+    assert all("runs as aten ops" in d.reason for d in c.report.skipped)

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import importlib.util
 import itertools
+import math
 import operator
 import os
 import sys
@@ -257,6 +258,41 @@ class CompiledGraph(torch.nn.Module):
         return self.graph_module(*args)
 
 
+def compile_graph_with(
+    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], generate: Callable[[object], KernelPlan]
+) -> CompiledGraph:
+    """``fusion.codegen.compile_graph``'s loop: ``generate`` each region's plan; a region it refuses runs as aten."""
+    from fusion.common import FusionReport, is_todo
+    from fusion.regions import build_fusion_regions, unique_regions
+
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"compile_graph needs a torch.fx.GraphModule (e.g. from capture_aten), got {type(gm).__name__}")
+    if any("val" not in n.meta for n in gm.graph.nodes if n.op in ("placeholder", "call_function")):
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        FakeTensorProp(gm).propagate(*example_inputs)  # shapes, strides and dtypes for every node
+    report = FusionReport("compile_graph")
+    ok, why = triton_status()
+    plans: list[KernelPlan] = []
+    fallbacks = 0
+    for region in unique_regions(build_fusion_regions(gm)):
+        members = [n.name for n in region.nodes]
+        try:
+            plan = generate(region)
+            if not ok:
+                raise Unsupported(why)
+            plans.append(plan)
+            report.fuse("region", members, replacement=plan.kernel.name, reason=f"{plan.kernel.kind} kernel")
+        except Exception as e:  # a region we cannot compile runs as aten ops: never a crash, never a wrong answer
+            if is_todo(e):
+                raise
+            fallbacks += 1
+            reason = str(e) if isinstance(e, Unsupported) else f"generator error {type(e).__name__}: {e}"
+            report.skip("region", members, f"runs as aten ops: {reason}")
+    new = build_compiled_graph(gm, plans)
+    return CompiledGraph(new, [p.kernel for p in plans], report, fallbacks)
+
+
 def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
     """A copy of ``gm`` where each plan's region is one ``call_module`` (named after its kernel) + getitems.
 
@@ -297,7 +333,127 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
     return new
 
 
-def run_on(fn: Callable[[], object]) -> object:
-    """Call ``fn`` with gradients off (generated kernels have no backward)."""
+class CompiledModel(torch.nn.Module):
+    """What :func:`compile_regions` returns: the model's outputs, computed by the compiled aten graph."""
+
+    def __init__(self, model: torch.nn.Module, compiled: CompiledGraph) -> None:
+        super().__init__()
+        self.compiled = compiled
+        self._model = [model]  # not a submodule: its parameters are read at each call, never copied or changed
+
+    kernels = property(lambda self: self.compiled.kernels)
+    report = property(lambda self: self.compiled.report)
+    num_kernels = property(lambda self: self.compiled.num_kernels)
+    library_calls = property(lambda self: self.compiled.library_calls)
+
+    def forward(self, *inputs: torch.Tensor):
+        with torch.no_grad():  # generated kernels have no backward (Phase 9 compiles the backward graph too)
+            return self.compiled(*_aten_inputs(self._model[0], inputs))
+
+
+def _aten_inputs(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    from fusion.regions import aten_inputs
+
+    return aten_inputs(model, inputs)
+
+
+def cuda_timing(model: torch.nn.Module, compiled: torch.nn.Module, inputs: tuple) -> str:
+    from torch.utils.benchmark import Timer
+
     with torch.no_grad():
-        return fn()
+        t = {
+            name: Timer("f(*x); torch.cuda.synchronize()", globals={"f": f, "x": inputs, "torch": torch})
+            .blocked_autorange(min_run_time=0.3)
+            .median
+            for name, f in (("eager", model), ("generated", compiled))
+        }
+    return f"eager {t['eager'] * 1e6:.1f} µs, generated kernels {t['generated'] * 1e6:.1f} µs (wall, {torch.cuda.get_device_name()})"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Helpers the generator uses
+
+
+class Unsupported(Exception):
+    """The generator cannot compile this region; the message is the reason the report shows."""
+
+
+def bind_args(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
+    schema = node.target._schema
+    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
+    bound.update(node.kwargs)
+    return bound
+
+
+def const_source(value: object) -> str:
+    """A Python scalar as Triton source: 2.0, 1e-05, float('inf')."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    raise Unsupported(f"argument {value!r} of type {type(value).__name__} is not a scalar")
+
+
+def tl_dtype(dtype: torch.dtype) -> str:
+    names = {torch.bool: "int1", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return "tl." + names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half and bfloat16 compute in float32 (loaded up, rounded once at the store), like Inductor."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+COMBINE_FUNCTIONS = [
+    "@triton.jit", "def _add(a, b):", "    return a + b", "", "",
+    "@triton.jit", "def _maximum(a, b):", "    return tl.where(a != a, a, tl.where(a > b, a, b))", "", "",
+    "@triton.jit", "def _minimum(a, b):", "    return tl.where(a != a, a, tl.where(a < b, a, b))", "",
+]  # fmt: skip
+
+
+def is_view(node: fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and t.is_view
+
+
+def kernel_name(region, reduction: bool) -> str:
+    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
+    ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view(n)})  # fmt: skip
+    return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+
+
+def check_region(region, stored: list[fx.Node], reductions: set) -> None:
+    """Raise :class:`Unsupported` unless every member is an op the generator has a rule for (pointwise, a view, one of
+    ``reductions``, a getitem of var_mean) and every tensor has static sizes and lives on one device."""
+    if not stored:
+        raise Unsupported("nothing in the region is used outside it")
+    devices = set()
+    for n in [*region.nodes, *region.external_inputs]:
+        val = n.meta.get("val")
+        if n in region.members:
+            t = n.target
+            if n.op != "call_function" or val is None:
+                raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten")
+            if t is operator.getitem:
+                if getattr(n.args[0], "target", None) is not torch.ops.aten.var_mean.correction:
+                    raise Unsupported(f"{n.name} takes an output of {n.args[0].target}, which has no generator")
+                continue
+            if not isinstance(t, torch._ops.OpOverload) or not (
+                is_view(n) or t in reductions or torch.Tag.pointwise in t.tags
+            ):
+                raise Unsupported(f"{n.name} ({t}) is neither pointwise, a view, nor a sum/mean/amax/amin/var/var_mean")
+        for v in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(v, torch.Tensor):
+                if not all(type(d) is int for d in (*v.shape, *v.stride())):
+                    raise Unsupported(
+                        f"{n.name} has symbolic sizes {tuple(v.shape)}: kernels are generated for static shapes"
+                    )
+                if v.numel() == 0:
+                    raise Unsupported(f"{n.name} is empty {tuple(v.shape)}")
+                devices.add(v.device)
+    if len(devices) > 1:
+        raise Unsupported(f"tensors on several devices {sorted(map(str, devices))}")
