@@ -21,7 +21,15 @@ What you learn
   ``freezing`` flag (the user promises they won't change). We fold only in inference graphs (no autograd), and
   keep the promise ourselves: the folded weights are recomputed whenever a source tensor's version counter moves.
 * ``fusion.backend.reports`` says what became of every graph: regions, generated kernels, library calls,
-  fallbacks with their reasons; :func:`summary` adds the graph breaks. Compare with ``TORCH_LOGS=graph_breaks``.
+  fallbacks with their reasons; :func:`summary` adds the graph breaks. To see what Dynamo captured yourself:
+  ``torch._dynamo.explain(fn)(*inputs)``, or ``TORCH_LOGS=graph_breaks,graph_code,aot_graphs`` before running.
+
+    >>> import torch
+    >>> from fusion import backend
+    >>> backend.reset()
+    >>> f = torch.compile(lambda x: torch.relu(x * 2.0 + 1.0), backend="fusion")
+    >>> f(torch.ones(3)).tolist(), len(backend.reports), backend.reports[0].kernels[0].name.split("_")[:4]
+    ([3.0, 3.0, 3.0], 1, ['triton', 'poi', 'fused', 'add'])
 """
 
 from __future__ import annotations
