@@ -355,8 +355,9 @@ def run(quick: bool = False) -> None:
 
     heading("Legality: change a BatchNorm's statistics after compiling", "-")
     reset()
-    net = models.ConvBNNet(width=4).eval()
+    net = models.ConvBNNet(width=4).to(device).eval()
     (small,) = models.conv_inputs(batch=1, size=6)
+    small = small.to(device)
     compiled = torch.compile(net, backend="fusion")
     with torch.no_grad():
         compiled(small)

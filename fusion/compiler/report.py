@@ -135,7 +135,7 @@ def summary(reports: Sequence[GraphReport]) -> str:
     text = table(rows, headers)
     breaks = graph_break_reasons()
     if len(reports) > 1:
-        text += f"\n{len(reports)} graphs: Dynamo broke the program {len(reports) - 1} time(s) (or recompiled)"
+        text += f"\n{len(reports)} graphs: one per graph break, recompilation or separately compiled function"
     for why, count in breaks.items():
         text += f"\n  graph break ×{count}: {shorten(why, 100)}"
     return text
