@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import inspect
+import linecache
 import os
 import sys
 import traceback
@@ -33,7 +34,7 @@ class UntraceableModelError(RuntimeError):
     """``torch.fx.symbolic_trace`` could not turn the model into a graph. The message says why and how to fix it."""
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # with the separator: torchvision/, torchaudio/ are not torch/
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -47,23 +48,50 @@ def _user_frame(exc: BaseException) -> str:
 
 
 def _plain_reason(exc: BaseException) -> str:
+    """Why symbolic tracing failed, in words that name the Python construct and the fix."""
     msg = str(exc)
-    if "control flow" in msg or "iteration" in msg or "__bool__" in msg or "__len__" in msg:
+    proxy = "Symbolic tracing runs forward() once with Proxy objects instead of tensors; a Proxy records operations "
+    if "interpreted as an integer" in msg or ("Proxy" in msg and ("int()" in msg or "float()" in msg)):
         return (
-            "its forward() branches or loops on the *value* of a tensor. Symbolic tracing runs forward() once "
-            "with Proxy objects instead of tensors; a Proxy records operations but holds no values, so Python "
-            "cannot decide `if`/`while`/`len` on it. Fix: make the branch independent of data (e.g. torch.where), "
-            "move it into a leaf function with torch.fx.wrap, or pass concrete_args for the input it depends on"
+            "its forward() uses a tensor's size or value as a Python number, e.g. `for i in range(x.shape[0])` or "
+            f"`int(x.size(0))`. {proxy}and x.shape[0] is one too: range() and int() need a real int. Fix: loop over "
+            "a count the model knows when it is built (a constructor argument), pass the size as a plain forward() "
+            "argument fixed with symbolic_trace(model, concrete_args={'n': 4}), or move the loop into a function "
+            "decorated with @torch.fx.wrap (recorded as one call, not traced into)"
         )
-    return f"{type(exc).__name__}: {msg}. Fix: make forward() traceable or wrap the failing call with torch.fx.wrap"
+    if "iterated" in msg or "iteration" in msg or "__iter__" in msg or "__len__" in msg:
+        return (
+            "its forward() iterates over a tensor (`for row in x`, `a, b = x`, `*x`, len(x)). "
+            f"{proxy}but has no length to loop over. Fix: index a fixed number of times (x[0], x[1], or "
+            "x.unbind(0) with a known count), or move the loop into a function decorated with @torch.fx.wrap, or "
+            "pass that input as concrete_args if it is not a tensor"
+        )
+    if "control flow" in msg or "__bool__" in msg:
+        return (
+            "its forward() branches or loops on the *value* of a tensor. "
+            f"{proxy}but holds no values, so Python cannot decide `if`/`while` on it. Fix: make the branch "
+            "independent of data (e.g. torch.where), move it into a leaf function with torch.fx.wrap, or pass "
+            "concrete_args for the input it depends on"
+        )
+    return (
+        f"{type(exc).__name__}: {msg}. Tracing stopped at the line above with a Proxy where this call needs a real "
+        "value. Fix: move that call into a function decorated with @torch.fx.wrap (recorded as one node, not "
+        "traced into), or pass the argument it depends on as concrete_args"
+    )
 
 
 def ensure_module(model: object, what: str = "this pass") -> torch.nn.Module:
-    """Refuse a non-Module with one clear TypeError."""
+    """Refuse a non-Module with one clear TypeError; a Module *class* gets the call to make instead."""
+    if isinstance(model, type) and issubclass(model, torch.nn.Module):
+        name = model.__name__
+        raise TypeError(
+            f"{what} needs a torch.nn.Module instance, got the class {name}; pass an instance: {name}() "
+            f"(e.g. {what}({name}(...)) with its constructor arguments)"
+        )
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"{what} needs a torch.nn.Module (or a torch.fx.GraphModule), got {type(model).__name__}. "
-            "Fix: pass the model object itself, e.g. fuse(MyNet()) rather than fuse(MyNet) or fuse(output)"
+            "Fix: pass the model object itself, e.g. fuse(MyNet()) rather than fuse(output)"
         )
     return model
 
@@ -272,22 +300,61 @@ def is_todo(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) and str(exc).startswith("TODO(human)")
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout (or workspace) holding fusion/
+
+
+def todo_site(exc: BaseException) -> tuple[str, int] | None:
+    """Where an unsolved TODO(human) stopped the run: (path, line) of its ``# TODO(human):`` comment (of the stub
+    itself when the comment is gone), the path relative to the project root. ``practice check`` names the same
+    place as "Next", so the lesson and the checker point at one TODO."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return None
+    frame, line = frames[-1]  # the stub's `raise` is the innermost frame
+    path = frame.f_code.co_filename
+    if linecache.getline(path, line - 1).strip().startswith("# TODO(human):"):
+        line -= 1
+    rel = os.path.relpath(path, _ROOT)
+    return (path if rel.startswith("..") else rel.replace(os.sep, "/")), line
+
+
+def todo_message(exc: BaseException) -> str:
+    """The unsolved TODO's message and, on the next line, where it is."""
+    site = todo_site(exc)
+    return f"{exc}" + (f"\n  at {site[0]}:{site[1]}" if site else "")
+
+
+def plain(text: str) -> str:
+    """Docstring text for a terminal: reStructuredText's ``double backticks`` and `single backticks` dropped."""
+    return text.replace("``", "").replace("`", "")
+
+
+def cli_prog(module: str | None) -> str | None:
+    """``python -m <module>`` for argparse's usage line; run as ``-m``, a module's ``__name__`` is "__main__"."""
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else None
+    return f"python -m {module}" if module else None
+
+
 def lesson_cli(run: Callable[..., object], doc: str | None, argv: Sequence[str] | None = None) -> int:
     """The command line every phase module shares: ``python -m fusion.<phase> [--quick]``."""
-    first = (doc or "").strip().splitlines()
-    parser = argparse.ArgumentParser(description=first[0] if first else None)
+    first = plain(doc or "").strip().splitlines()
+    parser = argparse.ArgumentParser(
+        prog=cli_prog(getattr(run, "__module__", None)), description=first[0] if first else None
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer examples (what CI runs)")
     args = parser.parse_args(argv)
     return run_lesson(lambda: run(quick=args.quick))
 
 
 def run_lesson(fn: Callable[[], object]) -> int:
-    """Run one lesson; an unsolved TODO(human) prints its message and returns 1 instead of a traceback."""
+    """Run one lesson; an unsolved TODO(human) prints its message and file:line, and returns 1 (no traceback)."""
     try:
         fn()
     except NotImplementedError as e:
         if not is_todo(e):
             raise
-        print(f"\n{e}", file=sys.stderr)
+        print(f"\n{todo_message(e)}", file=sys.stderr)
         return 1
     return 0

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fusion.common import heading, is_todo, table
+from fusion.common import heading, is_todo, plain, table, todo_message
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,17 @@ PHASES: tuple[Phase, ...] = (
 
 
 def _parse_only(text: str, phases: Sequence[Phase]) -> list[Phase]:
-    wanted = {int(p) for p in text.split(",") if p.strip()}
-    unknown = wanted - {p.number for p in phases}
+    """``--only 1,3`` → those phases, in course order. Raises ValueError (argparse shows it as a usage error)."""
+    known = [p.number for p in phases]
+    try:
+        wanted = {int(p) for p in text.split(",") if p.strip()}
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of phase numbers; the phases are {known}, e.g. --only 1,3") from None
+    if not wanted:
+        raise ValueError(f"no phase given; the phases are {known}, e.g. --only 1,3 (leave --only out to run all)")
+    unknown = wanted - set(known)
     if unknown:
-        raise SystemExit(f"--only: no phase {sorted(unknown)}; the phases are {[p.number for p in phases]}")
+        raise ValueError(f"no phase {sorted(unknown)}; the phases are {known}")
     return [p for p in phases if p.number in wanted]
 
 
@@ -60,7 +67,7 @@ def run_phases(phases: Sequence[Phase], quick: bool = False) -> list[tuple[Phase
                 traceback.print_exc()
                 status = "FAILED"
             else:
-                print(f"\n{e}")
+                print(f"\n{todo_message(e)}")
                 status = "TODO"
         except Exception:
             traceback.print_exc()
@@ -70,7 +77,7 @@ def run_phases(phases: Sequence[Phase], quick: bool = False) -> list[tuple[Phase
 
 
 def main(argv: Sequence[str] | None = None, phases: Sequence[Phase] = PHASES) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fusion.main", description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--quick", action="store_true", help="each phase's fast mode (what CI runs)")
     parser.add_argument("--only", metavar="N[,N]", help="run only these phases, e.g. --only 1,3")
     parser.add_argument("--list", action="store_true", help="list the phases and exit")
@@ -79,7 +86,12 @@ def main(argv: Sequence[str] | None = None, phases: Sequence[Phase] = PHASES) ->
     if args.list:
         print(table([(p.number, f"python -m fusion.{p.module}", p.title) for p in phases], ["phase", "run", "what"]))
         return 0
-    selected = _parse_only(args.only, phases) if args.only else list(phases)
+    selected = list(phases)
+    if args.only is not None:
+        try:
+            selected = _parse_only(args.only, phases)
+        except ValueError as e:
+            parser.error(f"--only: {e}")
     results = run_phases(selected, quick=args.quick)
 
     heading("Summary")

@@ -66,7 +66,7 @@ def opcode_counts(gm: fx.GraphModule) -> dict[str, int]:
     >>> opcode_counts(trace(models.TinyNet()))["call_module"]
     1
     """
-    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op; collections.Counter counts, and a dict comprehension over OPCODES keeps the zeros
+    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op, and an opcode the graph lacks still gets a 0. More: collections.Counter(n.op for n in gm.graph.nodes), then a dict comprehension over OPCODES
     # BEGIN SOLUTION
     seen = Counter(node.op for node in gm.graph.nodes)
     return {op: seen[op] for op in OPCODES}
@@ -76,10 +76,12 @@ def opcode_counts(gm: fx.GraphModule) -> dict[str, int]:
 def shape_rows(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[tuple[str, str, tuple[int, ...], str]]:
     """Run ShapeProp on ``example_inputs`` and return (name, opcode, shape, dtype) for every node that holds a tensor.
 
-    Nodes without a single tensor result (the output node, a node returning a tuple) are left out.
+    ``shape`` is a tuple of ints, ``dtype`` the dtype's name without ``torch.``: ``"float32"``. Nodes without a single
+    tensor result are left out: the output node, a node returning a tuple (``x.chunk(2, 1)``), a node returning a
+    Python number (``x.size(0)``).
     """
     ShapeProp(gm).propagate(*example_inputs)
-    # TODO(human): return (name, opcode, shape tuple, dtype name) for every node ShapeProp gave a single tensor result. Hint: node.meta.get('tensor_meta') has .shape and .dtype; skip the output node and metadata without .shape (tuples)
+    # TODO(human): return (name, opcode, shape tuple, dtype as 'float32' without 'torch.') for every node ShapeProp gave a single tensor result. Hint: ShapeProp stored each result's metadata in node.meta; skip the output node, a tuple result and a non-tensor one. More: meta = node.meta.get('tensor_meta') is None, a tuple, or has .shape and .dtype (hasattr(meta, 'shape')); str(meta.dtype).removeprefix('torch.')
     # BEGIN SOLUTION
     rows = []
     for node in gm.graph.nodes:

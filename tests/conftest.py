@@ -1,13 +1,19 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from fusion import practice
 
 # Hypothesis draws shapes for every equivalence test. "dev" is the default; CI=true selects "ci" (fewer examples,
 # 2 cores); HYPOTHESIS_PROFILE=thorough for a long local soak.
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+_profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+# In a practice workspace a wrong solution fails at its first failing example, without shrinking (fast feedback:
+# shrinking a learner's bug cost minutes per phase). The reference keeps shrinking, to find minimal examples.
+settings.load_profile(practice.practice_profile(_profile) if practice.is_workspace() else _profile)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -19,10 +25,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # * A hypothesis test that hits a TODO stops at its first example instead of shrinking a failure that every input
 #   reproduces (that shrinking costs minutes per phase in a fresh workspace).
 # In the reference no TODO is ever raised or printed, so neither hook changes anything there.
-
-import pytest  # noqa: E402
-
-from fusion import practice  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):

@@ -1,11 +1,22 @@
 """fusion.common: the clean-up every pass shares, the report, the clear errors."""
 
+import re
+
 import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fusion.common import FusionReport, attach_report, copy_to_graph_module, finish_rewrite, report_of
+from fusion.common import (
+    FusionReport,
+    UntraceableModelError,
+    attach_report,
+    copy_to_graph_module,
+    finish_rewrite,
+    report_of,
+    run_lesson,
+    trace_module,
+)
 
 pytestmark = pytest.mark.tooling
 
@@ -60,3 +71,70 @@ def test_copy_to_graph_module_does_not_share_parameters():
     with torch.no_grad():
         gm.weight.zero_()
     assert model.weight.abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Errors that name the construct and the fix
+
+
+class LoopOverBatch(nn.Module):
+    def forward(self, x):
+        out = x[0]
+        for i in range(x.shape[0]):
+            out = out + x[i]
+        return out
+
+
+class SizeAsInt(nn.Module):
+    def forward(self, x):
+        return x.new_zeros(int(x.size(0)))
+
+
+@pytest.mark.parametrize("model", [LoopOverBatch(), SizeAsInt()], ids=lambda m: type(m).__name__)
+def test_a_loop_over_a_size_names_the_construct_and_the_fix(model):
+    with pytest.raises(UntraceableModelError) as info:
+        trace_module(model)
+    msg = str(info.value)
+    assert type(model).__name__ in msg
+    assert "range(x.shape[0])" in msg  # the construct, by name
+    assert "concrete_args" in msg and "torch.fx.wrap" in msg  # the fixes
+    assert "make forward() traceable" not in msg  # not the circular advice
+    line = "for i in range(x.shape[0]):" if isinstance(model, LoopOverBatch) else "return x.new_zeros(int(x.size(0)))"
+    assert line in msg  # the line of forward() that broke tracing
+
+
+def test_a_class_instead_of_an_instance_shows_the_call_to_make():
+    from torchvision.models import ResNet
+
+    with pytest.raises(TypeError) as info:
+        trace_module(ResNet)
+    msg = str(info.value)
+    assert "got the class ResNet" in msg and "pass an instance: ResNet()" in msg
+    with pytest.raises(TypeError, match="got list"):
+        copy_to_graph_module([nn.Linear(2, 2)])
+
+
+def test_untraceable_torchvision_model_error_names_its_line():
+    """The frame filter drops torch's own frames, `.../site-packages/torch/`, not every path that starts with
+    `.../site-packages/torch`: torchvision's line used to be dropped with them."""
+    from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+    model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+    with pytest.raises(UntraceableModelError) as info:
+        trace_module(model)
+    assert re.search(r"cannot trace SSD \(at ssd\.py:\d+ `.+`\)", str(info.value)), str(info.value)
+
+
+def test_a_lesson_stopped_by_a_todo_prints_where_that_todo_is(tmp_path, capsys):
+    lesson = tmp_path / "lesson_x.py"
+    lesson.write_text(
+        "def solved():\n    return 1\n\n\ndef run(quick=False):\n    solved()\n"
+        "    # TODO(human): do it. Hint: h\n"
+        '    raise NotImplementedError("TODO(human) Phase 2: do it. Hint: uv run python -m fusion.practice hint 2")\n'
+    )
+    ns: dict = {}
+    exec(compile(lesson.read_text(), str(lesson), "exec"), ns)
+    assert run_lesson(ns["run"]) == 1
+    err = capsys.readouterr().err
+    assert "TODO(human) Phase 2: do it." in err and "Traceback" not in err
+    assert f"  at {lesson}:7" in err.splitlines()  # the TODO(human) line above the stub that stopped the run

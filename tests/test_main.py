@@ -64,10 +64,34 @@ def test_todo_alone_is_not_a_failure(fake_phases):
     assert runner.main(["--only", "3"], phases=phases) == 0
 
 
-def test_unknown_phase_is_refused(fake_phases):
-    phases, _ = fake_phases
-    with pytest.raises(SystemExit, match="no phase"):
-        runner.main(["--only", "9"], phases=phases)
+@pytest.mark.parametrize("only", ["9", "two", "", " , ", "1,x"])
+def test_bad_only_is_a_usage_error_not_a_traceback_and_runs_nothing(fake_phases, capsys, only):
+    phases, calls = fake_phases
+    with pytest.raises(SystemExit) as info:
+        runner.main(["--only", only], phases=phases)
+    assert info.value.code == 2  # argparse's usage error
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m fusion.main") and "--only" in err and "Traceback" not in err
+    assert calls == []  # '' used to run every phase
+
+
+def test_help_names_the_command_and_has_no_rest_markup(capsys):
+    with pytest.raises(SystemExit):
+        runner.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m fusion.main") and "main.py" not in out
+    assert "`" not in out  # reStructuredText backticks are for the docstring, not the terminal
+
+
+@pytest.mark.parametrize("module", ["fusion.trace_basics", "fusion.pattern_rewriter", "fusion.practice"])
+def test_lesson_and_practice_help_name_the_command(module):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.startswith(f"usage: python -m {module}") and "`" not in out
 
 
 def test_list(capsys):

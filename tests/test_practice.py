@@ -135,9 +135,15 @@ def test_quotes_and_backslashes_are_escaped_and_warned():
 
 
 def test_split_todo():
-    assert practice.split_todo("# TODO(human): fuse it. Hint: node.users") == ("fuse it", "node.users")
-    assert practice.split_todo("# TODO(human): fuse it; Hint: a. b.") == ("fuse it", "a. b.")
-    assert practice.split_todo("# TODO(human): fuse it.") == ("fuse it", "")
+    assert practice.split_todo("# TODO(human): fuse it. Hint: node.users") == ("fuse it", "node.users", "")
+    assert practice.split_todo("# TODO(human): fuse it; Hint: a. b.") == ("fuse it", "a. b.", "")
+    assert practice.split_todo("# TODO(human): fuse it.") == ("fuse it", "", "")
+    # two levels of hint: 'More:' is the second (the API calls, the shape of the loop)
+    assert practice.split_todo("# TODO(human): fuse it. Hint: node.users. More: a for loop; replace_all_uses_with") == (
+        "fuse it",
+        "node.users",
+        "a for loop; replace_all_uses_with",
+    )
 
 
 def test_missing_hint_is_a_warning_naming_file_and_line():
@@ -211,7 +217,7 @@ def test_bad_markers_are_one_error_naming_file_and_line(case):
 
 def test_region_outside_a_phase_module_is_an_error():
     text = f"def f():\n    {TODO}\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n"
-    with pytest.raises(MarkerError, match=r"^fusion/common.py:3: .*phase module"):
+    with pytest.raises(MarkerError, match=r"^fusion/common.py:3: .*lesson file"):
         practice.strip_file(text, "fusion/common.py", None)
     assert practice.strip_file("def f():\n    return 1\n", "fusion/common.py", None)[1] == []
 
@@ -224,7 +230,9 @@ def test_generator_keeping_a_yield_outside_the_region_is_fine():
 def test_phase_of():
     modules = {p.module: p.number for p in PHASES}
     assert practice.phase_of("fusion/trace_basics.py", modules) == 1
-    assert practice.phase_of("fusion/regions/costs.py", modules) == 6  # a phase module may be a package
+    # regions live only in the lesson files: a machinery subpackage is plumbing, even one named like a lesson
+    assert practice.phase_of("fusion/regions/costs.py", modules) is None
+    assert practice.phase_of("fusion/kernels/cublaslt.py", modules) is None
     assert practice.phase_of("fusion/common.py", modules) is None
     assert practice.phase_of("tests/test_trace_basics.py", modules) is None
 
@@ -351,6 +359,87 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
     assert "practice.py" not in result.stdout.str()  # the wrapper hides its own frame from tracebacks
 
 
+def test_in_a_workspace_hypothesis_reports_the_first_failing_example_without_shrinking(pytester, monkeypatch):
+    """A wrong solution in a workspace fails at once with the example that broke it: no shrinking (which made a
+    phase's tests take minutes instead of seconds). In the reference, failures are still shrunk."""
+    from hypothesis import settings
+
+    conftest = Path(__file__).with_name("conftest.py").read_text(encoding="utf-8")
+    pytester.makeconftest(conftest)
+    pytester.makeini("[pytest]\nmarkers =\n    phase1: p1\n")
+    pytester.makepyfile(
+        test_w="""
+        import pytest
+        from hypothesis import given, strategies as st
+
+        CALLS = []
+
+        @pytest.mark.phase1
+        @given(st.integers(0, 10**6), st.lists(st.integers(0, 100), max_size=20))
+        def test_wrong_solution(n, xs):
+            CALLS.append(n)
+            assert n < 1000
+
+        @pytest.mark.phase1
+        def test_zz_calls_after_the_first_failure():
+            first = next(i for i, n in enumerate(CALLS) if n >= 1000)
+            print("CALLS", len(CALLS) - first - 1)
+        """
+    )
+    outer = settings.get_current_profile_name()
+    try:
+        results = {}
+        for workspace in (False, True):  # the reference first: the second run keeps the first one's profile
+            monkeypatch.setattr(practice, "is_workspace", lambda root=None, _w=workspace: _w)
+            result = pytester.runpytest("-p", "no:cacheprovider", "-s")
+            result.assert_outcomes(passed=1, failed=1)
+            results[workspace] = int(re.search(r"CALLS (\d+)", result.stdout.str()).group(1))
+    finally:
+        settings.load_profile(outer)
+    assert results[True] <= 1, results  # at most the final replay of the failing example
+    assert results[False] > 1, results  # the reference shrinks
+
+
+def test_verdict_says_all_done_only_when_every_phase_of_a_workspace_passes(tmp_path):
+    everything = list(range(1, 10))
+
+    def todos(open_phases):
+        return [practice.Todo(n, f"fusion/p{n}.py", 10, "t", "h", n in open_phases) for n in everything]
+
+    # `check 5` with 4 and 6 unsolved: not "All done"
+    done, text = practice.verdict({5: "✓"}, everything, todos({4, 6}), True, tmp_path)
+    assert not done and "All done" not in text
+    assert "Phase 5 passes" in text and "still to do: 4, 6" in text
+    assert "Not tested this run: phase 1, 2, 3, 7, 8, 9" in text
+    # every phase solved, but only phase 9 tested: still not "All done"
+    done, text = practice.verdict({9: "✓"}, everything, todos(set()), True, tmp_path)
+    assert not done and "All done" not in text and "Phase 9 passes" in text
+    # every phase tested, one waiting for another: not done
+    statuses = {n: "✓" for n in everything} | {4: "… needs Phase 5"}
+    done, text = practice.verdict(statuses, everything, todos(set()), True, tmp_path)
+    assert not done and "still to do: 4" in text
+    done, text = practice.verdict({n: "✓" for n in everything}, everything, todos(set()), True, tmp_path)
+    assert done and text.startswith("All done")
+    # the reference checkout: never "All done", and it says what it checked
+    done, text = practice.verdict({1: "✓"}, everything, todos(set()), False, tmp_path)
+    assert not done and "All done" not in text
+    assert "not a practice workspace" in text and "phase 1" in text and "practice start" in text
+
+
+def test_next_todo_is_the_one_the_lesson_stops_at():
+    todos = [
+        practice.Todo(2, "fusion/manual_fusion.py", 212, "a", "", True),
+        practice.Todo(2, "fusion/manual_fusion.py", 368, "b", "", True),
+        practice.Todo(3, "fusion/pattern_rewriter.py", 100, "c", "", True),
+    ]
+    assert practice.next_todo(todos).line == 212  # without a run: file order
+    assert practice.next_todo(todos, ("fusion/manual_fusion.py", 368)).line == 368  # where the lesson stopped
+    # a lesson that stops at a later phase's TODO: that is where the learner is stopped, so that is Next
+    assert practice.next_todo(todos, ("fusion/pattern_rewriter.py", 100)).line == 100
+    assert practice.next_todo(todos, ("fusion/common.py", 5)).line == 212  # not a TODO: file order
+    assert practice.next_todo([t for t in todos if t.phase == 3]).phase == 3
+
+
 @pytest.mark.parametrize("first_failure", [False, True])
 def test_check_tally_per_phase(pytester, first_failure):
     pytester.makeini("[pytest]\nmarkers =\n    phase1: p1\n    phase2: p2\n")
@@ -469,6 +558,42 @@ def test_start_writes_a_workspace_and_leaves_the_reference_alone(tmp_path):
         practice.start(tmp_path / "ws2", root=dest, modules={"lesson": 3})
 
 
+def test_the_task_list_comes_from_the_reference_not_from_the_learners_comments(tmp_path):
+    ref = fake_reference(tmp_path / "ref")
+    practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3})
+    lesson = tmp_path / "ws/fusion/lesson.py"
+    lines = lesson.read_text().splitlines(keepends=True)
+    todo_lines = [i for i, line in enumerate(lines) if line.strip().startswith("# TODO(human):")]
+    del lines[todo_lines[1]]  # the learner deletes the second TODO comment, keeps the stub
+    del lines[todo_lines[0] : todo_lines[0] + 2]  # ... and solves the first by deleting comment and stub
+    lesson.write_text("".join(lines))
+    todos = practice.scan_todos(tmp_path / "ws", {"lesson": 3})
+    assert [(t.task, t.open) for t in todos] == [
+        ("double every x that is not None", False),
+        ("return a plus one", True),
+    ]
+    assert [t.hint for t in todos] == ["x * 2, then out.append", "the + operator"]
+    assert lines[todos[1].line - 1].lstrip().startswith("raise NotImplementedError")  # points at the stub now
+
+
+def test_hint_has_two_levels_and_never_the_solution(tmp_path, capsys):
+    ref = fake_reference(tmp_path / "ref")
+    lesson = ref / "fusion/lesson.py"
+    lesson.write_text(
+        lesson.read_text().replace("Hint: x * 2, then out.append", "Hint: x * 2. More: out.append(y) in the loop")
+    )
+    practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3})
+    assert practice.hint(3, root=tmp_path / "ws") == 0
+    one = capsys.readouterr().out
+    assert "hint: x * 2\n" in one and "out.append(y) in the loop" not in one and "--more" in one
+    assert practice.hint(3, root=tmp_path / "ws", more=True) == 0
+    two = capsys.readouterr().out
+    assert "more: out.append(y) in the loop" in two
+    assert "hint: the + operator" in two and "more: (no second level" in two  # a one-level TODO line still works
+    for solution_line in ("y = x * 2", "+ 1"):
+        assert solution_line not in one + two
+
+
 def test_start_with_a_solved_phase_keeps_its_reference_code(tmp_path):
     ref = fake_reference(tmp_path / "ref")
     plan = practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3, "helpers": 4}, solved=[3])
@@ -549,6 +674,7 @@ def roundtrip(tmp_path_factory):
         "main": _run(["-m", "fusion.main", "--quick"], ws),
         "check": _run(["-m", "fusion.practice", "check", "--json", str(ws / "check.json")], ws),
         "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x"], ws),
+        "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
     }
     done = {}
     for name, proc in procs.items():
@@ -657,20 +783,32 @@ def test_roundtrip_check_prints_table_and_next_todo(roundtrip):
     code, out, err = roundtrip["runs"]["check"]
     assert code == 1, err[-3000:]
     assert "TODOs done" in out and "tests passed" in out
-    first = min(roundtrip["plan"].regions, key=lambda r: (r.phase, r.path, r.begin))
-    ws_line = json.loads((roundtrip["ws"] / ".practice.json").read_text())["regions"]
-    line = next(r["line"] for r in ws_line if r["path"] == first.path and r["task"] == first.task)
-    assert f"Next: Phase {first.phase}, {first.path}:{line}" in out
-    assert f"hint {first.phase}" in out
+    assert "All done" not in out and roundtrip["check"]["all_done"] is False
+    nxt = roundtrip["check"]["next"]
+    assert nxt["phase"] == min(r.phase for r in roundtrip["plan"].regions)
+    assert f"Next: Phase {nxt['phase']}, {nxt['path']}:{nxt['line']}" in out
+    line = (roundtrip["ws"] / nxt["path"]).read_text().splitlines()[nxt["line"] - 1]
+    assert line.strip().startswith("# TODO(human):")  # the TODO line, right above its stub
+    assert f"hint {nxt['phase']}" in out
 
 
 @needs_reference
-def test_roundtrip_lesson_stops_at_its_first_todo_with_the_message(roundtrip):
+def test_roundtrip_lesson_stops_at_the_todo_that_check_calls_next(roundtrip):
     code, out, err = roundtrip["runs"]["lesson"]
     first = roundtrip["first"]
     assert code == 1, err[-3000:]
     assert "Traceback" not in err
     assert re.search(rf"^TODO\(human\) Phase {first.number}: .*\. Hint: {re.escape(HINT)} {first.number}$", err, re.M)
+    nxt = roundtrip["check"]["next"]
+    assert f"  at {nxt['path']}:{nxt['line']}" in err.splitlines()  # one pointer: the lesson's and check's agree
+
+
+@needs_reference
+def test_check_in_the_reference_says_it_is_not_a_workspace(roundtrip):
+    code, out, err = roundtrip["runs"]["refcheck"]
+    assert code == 0, (out + err)[-3000:]
+    assert "All done" not in out
+    assert "not a practice workspace" in out and "phase 1" in out  # and what it checked
 
 
 @needs_reference

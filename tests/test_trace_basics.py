@@ -53,6 +53,31 @@ def test_shape_prop_shapes(batch, d):
     assert "output" not in rows
 
 
+class ChunkAndSize(torch.nn.Module):
+    """Nodes whose result is not one tensor: a tuple (chunk), a Python int (size), and the output."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, 1)  # one call_method node holding a tuple, two getitem nodes holding tensors
+        n = x.size(0)  # an int, not a tensor
+        return (a * b).view(n, -1)
+
+
+@given(batch=st.integers(1, 4), half=st.integers(1, 3))
+def test_shape_rows_skips_tuple_and_non_tensor_results(batch, half):
+    x = torch.randn(batch, 2 * half)
+    rows = shape_rows(trace(ChunkAndSize()), x)
+    assert [(name, op) for name, op, *_ in rows] == [
+        ("x", "placeholder"),
+        ("getitem", "call_function"),
+        ("getitem_1", "call_function"),
+        ("mul", "call_function"),
+        ("view", "call_method"),
+    ]  # every tensor node, in graph order; not chunk (a tuple), not size (an int), not output
+    shapes = {name: shape for name, _, shape, _ in rows}
+    assert shapes["getitem"] == shapes["getitem_1"] == shapes["view"] == (batch, half)
+    assert all(isinstance(shape, tuple) and dtype == "float32" for *_, shape, dtype in rows)
+
+
 def test_shape_prop_follows_dtype():
     model = models.TinyNet().double()
     (x,) = models.tiny_inputs()
@@ -88,8 +113,10 @@ def test_untraceable_model_error_names_model_line_and_fix():
 
 
 def test_non_module_gets_type_error():
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"got the class TinyNet; pass an instance: TinyNet\(\)"):
         trace(models.TinyNet)  # the class, not an instance
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        trace(torch.randn(2))
 
 
 def test_phase_runs(capsys):
