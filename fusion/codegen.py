@@ -485,9 +485,7 @@ def run(quick: bool = False) -> None:
     print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))
     print("generated = one launch per region; library calls = matmul/conv/other aten ops (and fallback regions).")
     if device == "cuda":
-        big = tuple(t.to(device) for t in models.elementwise_inputs(batch=1024 if quick else 8192, d=4096))
-        chain = models.ElementwiseChain(d=4096).to(device)
-        print("ElementwiseChain on", tuple(big[0].shape), ":", rt.cuda_timing(chain, compile_regions(chain, big), big))
+        rt.gpu_numbers(compile_regions, quick)
 
 
 class _Fallbacks(torch.nn.Module):

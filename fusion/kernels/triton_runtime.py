@@ -183,11 +183,10 @@ class RegionKernel(torch.nn.Module):
             fn = self._compiled[interpret] = load_kernel(self.kernel.source, self.kernel.name, interpret=interpret)
         return fn
 
-    def forward(self, *inputs: torch.Tensor) -> tuple:
+    def _launcher(self, inputs: Sequence[torch.Tensor]) -> tuple[Callable[[], None], list[torch.Tensor]]:
+        """Check the inputs, allocate the outputs; return (launch once, the outputs it writes)."""
         plan = self.plan
         for node, t, want in zip(plan.inputs, inputs, plan.input_meta, strict=True):
-            if not isinstance(t, torch.Tensor):
-                t = torch.as_tensor(t)
             if _real_meta(t) != want:
                 raise ShapeMismatchError(
                     f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
@@ -195,20 +194,25 @@ class RegionKernel(torch.nn.Module):
                     "with example inputs of the shapes (and memory layout) you call it with"
                 )
         device = inputs[0].device if inputs else torch.device("cpu")
-        values: dict[fx.Node, object] = {}
         outs = []
         for node in plan.stored:
             val = node.meta["val"]
-            out = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=device)
-            values[node] = out
-            outs.append(out)
+            outs.append(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=device))
         fn = self._function(interpret=device.type != "cuda")
         grid, constexprs = plan.launch_config(device)
-        if grid > 0:
-            fn[(grid,)](*inputs, *outs, num_warps=plan.num_warps, **constexprs)
-        for node, t in zip(plan.inputs, inputs, strict=True):
-            values[node] = t
-        return tuple(_rebuild(node, values) for node in plan.outputs)
+
+        def launch() -> None:
+            if grid > 0:
+                fn[(grid,)](*inputs, *outs, num_warps=plan.num_warps, **constexprs)
+
+        return launch, outs
+
+    def forward(self, *inputs: torch.Tensor) -> tuple:
+        launch, outs = self._launcher(inputs)
+        launch()
+        values: dict[fx.Node, object] = dict(zip(self.plan.stored, outs, strict=True))
+        values.update(zip(self.plan.inputs, inputs, strict=True))
+        return tuple(_rebuild(node, values) for node in self.plan.outputs)
 
 
 def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
@@ -357,17 +361,64 @@ def _aten_inputs(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list
     return aten_inputs(model, inputs)
 
 
-def cuda_timing(model: torch.nn.Module, compiled: torch.nn.Module, inputs: tuple) -> str:
+def wall_us(fn: Callable[..., object], *args: object) -> float:
+    """Median wall time of ``fn(*args)`` + a CUDA synchronize, in µs (torch.utils.benchmark)."""
     from torch.utils.benchmark import Timer
 
+    timer = Timer("f(*x); torch.cuda.synchronize()", globals={"f": fn, "x": args, "torch": torch})
     with torch.no_grad():
-        t = {
-            name: Timer("f(*x); torch.cuda.synchronize()", globals={"f": f, "x": inputs, "torch": torch})
-            .blocked_autorange(min_run_time=0.3)
-            .median
-            for name, f in (("eager", model), ("generated", compiled))
-        }
-    return f"eager {t['eager'] * 1e6:.1f} µs, generated kernels {t['generated'] * 1e6:.1f} µs (wall, {torch.cuda.get_device_name()})"
+        return timer.blocked_autorange(min_run_time=0.3).median * 1e6
+
+
+def kernel_gpu_us(compiled: CompiledGraph, flat_inputs: Sequence[torch.Tensor], launches: int = 50) -> list[tuple]:
+    """(kernel, GPU µs per launch) for every generated kernel of one call: CUDA events around ``launches``
+    back-to-back launches of that kernel alone, on the inputs it received in that call (outputs preallocated)."""
+    captured: dict[RegionKernel, tuple] = {}
+    kernels = [m for m in compiled.graph_module.modules() if isinstance(m, RegionKernel)]
+    hooks = [m.register_forward_pre_hook(lambda mod, args: captured.setdefault(mod, args)) for m in kernels]
+    try:
+        with torch.no_grad():
+            compiled(*flat_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    rows = []
+    for mod, args in captured.items():
+        launch, _ = mod._launcher(args)
+        launch()  # compile and warm up
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            launch()
+        end.record()
+        end.synchronize()
+        rows.append((mod.kernel, start.elapsed_time(end) * 1e3 / launches))
+    return rows
+
+
+def gpu_numbers(compile_regions: Callable, quick: bool) -> None:
+    """On a GPU: each generated kernel's GPU time beside Phase 6's prediction (external bytes ÷ copy bandwidth)."""
+    from fusion import models
+    from fusion.common import heading, table
+    from fusion.regions import aten_inputs, measure_bandwidth_gbps
+
+    heading(f"On the GPU ({torch.cuda.get_device_name()}, bf16): measured vs predicted", "-")
+    bw = measure_bandwidth_gbps("cuda")
+    rows, n = [], 1024 if quick else 8192
+    for title, m, inp in (
+        ("relu(x·a+b)·c + x", models.ElementwiseChain(d=4096), models.elementwise_inputs(batch=n, d=4096)),
+        ("x + gelu(layer_norm(x))", models.NormGELUResidual(d_model=4096), models.norm_inputs(1, n, 4096)),
+    ):
+        m, inp = m.cuda().bfloat16(), tuple(t.cuda().bfloat16() for t in inp)
+        compiled = compile_regions(m, inp)
+        eager, ours = wall_us(m, *inp), wall_us(compiled, *inp)
+        for kernel, gpu in kernel_gpu_us(compiled.compiled, aten_inputs(m, inp)):
+            predicted = kernel.region.total_bytes / (bw * 1e3)  # µs
+            rows.append((title, kernel.name, f"{predicted:.1f}", f"{gpu:.1f}", f"{gpu / predicted:.2f}×",
+                         f"{eager:.1f}", f"{ours:.1f}"))  # fmt: skip
+    print(table(rows, ["block", "kernel", "predicted µs", "GPU µs", "GPU/predicted", "eager wall µs", "ours wall µs"]))
+    print(f"predicted = the region's external bytes ÷ {bw:.0f} GB/s (a copy measured here); GPU µs from CUDA events.")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -454,6 +505,8 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
                     )
                 if v.numel() == 0:
                     raise Unsupported(f"{n.name} is empty {tuple(v.shape)}")
+                if max(v.numel(), sum((s - 1) * st for s, st in zip(v.shape, v.stride(), strict=True))) >= 2**31:
+                    raise Unsupported(f"{n.name} {tuple(v.shape)} needs 64-bit indexing; kernels index with int32")
                 devices.add(v.device)
     if len(devices) > 1:
         raise Unsupported(f"tensors on several devices {sorted(map(str, devices))}")
