@@ -56,13 +56,13 @@ from dataclasses import dataclass
 import torch
 from torch.utils import benchmark as tbench
 
-from fusion.bench.counting import NodeCost, graph_costs, intermediate_bytes, min_bytes  # noqa: F401
+from fusion.bench.counting import NodeCost
 from fusion.bench.counting import kernels_bound as per_node_bound
-from fusion.bench.harness import SCHEMA_VERSION, Lesson, benchmark, summarize  # noqa: F401
+from fusion.bench.harness import SCHEMA_VERSION, Lesson, benchmark  # noqa: F401 (the JSON's schema version)
 from fusion.bench.plot import PLOT_HINT, have_matplotlib, plot_roofline
 from fusion.bench.profile import AllocationLog, Peaks
 from fusion.bench.report import check_targets, print_report
-from fusion.bench.workloads import SIZES, Config, default_config  # noqa: F401
+from fusion.bench.workloads import default_config
 from fusion.common import run_lesson
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 #   models  torchvision ResNet-50 and MobileNetV2, batch 64×3×224², bf16, channels_last: eager / fold / fold + cuDNN
 #           epilogue / backend="fusion" / torch.compile
 #   e2e     ResNet-18 and nn.TransformerEncoderLayer (32×512×1024): eager / backend="fusion" / backend="inductor"
-#   cpu     the CPU run for comparison (float32, all cores, --quick sizes, no torch.compile)
+#   cpu     the CPU run for comparison (float32, all cores, no torch.compile): the Linear+ReLU pair, chain, conv net
 #   check   scripts/gpu_check.py (cuDNN epilogue numerics, conv backends, the Linear+ReLU hot path); only when asked
 # Then scripts/bench_summary.py over every JSON. Each group gets at most its share of what is left of the budget and
 # passes --budget to the benchmark, which drops to 2 rounds past half of it and skips workloads past all of it.
@@ -54,7 +54,7 @@ for name in ("triton", "torchvision", "matplotlib"):
 EOF
 
 if [ "$dry" = 1 ]; then gpu=(--device cpu --tiny --no-compile); cpu=(--device cpu --tiny --no-compile); else
-    gpu=(--device cuda); cpu=(--device cpu --quick --threads 0); fi
+    gpu=(--device cuda); cpu=(--device cpu --no-compile); fi
 
 # run_group NAME SHARE_SECONDS ARGS...: one benchmark process, its timeout the smaller of its share and what is left
 rcs=""
@@ -79,7 +79,7 @@ plot=()
 "$PY" -c 'import matplotlib' 2>/dev/null && plot=(--plot "$OUT/roofline_cuda.png")
 core=linear_relu_memory,linear_relu_compute,matmul_add_relu,conv_bn_relu,elementwise_chain,layernorm_gelu_residual
 core=$core,qkv_decode,qkv_prefill
-[ "$dry" = 1 ] && core=elementwise_chain  # the rehearsal checks the steps, not the workloads: one is enough
+[ "$dry" = 1 ] && core=linear_relu_memory  # the rehearsal checks the steps, not the workloads: one is enough
 run_group core 200 "${gpu[@]}" --only "$core" "${plot[@]}"
 run_group models 170 "${gpu[@]}" --only resnet50,mobilenet_v2
 run_group e2e 130 "${gpu[@]}" --only e2e_resnet18,e2e_transformer

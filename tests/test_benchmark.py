@@ -373,7 +373,7 @@ def ok(tiny_json) -> dict:
 
 
 CORE = ["linear_relu_memory", "linear_relu_compute", "matmul_add_relu", "conv_bn_relu", "elementwise_chain"]
-NEW = ["layernorm_gelu_residual", "qkv_decode", "qkv_prefill", "resnet50", "mobilenet_v2", "e2e_resnet18"]
+NEW = ["layernorm_gelu_residual", "qkv_decode", "qkv_prefill", "resnet50", "e2e_resnet18"]
 
 
 def test_tiny_run_json_schema(tiny_json):
@@ -620,6 +620,13 @@ def test_a_variant_whose_phase_is_missing_unsolved_or_broken_is_a_row_with_its_r
     assert interpreted["reason"] == W.TRITON_INTERPRETER and interpreted["outputs_match"]
     large = {x["name"]: x for x in result["workloads"][1]["variants"]}["generated"]
     assert not large["available"] and large["reason"].startswith(W.TRITON_INTERPRETER)
+
+
+def test_only_names_the_workloads_it_knows():
+    with pytest.raises(ValueError, match="no workload.*Fix: pick from"):
+        H.benchmark(W.Config(device="cpu", sizes="tiny", only=("no_such",)), B.LESSON, log=lambda msg: None)
+    keys = [w.key for w in W.workloads(W.Config(sizes="tiny", only=("qkv_decode", "resnet50")))]
+    assert keys == ["qkv_decode", "resnet50"]
 
 
 def test_plot_without_matplotlib_says_how(monkeypatch, capsys):

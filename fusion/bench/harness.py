@@ -8,6 +8,7 @@ the peak-memory measurement — as a :class:`Lesson`; nothing here imports the l
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import json
@@ -385,6 +386,10 @@ def benchmark(
             f"--device cuda, but CUDA is not available (torch {torch.__version__}, built with CUDA "
             f"{torch.version.cuda}). Fix: run with --device cpu, or on a machine with a GPU"
         )
+    known = [w.key for w in workloads(dataclasses.replace(config, only=()))]
+    unknown = sorted(set(config.only) - set(known))
+    if unknown:
+        raise ValueError(f"--only: no workload {unknown}. Fix: pick from {', '.join(known)}")
     start = time.perf_counter()
     threads = config.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
