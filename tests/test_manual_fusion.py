@@ -205,11 +205,9 @@ def test_fused_module_refuses_what_it_cannot_stand_for():
 # what really ran.
 
 
-def test_kernel_names_are_reexported_from_the_lesson():
-    for name in ("ADDMM_THEN_RELU", "CUBLASLT_EPILOGUE", "CUDA_GEMM_THEN_RELU", "EMPTY", "KERNEL_PATHS"):
-        assert getattr(manual_fusion, name) == getattr(cublaslt, name)
-    for name in ("addmm_relu", "select_kernel_path", "launched_kernels"):
-        assert getattr(manual_fusion, name) is getattr(cublaslt, name)
+def test_kernel_names_other_code_reads_from_the_lesson_are_reexported():
+    assert manual_fusion.KERNEL_PATHS is cublaslt.KERNEL_PATHS  # Phase 4's report describes the paths with it
+    assert manual_fusion.addmm_relu is cublaslt.addmm_relu  # scripts/gpu_check.py times it
 
 
 def test_kernel_module_does_not_import_the_lessons():
