@@ -1,13 +1,14 @@
 """Phase 2's kernel back-end: ``relu(x @ W.T + b)`` as one cuBLASLt GEMM whose epilogue adds the bias and applies the
 ReLU, made safe to call anywhere (autograd, autocast, no bias), and the rule that predicts which kernels an input
-really gets. The lesson (``fusion/manual_fusion.py``) calls :func:`addmm_relu` and :func:`predict_kernel_path`;
-nothing here needs reading to do its exercises.
+really gets. The lesson (``fusion/manual_fusion.py``) calls :func:`addmm_relu`, :func:`predict_kernel_path` and
+:func:`show_kernel_paths`; nothing here needs reading to do its exercises, and nothing here imports a lesson.
 
 * :func:`addmm_relu` — ``torch._addmm_activation(bias, x, W.T)``: PyTorch gives it no backward and leaves it off
   CUDA's autocast list; this supplies both (:class:`AddmmReLUFunction`, :func:`autocast_dtype`).
 * :func:`select_kernel_path` — pure Python on plain values (testable without a GPU): which of :data:`KERNEL_PATHS`
   ``relu(x @ W.T + b)`` takes on a device, dtype and shape.
-* :func:`launched_kernels` — what really ran, measured: CUDA kernels from the profiler, else ATen ops dispatched.
+* :func:`launched_kernels` — what really ran, measured: CUDA kernels from the profiler, else ATen ops dispatched;
+  :func:`show_kernel_paths` prints prediction and measurement side by side (the lesson's last section).
 """
 
 from __future__ import annotations
