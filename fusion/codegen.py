@@ -72,7 +72,7 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     # BEGIN SOLUTION
     a = args
     table_ = {
-        aten.sub: "{0} - {1}", aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}",
+        aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}",
         aten.abs: "tl.abs({0})", aten.exp: "tl.exp({0})", aten.log: "tl.log({0})", aten.sqrt: "tl.sqrt({0})",
         aten.rsqrt: "tl.rsqrt({0})", aten.sigmoid: "1.0 / (1.0 + tl.exp(-{0}))", aten.erf: "tl.erf({0})",
         aten.tanh: "2.0 / (1.0 + tl.exp(-2.0 * {0})) - 1.0", aten.reciprocal: "1.0 / {0}",
@@ -83,9 +83,11 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
         aten.gt: "{0} > {1}", aten.ge: "{0} >= {1}", aten.clone: "{0}", aten.alias: "{0}",
         aten.logical_not: "{0} == 0",
     }  # fmt: skip
-    if packet is aten.add:
-        alpha = bound.get("alpha", 1)
-        return f"{a[0]} + {a[1]}" if alpha == 1 else f"{a[0]} + {a[1]} * {const_source(alpha)}"
+    if packet in (aten.add, aten.sub):
+        sign, alpha = ("+" if packet is aten.add else "-"), bound.get("alpha", 1)
+        return f"{a[0]} {sign} {a[1]}" + ("" if alpha == 1 else f" * {const_source(alpha)}")
+    if bound.get("rounding_mode") is not None:
+        raise Unsupported(f"{node.target} with rounding_mode={bound['rounding_mode']!r}")
     if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
         lo = bound.get("min") if packet is not aten.clamp_max else None
         hi = bound.get("max") if packet is not aten.clamp_min else None

@@ -105,7 +105,7 @@ def binary_ops(x, y):
     x, y = x * 1.0, y + 0.0
     return (
         x + y, x - y, x * y, x / (y.abs() + 0.5), torch.maximum(x, y), torch.minimum(x, y), torch.add(x, y, alpha=2),
-        x == y, x != y, x < y, x <= y, x > y, x >= y, torch.where(x > y, x, y),
+        x == y, x != y, x < y, x <= y, x > y, x >= y, torch.where(x > y, x, y), torch.sub(x, y, alpha=3),
     )  # fmt: skip
 
 
@@ -216,6 +216,8 @@ def test_unsupported_op_falls_back_with_a_reason():
     assert "sin" in skip.reason
     c = check(lambda x: (x * 2.0).sum(0) + 1.0, x, kernels=0)  # a reduction over the first dimension
     assert c.report.skipped and "dim" in c.report.skipped[0].reason
+    c = check(lambda x: torch.div(x * 4.0, 3.0, rounding_mode="floor") + 1.0, x, kernels=0)  # no floor division
+    assert c.report.skipped and "rounding_mode" in c.report.skipped[0].reason
 
 
 def test_compile_graph_on_an_aten_graph():
