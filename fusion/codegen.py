@@ -173,13 +173,22 @@ def view_index(node: fx.Node, index: list[str]) -> list[str]:
         for i, d in enumerate(bound["dims"]):
             out[d % len(index)] = index[i]
         return out
-    if packet in (aten.t, aten.transpose):
+    if packet in (aten.t, aten.transpose) and len(index) > 1:
         d0, d1 = (0, 1) if packet is aten.t else (bound["dim0"] % len(index), bound["dim1"] % len(index))
         out = list(index)
         out[d0], out[d1] = index[d1], index[d0]
         return out
     if packet is aten.unsqueeze:
         return [i for d, i in enumerate(index) if d != bound["dim"] % len(index)]
+    if packet is aten.t:  # of a 1-D tensor: nothing to swap
+        return list(index)
+    if packet is aten.slice:  # element i of x[start::step] along dim is element start + step * i of x
+        dim = bound["dim"] % len(index)
+        size, start = src_shape[dim], bound["start"] or 0
+        start = min(max(start + size if start < 0 else start, 0), size)
+        out = list(index)
+        out[dim] = f"{start} + {bound['step']}*{index[dim]}" if index[dim] != "0" else str(start)
+        return out
     if packet is aten.select:
         out = list(index)
         out.insert(bound["dim"] % len(src_shape), str(bound["index"] % src_shape[bound["dim"]]))

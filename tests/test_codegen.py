@@ -174,6 +174,10 @@ def test_views_inside_a_region_and_escaping_views():
     assert c.num_kernels == 1
     check(lambda x: ((x + 1.0) * 2.0).t(), x, kernels=1)  # the region's output is a view of a member
     check(lambda x, b: (x * b.unsqueeze(1)).exp() + 1.0, _rand((3, 5), 1), _rand((3,), 2), kernels=1)
+    y = _rand((5, 9), 3)
+    check(lambda y: y[1:, ::2].relu() * 2.0 + y[:-1, -5:], y, kernels=1)  # slices of an input
+    check(lambda y: (y * 2.0)[:, 1:8:3].t().exp() + 1.0, y, kernels=1)  # slices of a computed value
+    check(lambda y: (y * 2.0).select(1, -2).sigmoid() + y[:, 0], y, kernels=1)
 
 
 def test_a_call_with_other_shapes_is_a_clear_error():

@@ -493,6 +493,8 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
                 if getattr(n.args[0], "target", None) is not torch.ops.aten.var_mean.correction:
                     raise Unsupported(f"{n.name} takes an output of {n.args[0].target}, which has no generator")
                 continue
+            if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
+                raise Unsupported(f"{n.name} ({t}) changes its input in place")
             if not isinstance(t, torch._ops.OpOverload) or not (
                 is_view(n) or t in reductions or torch.Tag.pointwise in t.tags
             ):
