@@ -608,6 +608,18 @@ def test_start_with_a_solved_phase_keeps_its_reference_code(tmp_path):
         practice.start(tmp_path / "ws2", root=ref, modules={"lesson": 3}, solved=[9])
 
 
+def test_solve_copies_the_reference_regions_in(tmp_path):
+    """What CI's round trip does to solve a phase: the workspace file becomes the reference minus its markers."""
+    ref = fake_reference(tmp_path / "ref")
+    practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3, "helpers": 4})
+    assert practice.solve(tmp_path / "ws", [4], ref, {"lesson": 3, "helpers": 4}) == 0  # no region in phase 4
+    assert practice.solve(tmp_path / "ws", [3], ref, {"lesson": 3, "helpers": 4}) == 2
+    markers = ("# BEGIN SOLUTION", "# END SOLUTION")
+    body = [line for line in NESTED.splitlines() if line.strip() not in markers]
+    assert (tmp_path / "ws/fusion/lesson.py").read_text().splitlines()[4:] == body[2:]  # docstring: quoted markers
+    assert [t.open for t in practice.scan_todos(tmp_path / "ws", {"lesson": 3})] == [False, False]
+
+
 def test_start_refuses_a_non_empty_dir_and_a_dir_inside_the_reference(tmp_path):
     ref = fake_reference(tmp_path / "ref")
     dest = tmp_path / "ws"
@@ -686,6 +698,26 @@ def roundtrip(tmp_path_factory):
 
 def reference_contents() -> dict[str, bytes]:
     return {rel: (REF / rel).read_bytes() for rel in practice.project_files(REF)}
+
+
+@needs_reference
+def test_no_hint_level_gives_a_solution_line_away():
+    """`hint N --more` prints the TODO line's two levels: neither may hold a line of the reference solution."""
+    plan = practice.scan_reference(REF)
+    leaks = []
+    for r in plan.regions:
+        lines = (REF / r.path).read_text(encoding="utf-8").splitlines()[r.begin : r.end - 1]
+        for line in (line.split("  #")[0].strip() for line in lines):
+            if len(line) >= 25 and (line in r.hint or line in r.more):
+                leaks.append(f"{r.path}:{r.todo_line}: {line!r}")
+    assert not leaks, leaks
+
+
+@needs_reference
+@pytest.mark.parametrize("phase", [1, 3])
+def test_phase_todo_lines_have_two_hint_levels(phase):
+    regions = [r for r in practice.scan_reference(REF).regions if r.phase == phase]
+    assert regions and all(r.hint and r.more for r in regions), [(r.todo_line, r.hint, r.more) for r in regions]
 
 
 @needs_reference
