@@ -44,8 +44,8 @@ from fusion.aten import inductor
 from fusion.aten.bandwidth import BANDWIDTH_PROFILES_GBPS, bandwidth_gbps, measure_bandwidth_gbps
 from fusion.aten.capture import aten_inputs, capture_aten
 from fusion.aten.collapse import REGION_PREFIX, collapse_regions, expand_regions
-from fusion.aten.inductor import KNOWN_DIFFERENCES, inductor_fusion_regions
-from fusion.aten.lesson import histogram_table, show_bandwidth, show_regions
+from fusion.aten.inductor import inductor_fusion_regions
+from fusion.aten.lesson import histogram_table, show_bandwidth, show_known_differences, show_regions
 from fusion.aten.nodes import MissingMetaError, is_view_node, kernel_counts, short_target, unique_regions
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
@@ -413,7 +413,7 @@ def run(quick: bool = False) -> None:
     print(histogram_table(plain, decomposed))
     for label, g in (("decompose=False", plain), ("decompose=True", decomposed)):
         r = unique_regions(build_fusion_regions(g))
-        print(f"{label}: {len(r)} region(s): {[x.summary(70) for x in r]}")
+        print(f"{label}: {len(r)} region(s)" + "".join(f"\n  {x.summary(100)}" for x in r))
     print(
         "Undecomposed, native_layer_norm and gelu are opaque single ops: neither tagged pointwise nor reduction,\n"
         "so LayerNorm cannot fuse with its neighbours. Decomposed, they are chains of pointwise ops and reductions."
@@ -429,22 +429,18 @@ def run(quick: bool = False) -> None:
     # Importing Inductor's lowerings for the comparison takes ~10 s: --quick leaves it out.
     compare = None if quick else compare_with_inductor
     batch, seq = (2, 64) if quick else (8, 512)
+    mobilenet_in = (torch.randn(1, 32, size, size),)
     for title, m, x in (
         ("TransformerMLP: x + fc2(gelu(fc1(layer_norm(x))))", model, models.transformer_inputs(batch=batch, seq=seq)),
         ("ConvBNNet (eval mode)", models.ConvBNNet().eval(), models.conv_inputs(batch=2 if quick else 8, size=size)),
-        ("torchvision ResNet-18 stem + first BasicBlock: BN·ReLU·max-pool in one region", resnet, resnet_in),
-        (
-            "torchvision MobileNetV2 InvertedResidual (expand 6×)",
-            models.mobilenet_v2_block(),
-            (torch.randn(1, 32, size, size),),
-        ),
+        ("torchvision ResNet-18 stem + first BasicBlock", resnet, resnet_in),
+        ("torchvision MobileNetV2 InvertedResidual (expand 6×)", models.mobilenet_v2_block(), mobilenet_in),
     ):
-        show_regions(title, m, x, "H100", build_fusion_regions, compare)
-    if compare:
-        print("\nKnown differences from Inductor's rule, kept on purpose:")
-        print("\n".join(f"  {op}: {why}" for op, why in KNOWN_DIFFERENCES.items()))
-    else:
-        print("\n(--quick skips the comparison with Inductor's regions; run without --quick to see it)")
+        gm, region_of = show_regions(title, m, x, "H100", build_fusion_regions, compare)
+        pools = [n for n in region_of if "max_pool" in str(n.target)]
+        for r in unique_regions({n: region_of[n] for n in pools}):  # the stem's BatchNorm, ReLU and max-pool
+            print(f"the max-pool ends region {r.index}: …→{'→'.join(n.name for n in r.nodes[-4:])}")
+    show_known_differences(compare is not None)
     show_bandwidth(quick)
 
 

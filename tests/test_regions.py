@@ -395,7 +395,8 @@ def hand_region(graph: fx.Graph, members: list[fx.Node], nbytes: dict[str, int])
     return FusionRegion(members, byte_cache=cache)
 
 
-def test_total_and_unfused_bytes_of_a_hand_built_region():
+def hand_built_regions() -> tuple[FusionRegion, FusionRegion]:
+    """Two regions over one graph, bytes given by hand: x (80 B) viewed, added to y (8 B), squared, var_mean'd."""
     g = fx.Graph()
     x, y = g.placeholder("x"), g.placeholder("y")
     xv = g.call_function(aten.view.default, (x, [10]), name="xv")  # a view of an input: escapes, writes nothing
@@ -407,12 +408,20 @@ def test_total_and_unfused_bytes_of_a_hand_built_region():
     mv2 = g.call_function(aten.view.default, (m, [5, 2]), name="mv2")
     g.output((xv, mean, mv, mv2))
     sizes = {"x": 80, "y": 8, "xv": 80, "a": 80, "m": 80, "stats": 16, "mean": 8, "mv": 80, "mv2": 80}
-    region = hand_region(g, [xv, a, m, stats, mean, mv, mv2], sizes)
-    assert region.total_bytes == (80 + 8) + (8 + 80)  # read x, y; write mean and m
-    # unfused: add reads xv, y and writes a; mul reads a, writes m; var_mean reads m, writes (var, mean)
-    assert region.unfused_bytes == (80 + 8 + 80) + (80 + 80) + (80 + 16)
-    only_ops = hand_region(g, [a, m], sizes)
-    assert only_ops.total_bytes == 80 + 8 + 80 and only_ops.unfused_bytes == (80 + 8 + 80) + (80 + 80)
+    return hand_region(g, [xv, a, m, stats, mean, mv, mv2], sizes), hand_region(g, [a, m], sizes)
+
+
+def test_total_bytes_of_hand_built_regions():
+    whole, only_ops = hand_built_regions()
+    assert whole.total_bytes == (80 + 8) + (8 + 80)  # read x, y; write mean and m (once, though two views escape)
+    assert only_ops.total_bytes == (80 + 8) + 80  # read xv, y; write m
+
+
+def test_unfused_bytes_of_hand_built_regions():
+    whole, only_ops = hand_built_regions()
+    # add reads xv, y and writes a; mul reads a (once), writes m; var_mean reads m, writes (var, mean); views: 0
+    assert whole.unfused_bytes == (80 + 8 + 80) + (80 + 80) + (80 + 16)
+    assert only_ops.unfused_bytes == (80 + 8 + 80) + (80 + 80)
 
 
 def test_costing_without_meta_names_the_fix():

@@ -26,7 +26,7 @@ def region_table(region_of: dict, bandwidth: float) -> str:
         rows.append(
             (
                 f"#{i}",
-                r.summary(48),
+                r.summary(26),
                 len(r.external_inputs),
                 len(r.external_outputs),
                 fmt_bytes(r.total_bytes),
@@ -36,9 +36,7 @@ def region_table(region_of: dict, bandwidth: float) -> str:
                 f"{r.unfused_cost_ms(bandwidth) * 1e3:.3g}",
             )
         )
-    return table(
-        rows, ["region", "ops", "in", "out", "fused bytes", "unfused bytes", "saved", "fused µs", "unfused µs"]
-    )
+    return table(rows, ["region", "ops", "in", "out", "bytes fused", "unfused", "saved", "µs fused", "unfused"])
 
 
 def op_histogram(gm: fx.GraphModule) -> Counter[str]:
