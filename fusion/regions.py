@@ -64,7 +64,7 @@ aten = torch.ops.aten
 INDEXING_OPS = frozenset({"aten::slice", "aten::select", "aten::gather", "aten::index_select", "aten::embedding"})
 # Pooling: every output element combines a small window of its input (max, or sum / count) — a few loads at shifted
 # indices, combined pointwise, with no reduction loop of its own. Inductor decomposes max-pool into the prims below
-# (it registers them; torch < 2.12 spells them ..._max_pool2d_...).
+# (it registers them; older torch spells them ..._max_pool2d_...).
 POOLING_OPS = frozenset(
     {"aten::avg_pool2d", "aten::avg_pool3d", "aten::_adaptive_avg_pool2d", "aten::adaptive_max_pool2d"}
     | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
@@ -388,11 +388,7 @@ def build_fusion_regions(gm: fx.GraphModule | fx.Graph) -> dict[fx.Node, FusionR
 
 def compare_with_inductor(gm: fx.GraphModule, region_of: dict[fx.Node, FusionRegion]) -> list[tuple] | None:
     """Rows (verdict, ours, Inductor's, why) matching our regions with Inductor's on the same graph; None without it.
-
-    A group of overlapping regions is ``same``, ``merged`` (ours larger), ``split`` (ours smaller) or ``different``;
-    the reason names the nodes on whose fusibility the two rules disagree, and marks the differences kept on purpose
-    (``fusion.aten.inductor.KNOWN_DIFFERENCES``). The machinery is in ``fusion/aten/inductor.py``.
-    """
+    ``why`` names the nodes whose verdicts differ, and marks those kept on purpose (``fusion/aten/inductor.py``)."""
     return inductor.compare_with_inductor(gm, region_of, is_fusible_node, fusible_reason)
 
 
