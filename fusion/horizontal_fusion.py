@@ -108,8 +108,8 @@ def sibling_refusal(module: nn.Module) -> str | None:
 def merge_key(module: nn.Module) -> tuple[tuple[str, object], ...]:
     """What must be equal for two siblings to merge, as (field, value) pairs: kind, weight shape past the output
     dim, hyper-parameters, dtype, device and ``requires_grad``. Output widths and bias may differ."""
-    w = module.weight
-    key = [("kind", type(module).__name__), ("weight shape", tuple(w.shape[1:]))]
+    w, kind = module.weight, next(b for b in MERGEABLE if isinstance(module, b)).__name__  # a plain subclass merges
+    key = [("kind", kind), ("weight shape", tuple(w.shape[1:]))]
     if isinstance(module, nn.Conv2d):
         key += [(f, getattr(module, f)) for f in ("stride", "padding", "dilation", "padding_mode")]
     return (*key, ("dtype", w.dtype), ("device", w.device), ("requires_grad", w.requires_grad))

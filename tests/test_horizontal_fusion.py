@@ -323,6 +323,25 @@ def test_refused_sibling_stays_alone(kind, case):
             assert len(calls) == 2  # once in the model, once in the fused model
 
 
+def test_grouped_convs_never_merge():
+    mods = [_conv(4, 4, 0, groups=2), _conv(4, 2, 1, groups=2), _conv(4, 6, 2, groups=2)]  # one merge_key: same shape
+    model = SumOfSiblings(mods)
+    gm = fuse_horizontal(model)
+    assert fused_groups(gm) == []
+    assert {"mods_0", "mods_1", "mods_2"} <= skipped_nodes(gm)
+    assert_exact(model, gm, _randn(2, 4, 5, 5))
+
+
+def test_a_plain_subclass_merges_with_its_base():
+    from torch.nn.modules.linear import NonDynamicallyQuantizableLinear  # nn.MultiheadAttention's out_proj
+
+    plain_subclass = _seeded(NonDynamicallyQuantizableLinear(4, 3).double(), 1)
+    model = SumOfSiblings([_linear(4, 2, seed=0), plain_subclass])
+    gm = fuse_horizontal(model)
+    assert fused_groups(gm) == [{"mods_0", "mods_1"}]
+    assert_exact(model, gm, _randn(3, 4))
+
+
 def test_a_user_subclass_is_traced_through_and_its_siblings_merge():
     model = SumOfSiblings(
         [_linear(4, 2, seed=0), _seeded(DoubleForwardLinear(4, 3).double(), 1), _linear(4, 1, seed=2)]
@@ -403,12 +422,17 @@ class MutateBetween(nn.Module):
             x.add_(1)
         elif self.how == "view":
             x.view(-1).mul_(2)
+        elif self.how == "getitem":
+            x[:, 0].mul_(2)  # x[...] is a call_function (operator.getitem), a view like x.view
         elif self.how == "other":  # writes a fresh tensor: x is untouched, so a, b, c all read one value
             h.relu_()
         return h.sum(-1) + self.b(x).sum(-1) + self.c(x).sum(-1)
 
 
-@pytest.mark.parametrize("how, groups", [("self", [{"b", "c"}]), ("view", [{"b", "c"}]), ("other", [{"a", "b", "c"}])])
+@pytest.mark.parametrize(
+    "how, groups",
+    [("self", [{"b", "c"}]), ("view", [{"b", "c"}]), ("getitem", [{"b", "c"}]), ("other", [{"a", "b", "c"}])],
+)
 def test_an_in_place_write_between_siblings_cuts_the_group(how, groups):
     model = MutateBetween(how)
     gm = fuse_horizontal(model)
@@ -418,6 +442,26 @@ def test_an_in_place_write_between_siblings_cuts_the_group(how, groups):
         assert "a" in skipped_nodes(gm)
     if how == "other":  # a's slice is written in place: it is a clone, so autograd's version checks stay happy
         assert_exact(model, gm, _randn(3, 4))
+
+
+class WriteAnotherInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _linear(4, 2, seed=0), _linear(4, 3, seed=1)
+
+    def forward(self, x, y):
+        h = self.a(x)
+        y.add_(1)  # the caller may pass one tensor as both x and y: then this writes x too
+        return h.sum(-1) + self.b(x).sum(-1)
+
+
+def test_a_write_to_another_input_may_write_this_one():
+    model = WriteAnotherInput()
+    gm = fuse_horizontal(model)
+    assert fused_groups(gm) == []
+    x, x2 = _randn(3, 4), _randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x2, x2), model(x, x))
 
 
 def test_graph_with_in_place_op_between_siblings_runs_the_lesson_model():
