@@ -147,7 +147,7 @@ def declared_kernel_path(module: nn.Module, node: fx.Node, device: torch.device)
 
 
 # What the kernels of a node really do, where that differs from "one kernel per node". Phase 2's paths are described
-# in fusion.manual_fusion.KERNEL_PATHS; the convolution's, on CUDA, in fusion.conv_bn_fusion.CONV_PATHS.
+# in fusion.kernels.cublaslt.KERNEL_PATHS; the convolution's, on CUDA, in fusion.kernels.cudnn.CONV_PATHS.
 EXTRA_PASSES = {  # extra read+write passes over the node's output, beyond the one write of its result
     "cublaslt-epilogue": 0,
     "empty": 0,

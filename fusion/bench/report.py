@@ -12,7 +12,8 @@ import textwrap
 from tabulate import tabulate
 
 from fusion.common import heading, shorten
-from fusion.conv_bn_fusion import CONV_PATHS
+from fusion.kernels.cublaslt import KERNEL_PATHS
+from fusion.kernels.cudnn import CONV_PATHS
 
 WIDTH = 120  # no printed line is wider (a test checks)
 
@@ -338,10 +339,6 @@ def generated_table(result: dict) -> str:
 
 def kernel_path_lines(result: dict) -> list[str]:
     """What the fused modules say they really run (phase 2's FusedLinearReLU differs between CPU and CUDA)."""
-    try:
-        from fusion.manual_fusion import KERNEL_PATHS  # phase 2's paths, where that phase is there
-    except ImportError:
-        KERNEL_PATHS = {}
     described = dict(KERNEL_PATHS)
     described.update(CONV_PATHS)
     lines = []
