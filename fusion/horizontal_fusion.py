@@ -37,7 +37,9 @@ What you learn
   in one Phase 6 region with two outputs, which reads the tensor once (see the end of the run).
 
 Inductor's ``fx_passes/group_batch_fusion.py`` does this at scale (match → group key → independent subset →
-concatenate → one op → split); its scheduler's ``can_fuse_horizontal`` merges kernels that share reads.
+concatenate → one op → split). It also batches ops with *different* inputs (stacking them), so it must search for
+subsets with no path between members; grouping only siblings of one value, as here, makes every subset independent.
+Its scheduler's ``can_fuse_horizontal`` merges kernels that merely share reads.
 """
 
 from __future__ import annotations
@@ -426,7 +428,7 @@ def run(quick: bool = False) -> None:
     heading("What the merged GEMM saves (bf16, computed from the shapes; Phase 4 times it on a GPU)", "-")
     rows = qkv_cost_rows(32, 1024) + qkv_cost_rows(8192 if not quick else 2048, 1024)
     print(table(rows, ["input", "variant", "launches", "MB moved", "FLOP/byte"]))
-    print("Decode (32 tokens): the weights dominate the bytes and each GEMM is tiny (~30 FLOP/byte, far below the")
+    print(f"Decode (32 tokens): the weights dominate the bytes and each GEMM is tiny ({rows[0][-1]} FLOP/byte, below the")
     print("ridge point Phase 4 measures, ~240 on an H100), so one launch instead of three is the win. Prefill: each")
     print("GEMM is already compute-bound; reading x once saves bytes, but the time is set by the FLOPs, which do not")
     print("change. And a sibling that needs a contiguous copy (report: 'cloned') pays back part of what was saved.")
