@@ -382,7 +382,9 @@ def fuse_conv_bn(model: nn.Module, example_inputs: tuple[torch.Tensor, ...] | No
         ShapeProp(gm).propagate(*example_inputs)
     report = FusionReport("fuse_conv_bn")
     folded: dict[tuple, str] = {}  # (conv target, bn.key) -> name of the folded module already made
-    functional = {node.name for node in gm.graph.nodes if node.target in _FUNCTIONAL}
+    functional = {
+        n.name: batch_norm_call(gm, n) for n in gm.graph.nodes if n.op == "call_function" and n.target in _FUNCTIONAL
+    }
 
     # TODO(human): fold each BatchNorm fed by a FOLDABLE module into a NEW module (one per conv target and bn.key, shared by the call sites having both) when the conv output has exactly one value user and pair_problem() finds nothing; report every such pair, fused with the new module's name as replacement or skipped with why, its nodes being (conv node name, BatchNorm node name). Hint: batch_norm_call(gm, node) finds BatchNorms of both spellings, .input is what it normalizes; value_users(conv_node) leaves out metadata reads. More: _called_module, type(conv) in FOLDABLE, pair_problem(gm, conv_node, bn), gm.add_submodule(_fresh_name(gm, base), fold_module(conv, bn)), conv_node.target = that name, node.replace_all_uses_with(conv_node), gm.graph.erase_node(node), report.fuse(pattern, names, name), report.skip(pattern, names, why)
     # BEGIN SOLUTION
@@ -411,14 +413,26 @@ def fuse_conv_bn(model: nn.Module, example_inputs: tuple[torch.Tensor, ...] | No
         report.fuse(pattern, names, folded[key])
     # END SOLUTION
 
-    nodes = {node.name: node for node in gm.graph.nodes}
-    for decision in report.fused:  # each fold resting on an unchecked (N, C, ...) layout says so
-        conv_node = nodes.get(decision.nodes[0])
-        if not decision.reason and conv_node is not None and conv_node.op == "call_module":
-            functional_bn = decision.nodes[-1] in functional
-            decision.reason = layout_note(gm.get_submodule(conv_node.target), conv_node, functional_bn)
-    finish_rewrite(gm)
+    _after_the_folds(gm, report, functional)
     return attach_report(gm, report)
+
+
+def _after_the_folds(gm: fx.GraphModule, report: FusionReport, functional: dict[str, BatchNormCall | None]) -> None:
+    """Note each fold that rests on an unchecked (N, C, ...) layout; clean up; delete the tensors of folded
+    F.batch_norm calls (a traced-through BatchNormAct2d's module stays for its activation, and would keep them)."""
+    nodes, dead = {node.name: node for node in gm.graph.nodes}, set()
+    for decision in report.fused:
+        conv_node, bn = nodes.get(decision.nodes[0]), functional.get(decision.nodes[-1])
+        if not decision.reason and conv_node is not None and conv_node.op == "call_module":
+            decision.reason = layout_note(gm.get_submodule(conv_node.target), conv_node, bn is not None)
+        dead |= {target for target in (bn.key[1:5] if bn is not None else ()) if target}
+    finish_rewrite(gm)
+    used = {node.target for node in gm.graph.nodes if node.op in ("get_attr", "call_module")}
+    for target in dead - used:
+        owner, _, name = target.rpartition(".")
+        module = functools.reduce(lambda m, part: getattr(m, part, None), owner.split(".") if owner else [], gm)
+        if hasattr(module, name) and not any(owner == u or owner.startswith(u + ".") for u in used):
+            delattr(module, name)  # (unless its module, or one above it, is still called)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

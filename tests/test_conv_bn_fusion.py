@@ -689,6 +689,8 @@ def check_real_model(model: nn.Module) -> tuple[int, int, int]:
         bn = batch_norm_call(gm, node)
         if bn is not None and getattr(bn.input, "op", None) == "call_module":
             assert type(modules[bn.input.target]) not in FOLDABLE or len(value_users(bn.input)) > 1, node.name
+    size = lambda m: (sum(p.numel() for p in m.parameters()), sum(b.numel() for b in m.buffers()))  # noqa: E731
+    assert all(f < u for f, u in zip(size(gm), size(model), strict=True))  # the folded BatchNorms' tensors are gone
     total = batch_norms_in(trace_module(model))
     return total, len(report_of(gm).fused), total - batch_norms_in(trace_module(torch_fx_fuse(model)))
 
