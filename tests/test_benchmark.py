@@ -604,7 +604,7 @@ def test_a_variant_whose_phase_is_missing_unsolved_or_broken_is_a_row_with_its_r
         W.VariantSpec("broken", "broken", broken),
         W.VariantSpec("generated", "interpreted", same, stage="device", triton=True),
     )
-    small = W.Workload("qkv", "QKV", "-", lambda: (W.QKVProjection(8), (torch.randn(2, 8),)), specs)
+    small = W.Workload("qkv", "QKV", "-", lambda: (models.QKVProjections(8), (torch.randn(2, 8),)), specs)
     big = W.Workload("big", "big", "-", lambda: (nn.ReLU(), (torch.randn(1024, 1024),)), specs[3:])
     monkeypatch.setattr(H, "workloads", lambda config: [small, big])
     config = W.Config(device="cpu", sizes="tiny", compile=False, threads=1)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fusion import models
 from fusion.conv_bn_fusion import cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
@@ -195,7 +194,9 @@ def fuse_conv_bn(model: nn.Module, inputs=None, config=None) -> nn.Module:
 
 
 def fuse_horizontal(model: nn.Module, inputs=None, config=None) -> nn.Module:
-    return call_pass(load_phase("horizontal_fusion", 7, "fuse_horizontal"), 7, model)
+    """Phase 7, the outputs left as slices (views) of the merged output: no copies, as attention reads them."""
+    fuse = load_phase("horizontal_fusion", 7, "fuse_horizontal")
+    return call_pass(lambda m: fuse(m, clone_outputs=False), 7, model)
 
 
 def cudnn_epilogue_after_fold(folded: nn.Module, inputs=None, config: Config | None = None) -> nn.Module:
@@ -248,38 +249,18 @@ def hand_fuse_chain(model: nn.Module, inputs=None, config=None) -> nn.Module:
     return AddcmulChain(copy.deepcopy(model))
 
 
-class QKVProjection(nn.Module):
-    """The Q, K and V projections of attention: three sibling ``Linear(d, d)`` reading one ``x`` (Phase 7)."""
-
-    def __init__(self, d: int, seed: int = SEED):
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: (M, d)
-        return self.q(x), self.k(x), self.v(x)  # 3 × (M, d)
-
-
-class LayerNormGELUResidual(nn.Module):
-    """``x + gelu(layer_norm(x))``: a row reduction with pointwise work around it, one kernel when generated."""
-
-    def __init__(self, d: int, seed: int = SEED):
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.norm = nn.LayerNorm(d)
-            nn.init.normal_(self.norm.weight, 1.0, 0.1)
-            nn.init.normal_(self.norm.bias, 0.0, 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (rows, d)
-        return x + F.gelu(self.norm(x))
-
-
 def _seeded_build(make: Callable[[], nn.Module], seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return make()
+
+
+def transformer_block(d: int, heads: int) -> nn.Module:
+    """``nn.TransformerEncoderLayer`` in eval mode, with PyTorch's MHA fast path switched off (process-wide): under
+    no_grad the fast path runs the whole layer as one opaque op (``_transformer_encoder_layer_fwd``), which eager, our
+    backend and Inductor would all just call; off, every variant runs the layer's real ops."""
+    torch.backends.mha.set_fastpath_enabled(False)
+    return nn.TransformerEncoderLayer(d, heads, batch_first=True).eval()
 
 
 def torchvision_model(name: str, seed: int) -> nn.Module:
@@ -398,7 +379,7 @@ def workloads(config: Config) -> list[Workload]:
                 "layernorm_gelu_residual",
                 "x + gelu(LayerNorm(x))",
                 f"x {lr}×{ld}",
-                lambda: (LayerNormGELUResidual(ld, seed=seed), models.elementwise_inputs(lr, ld, seed=seed + 1)),
+                lambda: (models.NormGELUResidual(ld, seed=seed), models.elementwise_inputs(lr, ld, seed=seed + 1)),
                 (CODEGEN,),
             )
         )
@@ -410,8 +391,8 @@ def workloads(config: Config) -> list[Workload]:
                     key,
                     f"Q,K,V projections ({key.removeprefix('qkv_')})",
                     f"x {m}×{d} → 3 × Linear({d}, {d})",
-                    lambda m=m, d=d: (QKVProjection(d, seed=seed), models.matmul_inputs(m, d, seed=seed + 1)),
-                    (VariantSpec("fx", "FX phase 7: fuse_horizontal", fuse_horizontal),),
+                    lambda m=m, d=d: (models.QKVProjections(d, seed=seed), models.qkv_inputs(m, d, seed=seed + 1)),
+                    (VariantSpec("fx", "FX phase 7: fuse_horizontal (outputs as views)", fuse_horizontal),),
                 )
             )
     out += _real_models(config, s, layout)
@@ -456,10 +437,10 @@ def _real_models(config: Config, s: Sizes, layout: str) -> list[Workload]:
     out.append(
         Workload(
             "e2e_transformer",
-            "nn.TransformerEncoderLayer",
+            "nn.TransformerEncoderLayer (MHA fast path off)",
             f"x {b}×{t}×{d}, {heads} heads",
             lambda: (
-                _seeded_build(lambda: nn.TransformerEncoderLayer(d, heads, batch_first=True).eval(), seed),
+                _seeded_build(lambda: transformer_block(d, heads), seed),
                 models.transformer_inputs(b, t, d, seed=seed + 1),
             ),
             (FUSION_BACKEND,),
