@@ -2,4 +2,5 @@
 
 from fusion.practice.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing this module (pkgutil.walk_packages does) runs nothing
+    raise SystemExit(main())

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fusion.practice.workspace import package_root, phase_modules, solve, start
+from fusion.practice.workspace import lesson_texts, package_root, phase_modules, solve, start
 
 
 def _python(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -57,6 +57,7 @@ def roundtrip(dest: Path, sample: int | None = 4, log=print) -> list[str]:
     modules = phase_modules()
     module_of = {n: m for m, n in modules.items()}
     everything = sorted(modules.values())
+    texts = lesson_texts(reference, modules)  # the reference as start() reads it (others may edit it meanwhile)
     plan = start(dest, root=reference)
     with_regions = sorted({r.phase for r in plan.regions})
     log(f"workspace {dest}: {len(plan.regions)} regions in phases {with_regions}")
@@ -79,7 +80,7 @@ def roundtrip(dest: Path, sample: int | None = 4, log=print) -> list[str]:
     solved: list[int] = []
     for phase in everything:
         t0 = time.perf_counter()
-        replaced = solve(dest, [phase], reference, modules)
+        replaced = solve(dest, [phase], reference, modules, texts)
         solved.append(phase)
         unsolved = [n for n in with_regions if n not in solved]
         last = phase == everything[-1]
@@ -107,17 +108,13 @@ def roundtrip(dest: Path, sample: int | None = 4, log=print) -> list[str]:
             check_next(result, step)
         log(f"phase {phase}: {status or '-'}   {result['verdict']}   ({time.perf_counter() - t0:.0f} s)")
 
-    differ = [
-        rel
-        for rel in (f"fusion/{m}.py" for m in modules)
-        if (reference / rel).is_file() and _code(reference / rel) != _code(dest / rel)
-    ]
+    differ = [rel for rel, text in texts.items() if _code(text) != _code((dest / rel).read_text(encoding="utf-8"))]
     expect(not differ, f"solved lesson files differ from the reference (apart from the markers): {differ}")
     return problems
 
 
-def _code(path: Path) -> list[str]:
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() not in _MARKERS]
+def _code(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() not in _MARKERS]
 
 
 _MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION")

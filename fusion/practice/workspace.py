@@ -323,17 +323,31 @@ def _todos_from_record(root: Path, records: list[dict]) -> list[Todo]:
     return sorted(todos, key=lambda t: (t.phase, t.path, t.line))
 
 
-def solve(root: Path, phases: Iterable[int], reference: Path, modules: dict[str, int] | None = None) -> int:
+def lesson_texts(reference: Path, modules: dict[str, int] | None = None) -> dict[str, str]:
+    """The reference's lesson files, ``{relative path: text}``: a snapshot for :func:`solve`."""
+    modules = phase_modules() if modules is None else modules
+    return {rel: (reference / rel).read_text(encoding="utf-8") for rel in _lesson_files(reference, modules)}
+
+
+def solve(
+    root: Path,
+    phases: Iterable[int],
+    reference: Path,
+    modules: dict[str, int] | None = None,
+    texts: dict[str, str] | None = None,
+) -> int:
     """(CI, authors) Fill the open stubs of ``phases`` in the workspace ``root`` with the reference's code, as a
-    learner who copied the solution would. Returns how many stubs were replaced."""
+    learner who copied the solution would (``texts``: the reference's lesson files as read at ``start``).
+    Returns how many stubs were replaced."""
     phases = set(phases)
     modules = phase_modules() if modules is None else modules
+    texts = lesson_texts(reference, modules) if texts is None else texts
     replaced = 0
-    for rel in _lesson_files(reference, modules):
+    for rel, text in texts.items():
         phase = modules[rel[len("fusion/") : -3]]
         if phase not in phases or not (root / rel).is_file():
             continue
-        ref_lines = (reference / rel).read_text(encoding="utf-8").splitlines(keepends=True)
+        ref_lines = text.splitlines(keepends=True)
         _, regions, _, _ = strip_file("".join(ref_lines), rel, phase)
         lines = (root / rel).read_text(encoding="utf-8").splitlines(keepends=True)
         for r in regions:
