@@ -879,3 +879,20 @@ def test_each_phase_solved_alone_passes_or_waits(phase, tmp_path):
     t = result["phases"][str(phase)]
     assert result["collection_errors"] == [] and t["failed"] == 0, (t["failures"], out[-2000:])
     assert result["status"][str(phase)] == "✓" or result["status"][str(phase)].startswith("… needs")
+
+
+@pytest.mark.parametrize(
+    "argv", [["start", "somewhere", "--solved", "one"], ["check", "two"], ["check", ""], ["hint", "x"], []]
+)
+def test_cli_bad_arguments_are_usage_errors_not_tracebacks(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        practice.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m fusion.practice") and "Traceback" not in err
+
+
+def test_cli_unknown_phase_is_one_line(capsys):
+    assert practice.main(["hint", "99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("practice hint: error: no phase 99") and "\n" not in err
