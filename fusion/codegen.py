@@ -18,8 +18,16 @@ What you learn
   (``xindex = program_id``), the row in registers (``r0 = arange(RBLOCK)``, masked by ``r0 < N``), ``tl.sum`` /
   ``tl.max`` over it, and all the pointwise work before and after in the same kernel — softmax is one kernel.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded once at the store.
-* What the generator cannot do (a reduction over another dimension, an op without a Triton line) runs as its aten
-  ops, and the report says why: never a crash, never a wrong answer.
+* What the generator cannot do (an op without a Triton line, a reduction over another dimension) is cut out the way
+  Phase 6 cuts a span at a non-fusible node: that op runs as one aten call, with the reason in the report, and the
+  pieces before and after it (>= 2 ops each) still become kernels. Never a crash, never a wrong answer.
+
+Does Phase 6's cost model hold? ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth. On an H200
+(torch 2.11, Triton 3.6, bf16, x 8192×4096, 2026-11-22) the chain's kernel ran 1.10× its prediction, LayerNorm + GELU +
+residual 1.96× (a hand-written one-program-per-row kernel no better, torch.compile's slower). Bytes ÷ bandwidth assumes
+every SM keeps many loads in flight; one program per row cannot: load the row → reduce across warps (shared memory +
+barrier) → reduce again for the variance → store is a dependent chain with little memory-level parallelism per SM.
+Inductor's answers: several rows per program for short rows (XBLOCK > 1), looped reductions, autotuned num_warps.
 
 The anchors: early TorchInductor's ``codegen/triton.py``, the ``triton_poi_fused_*`` kernels Inductor writes
 (``TORCH_LOGS=output_code``), Triton's fused-softmax and layer-norm tutorials.
@@ -35,7 +43,8 @@ import torch
 import torch.fx as fx
 
 from fusion import models
-from fusion.common import heading, lesson_cli, max_abs_diff, shorten, table
+from fusion.common import heading, lesson_cli, shorten
+from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.triton_runtime import (
     CompiledGraph,
@@ -48,6 +57,7 @@ from fusion.kernels.triton_runtime import (
     is_view,
     tl_dtype,
 )
+from fusion.kernels.triton_views import view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -162,49 +172,6 @@ def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) ->
     return " + ".join(terms) or "0"
 
 
-def view_index(node: fx.Node, index: list[str]) -> list[str]:
-    """For a view: the index into its input that holds the element at ``index`` of the view (no data moves)."""
-    packet, bound = node.target.overloadpacket, bind_args(node)
-    src_shape = tuple(node.args[0].meta["val"].shape)
-    if packet in (aten.alias, aten.expand):
-        return broadcast_index(index, src_shape)
-    if packet is aten.permute:
-        out = [""] * len(index)
-        for i, d in enumerate(bound["dims"]):
-            out[d % len(index)] = index[i]
-        return out
-    if packet in (aten.t, aten.transpose) and len(index) > 1:
-        d0, d1 = (0, 1) if packet is aten.t else (bound["dim0"] % len(index), bound["dim1"] % len(index))
-        out = list(index)
-        out[d0], out[d1] = index[d1], index[d0]
-        return out
-    if packet is aten.unsqueeze:
-        return [i for d, i in enumerate(index) if d != bound["dim"] % len(index)]
-    if packet is aten.t:  # of a 1-D tensor: nothing to swap
-        return list(index)
-    if packet is aten.slice:  # element i of x[start::step] along dim is element start + step * i of x
-        dim = bound["dim"] % len(index)
-        size, start = src_shape[dim], bound["start"] or 0
-        start = min(max(start + size if start < 0 else start, 0), size)
-        out = list(index)
-        out[dim] = f"{start} + {bound['step']}*{index[dim]}" if index[dim] != "0" else str(start)
-        return out
-    if packet is aten.select:
-        out = list(index)
-        out.insert(bound["dim"] % len(src_shape), str(bound["index"] % src_shape[bound["dim"]]))
-        return out
-    if packet in (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze):
-        # Any reshape of a contiguous order: the flat position in the view, split again over the input's shape.
-        strides = torch.empty(tuple(node.meta["val"].shape), device="meta").stride()
-        flat = offset_expr(index, strides)
-        return (
-            [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
-            if flat != "0"
-            else ["0"] * len(src_shape)
-        )
-    raise Unsupported(f"view {node.target} of a value computed in the kernel")
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # 3. The kernel body: loads, computation in order, stores
 
@@ -237,7 +204,7 @@ class KernelWriter:
                 dims = sorted(d % ndim for d in (bind_args(r).get("dim") or range(ndim)))
                 if tuple(r.args[0].meta["val"].shape) != self.shape or dims != list(range(ndim - self.nred, ndim)):
                     raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
-                                      "only the trailing dimensions of one common shape are generated")  # fmt: skip
+                                      "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
             self.rnumel = math.prod(self.shape[ndim - self.nred :])
             self.rblock = 1 << max(self.rnumel - 1, 0).bit_length()
             if self.rblock > MAX_RBLOCK:
@@ -273,7 +240,11 @@ class KernelWriter:
             return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
         key = (node, tuple(index))
         if key not in self.cache:
-            self.cache[key] = self._compute(node, list(index))
+            try:
+                self.cache[key] = self._compute(node, list(index))
+            except Unsupported as e:  # remember the op that failed: compile_graph cuts the region there
+                e.node = e.node or node
+                raise
         return self.cache[key]
 
     def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
@@ -291,7 +262,7 @@ class KernelWriter:
         if node.target is operator.getitem:
             return self.reduce(node.args[0], index)[node.args[1]]
         if is_view(node):
-            return self.value(node.args[0], view_index(node, index))
+            return self.value(node.args[0], view_index(node, index, split_index, offset_expr, broadcast_index))
         if node.target in REDUCTIONS:
             return self.reduce(node, index)
         where = f"{node.name} = {node.target}"
@@ -317,6 +288,8 @@ class KernelWriter:
 
     def reduce(self, node: fx.Node, index: list[str]) -> tuple:
         """A row reduction, computed once per program; ``index`` must be this program's row."""
+        if not self.reduction or node not in self.members:
+            raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node=node)
         nrow = len(self.index) - self.nred
         if list(index[:nrow]) != self.index[:nrow]:
             raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
@@ -394,8 +367,7 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.reduction:
         rows = math.prod(writer.shape[: len(writer.shape) - writer.nred])
-        # Warps per row-program, measured on an H200 (bf16, 32 MiB in): a 4096 row ran 62.8 µs with 4 warps, 78.9 with 16;
-        # a 1024 row 65.7 µs with 2, 85.5 with 8. More warps only add cross-warp reduction steps.
+        # Warps per row-program from an H200 sweep (bf16): more warps only add cross-warp reduction steps.
         warps = min(8, max(2, writer.rblock // 1024))
         return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rblock}, warps)  # fmt: skip
     return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))
@@ -410,8 +382,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
 
     ``gm`` carries ``meta["val"]`` on its nodes (from :func:`~fusion.regions.capture_aten`, or AOTAutograd's forward
     graph). The result is called with the same flat tensors as ``gm`` and returns what ``gm`` returns; it has
-    ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region the generator cannot compile runs as
-    its aten ops, with the reason in the report.
+    ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region with an op the generator cannot
+    compile is cut at that op (an aten call, its reason in the report); the pieces around it are generated in turn.
     """
     return rt.compile_graph_with(gm, example_inputs, generate_kernel)
 
@@ -424,14 +396,6 @@ def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tenso
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The lesson
-
-
-def _show_region(kernel: GeneratedKernel) -> None:
-    print(f"The region's aten ops (the {len(kernel.region.nodes)} nodes Phase 6 grouped):")
-    for n in kernel.region.nodes:
-        print(f"    {n.name} = {n.target}({', '.join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)})")
-    print(f"\n...become one kernel, {kernel.name} (one line per op, loads and stores around them):\n")
-    print(kernel.source)
 
 
 def generated_sources(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[GeneratedKernel]:
@@ -447,7 +411,7 @@ def run(quick: bool = False) -> None:
     print(why + (". Interpreter runs check correctness only: no timings are shown." if device == "cpu" else "."))
 
     heading("A region and the kernel generated for it", "-")
-    _show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
+    demo.show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
 
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
     print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:")
@@ -459,8 +423,7 @@ def run(quick: bool = False) -> None:
         f"index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same element sits at "
         f"{offset_expr(['x1', 'x0'], (1, 64))}. Nothing is copied or expanded: broadcasting is index arithmetic."
     )
-    print("With 1000 elements and XBLOCK=1024, program 0 covers xindex 0..1023; the mask xindex < 1000 switches off\n"
-          "the last 24 lanes: no load, no store past the end.")  # fmt: skip
+    print("1000 elements, XBLOCK=1024: the mask xindex < 1000 switches off the last 24 lanes (no load, no store).")
 
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
     (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())
@@ -471,44 +434,12 @@ def run(quick: bool = False) -> None:
         print(f"These kernels cannot run here: {why}.")
         return
 
-    heading("What falls back, and why", "-")
-    x = torch.randn(4, 6)
-    print(compile_graph(capture_aten(_Fallbacks(), (x,)), [x]).report.table())
-
+    heading("What falls back, and why: the region is cut at the op, the pieces around it still fuse", "-")
+    demo.show_fallbacks(compile_graph)
     heading("The course's models: generated kernels vs eager", "-")
-    from fusion.regions import kernel_counts
-
-    rows: list = []
-    for title, m, inp in (
-        ("ElementwiseChain", models.ElementwiseChain(), models.elementwise_inputs()),
-        ("TinyNet", models.TinyNet(), models.tiny_inputs()),
-        ("MLP", models.MLP(), models.mlp_inputs()),
-        ("TransformerMLP", models.TransformerMLP(), models.transformer_inputs()),
-        ("ConvBNNet (eval)", models.ConvBNNet().eval(), models.conv_inputs(size=8 if quick else 16)),
-        ("NormGELUResidual", models.NormGELUResidual(), models.norm_inputs()),
-        ("ScaledSoftmax fp16", models.ScaledSoftmax(), tuple(t.half() for t in models.norm_inputs())),
-    ):
-        m, inp = m.to(device), tuple(t.to(device) for t in inp)
-        compiled, gm = compile_regions(m, inp), capture_aten(m, inp)
-        with torch.no_grad():
-            diff = max_abs_diff(compiled(*inp), m(*inp))
-        unfused = kernel_counts(gm, build_fusion_regions(gm))[0]
-        skipped = len(compiled.report.skipped)
-        rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, skipped, f"{diff:.1e}"))
-    print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))
-    print("generated = one launch per region; library calls = matmul/conv/other aten ops (and fallback regions).")
+    demo.models_table(compile_regions, device, quick)
     if device == "cuda":
         rt.gpu_numbers(compile_regions, quick)
-
-
-class _Fallbacks(torch.nn.Module):
-    """Three regions: one the generator compiles, one with an op it has no line for, one reducing dim 0."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        a = torch.relu(x * 2.0 + 1.0)
-        b = torch.sin(torch.mm(a, a.t())) * 2.0
-        c = torch.mm(b, x).sum(0) * 3.0
-        return a, b, c
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,13 @@ from fusion.codegen import (
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, capture_aten
 
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """An exception other than Unsupported is a generator bug: here it fails the test instead of falling back."""
+    monkeypatch.setattr(rt, "STRICT", True)
+
+
 pytestmark = [
     pytest.mark.phase8,
     pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed"),
@@ -269,7 +276,9 @@ def test_reductions_sum_mean_amax_var_keepdim_or_not():
     check(rows, x, kernels=1)
     check(lambda x: (x * 2.0).sum((-1, -2)) + 1.0, x, kernels=1)  # a global pool: the row is the last two dims
     check(lambda x: (x * 2.0).sum() + 1.0, x, kernels=1)  # everything is one row
-    check(lambda x: (x * 2.0).amax(-1, keepdim=True) - x.sum(1, keepdim=True), x, kernels=0)  # two row shapes
+    # two row shapes: the region is cut at the second reduction, the first still fuses with its producer
+    c = check(lambda x: (x * 2.0).amax(-1, keepdim=True) - x.sum(1, keepdim=True), x, kernels=1)
+    assert [d.nodes for d in c.report.skipped] == [("sum_1",)], c.report.table()
     check(lambda x: torch.softmax(x.half() * 2.0, dim=-1), x, kernels=1, atol=1e-3, rtol=1e-3)
 
 
@@ -328,4 +337,46 @@ def test_regions_with_ops_phase6_fuses_but_we_do_not_generate_fall_back():
     c = compile_regions(m, x)
     with torch.no_grad():
         torch.testing.assert_close(c(*x), m(*x))
-    assert all("runs as aten ops" in d.reason for d in c.report.skipped)
+    assert c.report.skipped and all(d.reason.startswith("runs as") for d in c.report.skipped)
+
+
+def _fallback_reasons_are_clean(report):
+    for d in report.skipped:
+        assert d.reason.startswith("runs as") and "internal error" not in d.reason, d.reason
+        assert not any(e in d.reason for e in ("AttributeError", "KeyError", "TypeError", "IndexError")), d.reason
+
+
+def test_an_unsupported_op_cuts_the_region_and_the_pieces_still_fuse():
+    x = _rand((5, 7), 0)
+    c = check(lambda x: torch.relu(torch.sin(torch.relu(x * 2.0)) * 3.0) + 1.0, x, kernels=2)
+    assert c.library_calls == 1  # the sin, between the two kernels
+    (cut,) = c.report.skipped
+    assert cut.nodes == ("sin",) and "sin" in cut.reason
+    # the cut op feeds a member before it in graph order: the pieces before/after it stay in dependency order
+    c = check(lambda x: (lambda a: a * torch.sin(a) + 1.0)(torch.relu(x * 2.0)), x, kernels=2)
+    _fallback_reasons_are_clean(c.report)
+
+
+def test_max_pool_with_indices_in_a_region_falls_back_with_a_clean_reason():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):  # the ResNet stem: relu → max_pool2d_with_indices → getitem, a pointwise op after it
+        p = torch.ops.aten.max_pool2d_with_indices(torch.relu(x * 2.0), [3, 3], [2, 2], [1, 1])
+        return p[0] + 1.0, p[1]
+
+    x = _rand((1, 2, 7, 7), 0)
+    gm = make_fx(f)(x)
+    c = compile_graph(gm, [x])
+    torch.testing.assert_close(c(x), f(x))
+    _fallback_reasons_are_clean(c.report)
+    assert c.num_kernels == 1  # mul → relu still fuses before the pool
+
+
+def test_every_fallback_on_resnet18_has_an_unsupported_reason():
+    torchvision = pytest.importorskip("torchvision")
+    m = torchvision.models.resnet18(num_classes=10).eval()
+    x = _rand((1, 3, 16, 16), 0)
+    c = compile_regions(m, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), atol=1e-4, rtol=1e-4)
+    _fallback_reasons_are_clean(c.report)

@@ -279,7 +279,9 @@ def compile_graph_with(
     ok, why = triton_status()
     plans: list[KernelPlan] = []
     fallbacks = 0
-    for region in unique_regions(build_fusion_regions(gm)):
+    work = list(unique_regions(build_fusion_regions(gm)))
+    while work:
+        region = work.pop(0)
         members = [n.name for n in region.nodes]
         try:
             plan = generate(region)
@@ -288,13 +290,44 @@ def compile_graph_with(
             plans.append(plan)
             report.fuse("region", members, replacement=plan.kernel.name, reason=f"{plan.kernel.kind} kernel")
         except Exception as e:  # a region we cannot compile runs as aten ops: never a crash, never a wrong answer
-            if is_todo(e):
+            if is_todo(e) or (STRICT and not isinstance(e, Unsupported)):
                 raise
+            bad = getattr(e, "node", None)
+            reason = str(e) if isinstance(e, Unsupported) else f"internal error {type(e).__name__}: {e}"
+            if ok and isinstance(e, Unsupported) and bad in region.members:  # cut there, compile the pieces around it
+                report.skip("op", [bad.name], f"runs as an aten call: {reason}")
+                work[:0] = split_region(region, bad)
+                continue
             fallbacks += 1
-            reason = str(e) if isinstance(e, Unsupported) else f"generator error {type(e).__name__}: {e}"
             report.skip("region", members, f"runs as aten ops: {reason}")
     new = build_compiled_graph(gm, plans)
     return CompiledGraph(new, [p.kernel for p in plans], report, fallbacks)
+
+
+# Tests set this: an exception other than Unsupported is a bug in the generator, never a fallback reason.
+STRICT = os.environ.get("FUSION_STRICT") == "1"
+
+
+def split_region(region, bad: fx.Node) -> list:
+    """The region without ``bad``, cut there the way Phase 6 cuts a span at a non-fusible node: the members before
+    ``bad`` and those after it are grouped separately (so every piece's inputs come before it), each into its
+    connected pieces; pieces with at least two non-view nodes come back as regions, to be generated in turn."""
+    from fusion.regions import FusionRegion, is_view_node
+
+    cut = region.nodes.index(bad)
+    pieces = []
+    for span in (region.nodes[:cut], region.nodes[cut + 1 :]):
+        members, piece_of = set(span), {}
+        for node in span:  # union of a node with its producers in the span, in graph order
+            roots = {id(piece_of[i]): piece_of[i] for i in node.all_input_nodes if i in members}
+            merged = [n for p in roots.values() for n in p] + [node]
+            for n in merged:
+                piece_of[n] = merged
+        for piece in {id(p): p for p in piece_of.values()}.values():
+            nodes = sorted(piece, key=span.index)
+            if sum(not is_view_node(n) for n in nodes) >= 2:
+                pieces.append(FusionRegion(nodes, index=region.index, byte_cache=region.byte_cache))
+    return pieces
 
 
 def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
@@ -426,7 +459,12 @@ def gpu_numbers(compile_regions: Callable, quick: bool) -> None:
 
 
 class Unsupported(Exception):
-    """The generator cannot compile this region; the message is the reason the report shows."""
+    """The generator cannot compile this region; the message is the reason the report shows. ``node``: the member
+    that has no rule (compile_graph cuts the region there), or None when the region as a whole is refused."""
+
+    def __init__(self, reason: str, node: fx.Node | None = None) -> None:
+        super().__init__(reason)
+        self.node = node
 
 
 def bind_args(node: fx.Node) -> dict:
@@ -488,17 +526,21 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
         if n in region.members:
             t = n.target
             if n.op != "call_function" or val is None:
-                raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten")
+                raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten", n)
             if t is operator.getitem:
-                if getattr(n.args[0], "target", None) is not torch.ops.aten.var_mean.correction:
-                    raise Unsupported(f"{n.name} takes an output of {n.args[0].target}, which has no generator")
+                src = n.args[0]
+                if getattr(src, "target", None) is not torch.ops.aten.var_mean.correction or src not in region.members:
+                    raise Unsupported(f"no Triton expression for {n.name} = {src}[{n.args[1]}] ({src.target})", n)
                 continue
             if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
-                raise Unsupported(f"{n.name} ({t}) changes its input in place")
+                raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
             if not isinstance(t, torch._ops.OpOverload) or not (
                 is_view(n) or t in reductions or torch.Tag.pointwise in t.tags
             ):
-                raise Unsupported(f"{n.name} ({t}) is neither pointwise, a view, nor a sum/mean/amax/amin/var/var_mean")
+                raise Unsupported(
+                    f"no Triton expression for {n.name} ({t}): neither pointwise, a view, nor a sum/mean/amax/amin/var/var_mean",
+                    n,
+                )
         for v in val if isinstance(val, (tuple, list)) else [val]:
             if isinstance(v, torch.Tensor):
                 if not all(type(d) is int for d in (*v.shape, *v.stride())):

@@ -1,0 +1,68 @@
+"""Machinery behind Phase 8's lesson (``fusion.codegen.run``): the printing and the demo models a learner need not
+read. The lesson passes its own ``compile_graph`` / ``compile_regions`` in, so this file never imports
+``fusion.codegen``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from fusion.kernels.triton_runtime import GeneratedKernel
+
+
+def show_region(kernel: GeneratedKernel) -> None:
+    """The region's aten ops, then the kernel generated for them."""
+    print(f"The region's aten ops (the {len(kernel.region.nodes)} nodes Phase 6 grouped):")
+    for n in kernel.region.nodes:
+        print(f"    {n.name} = {n.target}({', '.join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)})")
+    print(f"\n...become one kernel, {kernel.name} (one line per op, loads and stores around them):\n")
+    print(kernel.source)
+
+
+class Fallbacks(torch.nn.Module):
+    """Regions the generator cannot compile whole: an op with no Triton line (the region is cut there and the pieces
+    around it still become kernels), a reduction over dim 0."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.relu(x * 2.0 + 1.0)
+        b = torch.sin(torch.mm(a, a.t())) * 2.0
+        c = torch.relu(torch.sin(torch.relu(x * 2.0)) * 3.0) + 1.0
+        d = torch.mm(b, x).sum(0) * 3.0
+        return a, b, c, d
+
+
+def show_fallbacks(compile_graph: Callable) -> None:
+    from fusion.regions import capture_aten
+
+    x = torch.randn(4, 6)
+    print(compile_graph(capture_aten(Fallbacks(), (x,)), [x]).report.table())
+
+
+def models_table(compile_regions: Callable, device: str, quick: bool) -> None:
+    """The course's models, compiled: kernels before and after, library calls, fallbacks, the error vs eager."""
+    from fusion import models
+    from fusion.common import max_abs_diff, table
+    from fusion.regions import build_fusion_regions, capture_aten, kernel_counts
+
+    rows: list = []
+    for title, m, inp in (
+        ("ElementwiseChain", models.ElementwiseChain(), models.elementwise_inputs()),
+        ("TinyNet", models.TinyNet(), models.tiny_inputs()),
+        ("MLP", models.MLP(), models.mlp_inputs()),
+        ("TransformerMLP", models.TransformerMLP(), models.transformer_inputs()),
+        ("ConvBNNet (eval)", models.ConvBNNet().eval(), models.conv_inputs(size=8 if quick else 16)),
+        ("NormGELUResidual", models.NormGELUResidual(), models.norm_inputs()),
+        ("ScaledSoftmax fp16", models.ScaledSoftmax(), tuple(t.half() for t in models.norm_inputs())),
+    ):
+        m, inp = m.to(device), tuple(t.to(device) for t in inp)
+        compiled, gm = compile_regions(m, inp), capture_aten(m, inp)
+        with torch.no_grad():
+            diff = max_abs_diff(compiled(*inp), m(*inp))
+        unfused = kernel_counts(gm, build_fusion_regions(gm))[0]
+        skipped = len(compiled.report.skipped)
+        rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, skipped, f"{diff:.1e}"))
+    print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))
+    print("generated = one launch per region; library calls = matmul/conv/other aten ops (and fallback regions).")

@@ -1,0 +1,61 @@
+"""Machinery behind Phase 8 (``fusion.codegen``): where a view's element lives in the tensor it views.
+
+A view moves no data: element ``index`` of ``permute(x)``, ``x[2:]`` or ``x.view(…)`` is some other element of ``x``.
+:func:`view_index` rewrites one index (one source expression per dimension) into the index into the view's input.
+The lesson passes its own index helpers in (a reshape re-splits the flat position), so this file
+never imports ``fusion.codegen``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from fusion.kernels.triton_runtime import Unsupported, bind_args
+
+aten = torch.ops.aten
+
+
+def view_index(node: fx.Node, index: list[str], split_index: Callable, offset_expr: Callable, broadcast: Callable):
+    """For a view: the index into its input that holds the element at ``index`` of the view (no data moves).
+
+    ``split_index``, ``offset_expr`` and ``broadcast`` are the lesson's (``broadcast_index``)."""
+    packet, bound = node.target.overloadpacket, bind_args(node)
+    src_shape = tuple(node.args[0].meta["val"].shape)
+    if packet in (aten.alias, aten.expand):
+        return broadcast(index, src_shape)
+    if packet is aten.permute:
+        out = [""] * len(index)
+        for i, d in enumerate(bound["dims"]):
+            out[d % len(index)] = index[i]
+        return out
+    if packet in (aten.t, aten.transpose) and len(index) > 1:
+        d0, d1 = (0, 1) if packet is aten.t else (bound["dim0"] % len(index), bound["dim1"] % len(index))
+        out = list(index)
+        out[d0], out[d1] = index[d1], index[d0]
+        return out
+    if packet is aten.unsqueeze:
+        return [i for d, i in enumerate(index) if d != bound["dim"] % len(index)]
+    if packet is aten.t:  # of a 1-D tensor: nothing to swap
+        return list(index)
+    if packet is aten.slice:  # element i of x[start::step] along dim is element start + step * i of x
+        dim = bound["dim"] % len(index)
+        size, start = src_shape[dim], bound["start"] or 0
+        start = min(max(start + size if start < 0 else start, 0), size)
+        out = list(index)
+        out[dim] = f"{start} + {bound['step']}*{index[dim]}" if index[dim] != "0" else str(start)
+        return out
+    if packet is aten.select:
+        out = list(index)
+        out.insert(bound["dim"] % len(src_shape), str(bound["index"] % src_shape[bound["dim"]]))
+        return out
+    if packet in (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze):
+        # Any reshape of a contiguous order: the flat position in the view, split again over the input's shape.
+        strides = torch.empty(tuple(node.meta["val"].shape), device="meta").stride()
+        flat = offset_expr(index, strides)
+        if flat == "0":
+            return ["0"] * len(src_shape)
+        return [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
+    raise Unsupported(f"view {node.target} of a value computed in the kernel", node=node)
