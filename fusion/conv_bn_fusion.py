@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -423,8 +424,9 @@ def _after_the_folds(gm: fx.GraphModule, report: FusionReport, functional: dict[
     nodes, dead = {node.name: node for node in gm.graph.nodes}, set()
     for decision in report.fused:
         conv_node, bn = nodes.get(decision.nodes[0]), functional.get(decision.nodes[-1])
-        if not decision.reason and conv_node is not None and conv_node.op == "call_module":
-            decision.reason = layout_note(gm.get_submodule(conv_node.target), conv_node, bn is not None)
+        if conv_node is not None and conv_node.op == "call_module":
+            note = layout_note(gm.get_submodule(conv_node.target), conv_node, bn is not None)
+            decision.reason = "; ".join(filter(None, (decision.reason, note)))
         dead |= {target for target in (bn.key[1:5] if bn is not None else ()) if target}
     finish_rewrite(gm)
     used = {node.target for node in gm.graph.nodes if node.op in ("get_attr", "call_module")}
@@ -480,10 +482,13 @@ def _real_model_rows(quick: bool, size: int) -> list[tuple]:
         seconds = timer.timeit(1).median
         gm = fuse_conv_bn(model)
         with torch.no_grad():
-            diff = max_abs_diff(gm(x), model(x))
+            want = model(x)
+            diff = max_abs_diff(gm(x), want)
         total = batch_norms_in(trace_module(model))
         theirs = total - batch_norms_in(trace_module(torch_fx_fuse(model)))
-        rows.append((name, total, len(report_of(gm).fused), theirs, batch_norms_in(gm), diff, seconds))
+        rows.append(
+            (name, total, len(report_of(gm).fused), theirs, batch_norms_in(gm), diff, want.abs().max(), seconds)
+        )
     return rows
 
 
@@ -499,10 +504,10 @@ def _where_torch_goes_wrong() -> list[tuple[str, str, str]]:
     convt, shared = nn.Sequential(conv, bn).eval(), SharedConvNet().double().eval()
     x, y = (torch.randn(2, 4, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) for n in (5, 8))
     cases = [
-        ("ConvTranspose2d(4, 6, 3, groups=2) + BN", "nn.utils.fusion.fuse_conv_bn_eval", convt, x,
+        ("ConvTranspose2d(4, 6, 3, groups=2)+BN", "torch.nn.utils.fusion.fuse_conv_bn_eval", convt, x,
          lambda: fuse_conv_bn_eval(conv, bn, transpose=True)),
         ("", "fuse_conv_bn", convt, x, lambda: fuse_conv_bn(convt)),
-        ("SharedConvNet: bn1(conv(x)) + bn2(conv(x))", "fx.experimental.optimization.fuse", shared, y,
+        ("SharedConvNet (conv at 2 sites)", "torch.fx.experimental.optimization.fuse", shared, y,
          lambda: torch_fx_fuse(shared)),
         ("", "fuse_conv_bn", shared, y, lambda: fuse_conv_bn(shared)),
     ]  # fmt: skip
@@ -512,7 +517,7 @@ def _where_torch_goes_wrong() -> list[tuple[str, str, str]]:
             try:
                 rows.append((case, fold, f"{max_abs_diff(make()(inp), model(inp)):.3g}"))
             except Exception as e:  # torch's transposed fold: the shapes do not even line up for groups > 1
-                rows.append((case, fold, shorten(f"{type(e).__name__}: {str(e).splitlines()[0]}", 56)))
+                rows.append((case, fold, shorten(f"{type(e).__name__}: {str(e).splitlines()[0]}", 36)))
     return rows
 
 
@@ -559,7 +564,7 @@ def run(quick: bool = False) -> None:
 
     real = 64 if quick else 224
     heading(f"Real models: every BatchNorm (random init, eval, float64, x (1, 3, {real}, {real}))", "-")
-    headers = ["model", "BatchNorms", "folded", "torch's fuse folds", "left", "max |folded − unfused|", "pass (s)"]
+    headers = ["model", "BatchNorms", "folded", "torch's fuse", "left", "max |diff|", "max |out|", "pass (s)"]
     print(table(_real_model_rows(quick, real), headers))
     print("timm's BatchNormAct2d traces to F.batch_norm(..., training=False) on get_attr buffers, then its activation:")
     print("torch.fx.experimental.optimization.fuse matches BatchNorm modules only; fuse_conv_bn folds both spellings.")
@@ -573,7 +578,7 @@ def run(quick: bool = False) -> None:
     try:
         fuse_conv_bn(models.ConvBNNet(width=4))  # a fresh module is in training mode
     except ValueError as e:
-        print(f"ValueError: {e}")
+        print(textwrap.fill(f"ValueError: {e}", 118, subsequent_indent="  "))
 
 
 def main(argv: list[str] | None = None) -> int:
