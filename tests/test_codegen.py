@@ -380,3 +380,18 @@ def test_every_fallback_on_resnet18_has_an_unsupported_reason():
     with torch.no_grad():
         torch.testing.assert_close(c(x), m(x), atol=1e-4, rtol=1e-4)
     _fallback_reasons_are_clean(c.report)
+
+
+def test_a_getitem_of_a_reduction_outside_the_region_is_unsupported_not_a_crash():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion.codegen import Unsupported, generate_kernel
+    from fusion.regions import FusionRegion
+
+    gm = make_fx(lambda x: torch.ops.aten.var_mean.correction(x, [-1], correction=0)[1] * 2.0 + 1.0)(_rand((3, 4), 0))
+    members = [
+        n for n in gm.graph.nodes if n.op == "call_function" and n.target is not torch.ops.aten.var_mean.correction
+    ]
+    with pytest.raises(Unsupported) as info:  # was AttributeError: 'KernelWriter' object has no attribute 'nred'
+        generate_kernel(FusionRegion(members))
+    assert info.value.node is not None and info.value.node in members
