@@ -355,6 +355,10 @@ def test_an_unsupported_op_cuts_the_region_and_the_pieces_still_fuse():
     # the cut op feeds a member before it in graph order: the pieces before/after it stay in dependency order
     c = check(lambda x: (lambda a: a * torch.sin(a) + 1.0)(torch.relu(x * 2.0)), x, kernels=2)
     _fallback_reasons_are_clean(c.report)
+    c = check(lambda x: torch.softmax(torch.sin(x * 2.0), -1) * 3.0, x, kernels=1)  # the softmax after the cut
+    assert c.kernels[0].kind == "reduction"
+    c = check(lambda x: torch.relu(torch.cos(torch.sin(x * 2.0 - 1.0) + 1.0) * 2.0) + x, x, kernels=2)  # two cuts
+    assert sorted(d.nodes for d in c.report.skipped) == [("cos",), ("sin",)], c.report.table()
 
 
 def test_max_pool_with_indices_in_a_region_falls_back_with_a_clean_reason():
