@@ -529,6 +529,17 @@ def run(quick: bool = False) -> None:
     heading("Phase 5 — folding BatchNorm into Conv weights")
     print("ConvBNNet: stem conv(bias=False)→BN→ReLU; conv→BN→ReLU; depthwise conv→BN; + residual; pool; Linear")
     print("In eval mode BN is z = s·(y − μ) + β with s = γ/√(σ²+ε): fold it, W' = s·W, b' = (b − μ)·s + β.")
+    mu, var, gamma, beta = (
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([3.0, 0.0]),
+        torch.tensor([4.0, 1.0]),
+        torch.tensor([0.5, 0.0]),
+    )
+    w, b = fold_conv_bn_weights(torch.ones(2, 1, 1), None, mu, var, 1.0, gamma, beta)  # 2 channels, 1x1, no bias
+    print(
+        f"e.g. W = 1, b = 0, μ = {mu.tolist()}, σ² = {var.tolist()}, ε = 1, γ = {gamma.tolist()}, β = {beta.tolist()}"
+    )
+    print(f"     → W' = {w.flatten().tolist()}, b' = {b.tolist()}")
 
     heading("Before: the traced model", "-")
     print(node_table(trace_module(model)))  # traced as-is, only to look at it
