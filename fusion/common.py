@@ -61,10 +61,11 @@ def _plain_reason(exc: BaseException) -> str:
         )
     if "iterated" in msg or "iteration" in msg or "__iter__" in msg or "__len__" in msg:
         return (
-            "its forward() iterates over a tensor (`for row in x`, `a, b = x`, `*x`, len(x)). "
-            f"{proxy}but has no length to loop over. Fix: index a fixed number of times (x[0], x[1], or "
-            "x.unbind(0) with a known count), or move the loop into a function decorated with @torch.fx.wrap, or "
-            "pass that input as concrete_args if it is not a tensor"
+            "its forward() iterates over a traced value (`for row in x`, `a, b = x`, `*x`, len(x)); every forward() "
+            f"argument is one, an optional list too. {proxy}but has no length to loop over. Fix: index a fixed "
+            "number of times (x[0], x[1]), move the loop into a function decorated with @torch.fx.wrap, or fix an "
+            "argument that is not a tensor with concrete_args, e.g. symbolic_trace(model, concrete_args={'targets': "
+            "None})"
         )
     if "control flow" in msg or "__bool__" in msg:
         return (
@@ -74,8 +75,8 @@ def _plain_reason(exc: BaseException) -> str:
             "concrete_args for the input it depends on"
         )
     return (
-        f"{type(exc).__name__}: {msg}. Tracing stopped at the line above with a Proxy where this call needs a real "
-        "value. Fix: move that call into a function decorated with @torch.fx.wrap (recorded as one node, not "
+        f"{type(exc).__name__}: {msg}. Tracing stopped at the line named above, with a Proxy where that call needs a "
+        "real value. Fix: move that call into a function decorated with @torch.fx.wrap (recorded as one node, not "
         "traced into), or pass the argument it depends on as concrete_args"
     )
 
