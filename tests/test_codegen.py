@@ -361,6 +361,22 @@ def test_an_unsupported_op_cuts_the_region_and_the_pieces_still_fuse():
     assert sorted(d.nodes for d in c.report.skipped) == [("cos",), ("sin",)], c.report.table()
 
 
+@given(ops=st.lists(st.sampled_from(["mul", "add", "relu", "sin"]), min_size=1, max_size=8), shape=dims)
+def test_a_chain_cut_at_every_unsupported_op_gives_one_kernel_per_run_of_two_or_more(ops, shape):
+    """x → op → op → …: each run of >= 2 supported ops between sins is one kernel; every sin is one aten call."""
+    steps = {"mul": lambda t: t * 1.5, "add": lambda t: t + 0.5, "relu": torch.relu, "sin": torch.sin}
+
+    def chain(x):
+        for op in ops:
+            x = steps[op](x)
+        return x
+
+    runs = "".join("s" if op == "sin" else "k" for op in ops).split("s")
+    c = check(chain, _rand(tuple(shape), 0), kernels=sum(len(r) >= 2 for r in runs))
+    assert all(d.nodes[0].startswith("sin") for d in c.report.skipped)  # only sin is cut; the rest is generated
+    _fallback_reasons_are_clean(c.report)
+
+
 def test_max_pool_with_indices_in_a_region_falls_back_with_a_clean_reason():
     from torch.fx.experimental.proxy_tensor import make_fx
 
