@@ -45,7 +45,8 @@ from fusion import models
 from fusion.common import heading, lesson_cli, max_abs_diff, table
 from fusion.compiler import aot, aten_passes
 from fusion.compiler.report import GraphReport, PartReport, count_cuda_kernels, fallbacks_from, summary
-from fusion.conv_bn_fusion import GROUPED_REFUSAL, cudnn_epilogue_unavailable, fold_conv_bn_weights
+from fusion.conv_bn_fusion import fold_conv_bn_weights
+from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
 from fusion.regions import build_fusion_regions, unique_regions
 
 aten = torch.ops.aten

@@ -52,50 +52,55 @@ Conv/Linear it can fold, installs a new folded module, points the conv node at i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import textwrap
-from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
+from torch.fx.experimental.optimization import fuse as torch_fx_fuse  # torch's own folds, to compare with
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvTransposeNd
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torch.utils import benchmark
 
 from fusion import models
 from fusion.common import (
     FusionReport,
     attach_report,
-    copy_to_graph_module,
     ensure_module,
     finish_rewrite,
     heading,
     lesson_cli,
     max_abs_diff,
-    mutates_an_input,
     node_table,
     report_of,
     shorten,
     table,
     trace_module,
 )
+from fusion.fxutils.batchnorm import (  # reading the graph: BatchNorms in both spellings, the users that read values
+    BatchNormCall,
+    batch_norm_call,
+    batch_norms_in,
+    called_module,
+    delete_unused_attributes,
+    traced_copy,
+    value_users,
+)
+from fusion.fxutils.names import fresh_name
 from fusion.kernels.cudnn import *  # noqa: F403  (re-exported: Phase 4 runs the cuDNN epilogue after this pass)
 
 # The pairs this pass folds: the module before the BatchNorm (exact type) -> the BatchNorm module it must be followed
 # by (that class, or a subclass keeping its forward). An F.batch_norm may follow any of them.
 FOLDABLE: dict[type[nn.Module], type[_BatchNorm]] = {
-    nn.Conv1d: nn.BatchNorm1d,
-    nn.Conv2d: nn.BatchNorm2d,
-    nn.Conv3d: nn.BatchNorm3d,
-    nn.ConvTranspose1d: nn.BatchNorm1d,
-    nn.ConvTranspose2d: nn.BatchNorm2d,
-    nn.ConvTranspose3d: nn.BatchNorm3d,
+    nn.Conv1d: nn.BatchNorm1d, nn.Conv2d: nn.BatchNorm2d, nn.Conv3d: nn.BatchNorm3d,
+    nn.ConvTranspose1d: nn.BatchNorm1d, nn.ConvTranspose2d: nn.BatchNorm2d, nn.ConvTranspose3d: nn.BatchNorm3d,
     nn.Linear: nn.BatchNorm1d,
-}
+}  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The math: fold one BatchNorm into one weight and bias
@@ -103,18 +108,13 @@ FOLDABLE: dict[type[nn.Module], type[_BatchNorm]] = {
 
 def _transposed_groups(conv_w: torch.Tensor, channels: int, groups: int | None) -> int:
     """The ``groups`` of a transposed conv weight ``[C_in, C_out/groups, k...]`` whose output has ``channels``."""
-    per_group = conv_w.shape[1]
-    if groups is None:
-        if channels % per_group:
-            raise ValueError(
-                f"a transposed conv weight of shape {tuple(conv_w.shape)} ([C_in, C_out/groups, k...]) cannot "
-                f"produce {channels} output channels: {channels} is not a multiple of {per_group}"
-            )
-        groups = channels // per_group
+    per_group, inferred = conv_w.shape[1], groups is None
+    groups = channels // per_group if inferred else groups  # C_out = groups * (C_out/groups)
     if per_group * groups != channels or conv_w.shape[0] % groups:
         raise ValueError(
-            f"transposed conv weight {tuple(conv_w.shape)} with groups={groups} has {per_group * groups} output "
-            f"channels (C_in={conv_w.shape[0]} must divide by groups), but the BatchNorm has {channels}"
+            f"a transposed conv weight {tuple(conv_w.shape)} ([C_in, C_out/groups, k...]) with groups={groups}"
+            f"{' (inferred)' if inferred else ''} has {per_group * groups} output channels, but the BatchNorm has "
+            f"{channels} ({channels} must be a multiple of {per_group}, and C_in={conv_w.shape[0]} divide by groups)"
         )
     return groups
 
@@ -190,138 +190,23 @@ def fold_module(conv: nn.Module, bn: _BatchNorm | BatchNormCall) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Reading the graph: BatchNorms in both spellings, the users that read values
-
-
-@dataclass
-class BatchNormCall:
-    """One BatchNorm of the graph, module call or ``F.batch_norm``, with what a fold reads (``fold_module`` takes it
-    like an ``nn.BatchNorm*d``: same attribute names)."""
-
-    node: fx.Node
-    input: object  # the node it normalizes
-    kind: str  # the module's class name ("BatchNorm2d") or "F.batch_norm"
-    running_mean: torch.Tensor | None
-    running_var: torch.Tensor | None
-    weight: torch.Tensor | None  # gamma; None = 1
-    bias: torch.Tensor | None  # beta; None = 0
-    eps: float
-    key: tuple  # names these statistics: call sites with equal keys (and the same conv) share one folded module
-    module: _BatchNorm | None = None  # the module, for a module call
-    problem: str = ""  # why the statistics are not fixed constants of the model ("" when they are)
-
-
-_FUNCTIONAL = (F.batch_norm, torch.batch_norm)
-
-
-def _attribute(gm: fx.GraphModule, user: fx.Node, name: str, arg: object) -> tuple[torch.Tensor | None, str]:
-    """(tensor, "") for an F.batch_norm argument that is None or a ``get_attr`` nothing writes; else (None, why)."""
-    if arg is None or not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
-        return None, "" if arg is None else f"{name} is computed by the graph, not an attribute of the model"
-    others = [u for u in arg.users if u is not user]
-    if others and any(mutates_an_input(u, dict(gm.named_modules())) for u in others):
-        return None, f"{name} ({arg.target}) is written in place elsewhere in the graph"
-    return functools.reduce(getattr, arg.target.split("."), gm), ""
-
-
-def batch_norm_call(gm: fx.GraphModule, node: fx.Node) -> BatchNormCall | None:
-    """The BatchNorm ``node`` computes: a ``_BatchNorm`` module call, or ``F.batch_norm``/``torch.batch_norm``
-    (arguments normalized to keywords). None if ``node`` is no BatchNorm."""
-    if node.op == "call_module" and isinstance(bn := gm.get_submodule(node.target), _BatchNorm):
-        stats = (bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.eps)
-        return BatchNormCall(node, _first_input(node), type(bn).__name__, *stats, key=(node.target,), module=bn)
-    if node.op != "call_function" or node.target not in _FUNCTIONAL:
-        return None
-    normalized = node.normalized_arguments(gm, normalize_to_only_use_kwargs=True)
-    if normalized is None:  # arguments that match no batch_norm signature: not one we can read
-        return None
-    kw = normalized.kwargs
-    names = ("running_mean", "running_var", "weight", "bias")
-    tensors, problems = zip(*(_attribute(gm, node, name, kw[name]) for name in names), strict=True)
-    problems = [p for p in problems if p]
-    if kw["training"] is not False:  # a Node, or True: batch statistics at run time
-        problems.insert(0, "training=True: it normalizes each batch by its own statistics, which no fixed weights "
-                        "reproduce (a BatchNorm module in training mode? call model.eval())")  # fmt: skip
-    elif tensors[0] is None or tensors[1] is None:
-        problems.append("no running stats")
-    if not isinstance(kw["eps"], (int, float)):
-        problems.append("eps is computed by the graph")
-    key = ("F.batch_norm", *(getattr(kw[name], "target", None) for name in names), kw["eps"])
-    problem = problems[0] if problems else ""
-    return BatchNormCall(node, kw["input"], "F.batch_norm", *tensors, eps=kw["eps"], key=key, problem=problem)
-
-
-def value_users(node: fx.Node) -> list[fx.Node]:
-    """The users of ``node`` that read its *values*; ``y.shape``, ``y.ndim``, ``y.size(1)``, ``y.dim()`` ... read
-    metadata only, which folding keeps (same shape, dtype, device), so they do not count."""
-
-    def metadata_only(user: fx.Node) -> bool:
-        if not user.args or user.args[0] is not node or node in [*user.args[1:], *user.kwargs.values()]:
-            return False
-        if user.op == "call_function" and user.target is getattr:
-            return user.args[1] in ("shape", "ndim", "dtype", "device", "is_cuda", "layout")
-        return user.op == "call_method" and user.target in ("size", "dim", "ndimension", "numel", "nelement")
-
-    return [user for user in node.users if not metadata_only(user)]
-
-
-def _called_module(gm: fx.GraphModule, node: object) -> nn.Module | None:
-    """The submodule a ``call_module`` node calls, else None."""
-    return gm.get_submodule(node.target) if isinstance(node, fx.Node) and node.op == "call_module" else None
-
-
-def _first_input(node: fx.Node) -> object:
-    """The tensor argument of a one-input call: ``bn(x)`` or ``bn(input=x)``."""
-    return node.args[0] if node.args else node.kwargs.get("input")
-
-
-def _fresh_name(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 1
-    while hasattr(gm, name):
-        name, i = f"{base}_{i}", i + 1
-    return name
-
-
-class _Tracer(fx.Tracer):
-    """``symbolic_trace``'s tracer, but a BatchNorm subclass keeping the standard forward stays one module call:
-    traced through, that forward fails (its ``if input.dim() != 4: raise`` is control flow on a Proxy)."""
-
-    def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
-        standard = isinstance(m, _BatchNorm) and type(m).forward is _BatchNorm.forward
-        return standard or super().is_leaf_module(m, qualified_name)
-
-
-def _traced_copy(model: nn.Module) -> fx.GraphModule:
-    """A traced deep copy of ``model``; an untraceable model gets common's one clear error."""
-    root = copy.deepcopy(model)
-    try:
-        return fx.GraphModule(root, _Tracer().trace(root), type(root).__name__)
-    except Exception:  # noqa: BLE001 - traced again by common, which raises UntraceableModelError naming the line
-        return copy_to_graph_module(model, what="fuse_conv_bn")
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Legality: when is a (conv node, BatchNorm) pair foldable?
 
 
-def _training_error(name: str, module: nn.Module) -> ValueError:
-    return ValueError(
-        f"fuse_conv_bn: {name!r} ({type(module).__name__}) is in training mode. A BatchNorm in training mode "
-        "normalizes every batch with that batch's own mean and variance, which no fixed conv weights can reproduce. "
-        "Fix: call model.eval() before fuse_conv_bn(model)"
-    )
+_IN_TRAINING = (
+    "is in training mode. A BatchNorm in training mode normalizes every batch with that batch's own mean and variance, "
+    "which no fixed conv weights can reproduce. Fix: call model.eval() before fuse_conv_bn(model)"
+)
 
 
 def pair_problem(gm: fx.GraphModule, conv_node: fx.Node, bn: BatchNormCall) -> str | None:
     """Why the conv at ``conv_node`` and the BatchNorm ``bn`` after it cannot be folded (for the report), or None.
-
     Raises the training-mode ValueError for a module (the fix is ``model.eval()``, not a skip). Checks the modules,
-    the statistics and the layout; whether the conv output has other users is the caller's check.
-    """
+    the statistics and the layout; whether the conv output has other users is the caller's check."""
     conv = gm.get_submodule(conv_node.target)
     for name, module in ((conv_node.target, conv), (bn.node.target, bn.module)):
         if module is not None and module.training:
-            raise _training_error(name, module)
+            raise ValueError(f"fuse_conv_bn: {name!r} ({type(module).__name__}) {_IN_TRAINING}")
     want, channels = FOLDABLE[type(conv)], conv.out_features if isinstance(conv, nn.Linear) else conv.out_channels
     if bn.problem:
         return bn.problem
@@ -344,17 +229,6 @@ def pair_problem(gm: fx.GraphModule, conv_node: fx.Node, bn: BatchNormCall) -> s
     return None
 
 
-def layout_note(conv: nn.Module, conv_node: fx.Node, functional: bool) -> str:
-    """The report's note on a fold that rests on the (N, C, ...) layout with no shapes to check it: BatchNorm
-    normalizes dim 1, the channel dim only of batched inputs (and for a Linear, 2-d ones). The 2-d/3-d BatchNorm
-    modules refuse other ranks themselves; BatchNorm1d and F.batch_norm do not."""
-    if "tensor_meta" in conv_node.meta:
-        return ""
-    if not functional and not isinstance(conv, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)):
-        return ""
-    return "assumed (N, C, ...) input; pass example_inputs to check"
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The pass
 
@@ -374,25 +248,20 @@ def fuse_conv_bn(model: nn.Module, example_inputs: tuple[torch.Tensor, ...] | No
     """
     ensure_module(model, "fuse_conv_bn")
     if model.training:
-        raise ValueError(
-            f"fuse_conv_bn: {type(model).__name__} is in training mode, where BatchNorm normalizes each batch by its "
-            "own statistics and cannot be folded into fixed weights. Fix: call model.eval() before fuse_conv_bn(model)"
-        )
-    gm = _traced_copy(model)  # a deep copy: the caller's model stays as it is
+        raise ValueError(f"fuse_conv_bn: the model ({type(model).__name__}) {_IN_TRAINING}")
+    gm = traced_copy(model, "fuse_conv_bn")  # a deep copy: the caller's model stays as it is
     if example_inputs is not None:
         ShapeProp(gm).propagate(*example_inputs)
     report = FusionReport("fuse_conv_bn")
     folded: dict[tuple, str] = {}  # (conv target, bn.key) -> name of the folded module already made
-    functional = {
-        n.name: batch_norm_call(gm, n) for n in gm.graph.nodes if n.op == "call_function" and n.target in _FUNCTIONAL
-    }
+    functional = {n.name: bn for n in gm.graph.nodes if (bn := batch_norm_call(gm, n)) and bn.module is None}
 
-    # TODO(human): fold each BatchNorm fed by a FOLDABLE module into a NEW module (one per conv target and bn.key, shared by the call sites having both) when the conv output has exactly one value user and pair_problem() finds nothing; report every such pair, fused with the new module's name as replacement or skipped with why, its nodes being (conv node name, BatchNorm node name). Hint: batch_norm_call(gm, node) finds BatchNorms of both spellings, .input is what it normalizes; value_users(conv_node) leaves out metadata reads. More: _called_module, type(conv) in FOLDABLE, pair_problem(gm, conv_node, bn), gm.add_submodule(_fresh_name(gm, base), fold_module(conv, bn)), conv_node.target = that name, node.replace_all_uses_with(conv_node), gm.graph.erase_node(node), report.fuse(pattern, names, name), report.skip(pattern, names, why)
+    # TODO(human): fold each BatchNorm fed by a FOLDABLE module into a NEW module (one per conv target and bn.key, shared by the call sites having both) when the conv output has exactly one value user and pair_problem() finds nothing; report every such pair, fused with the new module's name as replacement or skipped with why, its nodes being (conv node name, BatchNorm node name). Hint: batch_norm_call(gm, node) finds BatchNorms of both spellings, .input is what it normalizes; value_users(conv_node) leaves out metadata reads. More: called_module, type(conv) in FOLDABLE, pair_problem(gm, conv_node, bn), gm.add_submodule(fresh_name(gm, base), fold_module(conv, bn)), conv_node.target = that name, node.replace_all_uses_with(conv_node), gm.graph.erase_node(node), report.fuse(pattern, names, name), report.skip(pattern, names, why)
     # BEGIN SOLUTION
     for node in list(gm.graph.nodes):
         bn = batch_norm_call(gm, node)
         conv_node = bn.input if bn is not None else None
-        conv = _called_module(gm, conv_node)
+        conv = called_module(gm, conv_node)
         if type(conv) not in FOLDABLE:
             continue
         pattern, names = f"{type(conv).__name__}+{bn.kind}", (conv_node.name, node.name)
@@ -406,7 +275,7 @@ def fuse_conv_bn(model: nn.Module, example_inputs: tuple[torch.Tensor, ...] | No
             continue
         key = (conv_node.target, bn.key)
         if key not in folded:  # never edit the shared conv: make a new module (once per conv/BN pair)
-            folded[key] = _fresh_name(gm, conv_node.target.replace(".", "_") + "_bn")
+            folded[key] = fresh_name(gm, conv_node.target.replace(".", "_") + "_bn")
             gm.add_submodule(folded[key], fold_module(conv, bn))
         conv_node.target = folded[key]  # only this call site of the conv changes
         node.replace_all_uses_with(conv_node)
@@ -418,90 +287,59 @@ def fuse_conv_bn(model: nn.Module, example_inputs: tuple[torch.Tensor, ...] | No
     return attach_report(gm, report)
 
 
-def _after_the_folds(gm: fx.GraphModule, report: FusionReport, functional: dict[str, BatchNormCall | None]) -> None:
-    """Note each fold that rests on an unchecked (N, C, ...) layout; clean up; delete the tensors of folded
-    F.batch_norm calls (a traced-through BatchNormAct2d's module stays for its activation, and would keep them)."""
-    nodes, dead = {node.name: node for node in gm.graph.nodes}, set()
+def _after_the_folds(gm: fx.GraphModule, report: FusionReport, functional: dict[str, BatchNormCall]) -> None:
+    """Note each fold that rests on the (N, C, ...) layout with no shapes to check it: BatchNorm normalizes dim 1, the
+    channel dim only of batched inputs (and for a Linear, 2-d ones); the 2-d/3-d BatchNorm modules refuse other ranks
+    themselves, BatchNorm1d and F.batch_norm do not. Clean up; delete the tensors of folded F.batch_norm calls (a
+    traced-through BatchNormAct2d's module stays for its activation, and would keep them)."""
+    nodes, bn1d_kinds = {node.name: node for node in gm.graph.nodes}, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
     for decision in report.fused:
-        conv_node, bn = nodes.get(decision.nodes[0]), functional.get(decision.nodes[-1])
-        if conv_node is not None and conv_node.op == "call_module":
-            note = layout_note(gm.get_submodule(conv_node.target), conv_node, bn is not None)
+        conv_node = nodes.get(decision.nodes[0])
+        if conv_node is None or conv_node.op != "call_module" or "tensor_meta" in conv_node.meta:
+            continue
+        if decision.nodes[-1] in functional or isinstance(gm.get_submodule(conv_node.target), bn1d_kinds):
+            note = "assumed (N, C, ...) input; pass example_inputs to check"
             decision.reason = "; ".join(filter(None, (decision.reason, note)))
-        dead |= {target for target in (bn.key[1:5] if bn is not None else ()) if target}
-    finish_rewrite(gm)
-    used = {node.target for node in gm.graph.nodes if node.op in ("get_attr", "call_module")}
-    for target in dead - used:
-        owner, _, name = target.rpartition(".")
-        module = functools.reduce(lambda m, part: getattr(m, part, None), owner.split(".") if owner else [], gm)
-        if hasattr(module, name) and not any(owner == u or owner.startswith(u + ".") for u in used):
-            delattr(module, name)  # (unless its module, or one above it, is still called)
+    tensors = {target for bn in functional.values() for target in bn.key[1:5] if target}
+    delete_unused_attributes(finish_rewrite(gm), tensors)  # those an unfolded F.batch_norm reads stay
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The lesson
 
-SharedConvNet = models.SharedConvNet  # bn1(conv(x)) + bn2(conv(x)): one conv, two call sites
-
-
-def batch_norms_in(gm: fx.GraphModule) -> int:
-    """How many BatchNorms a traced model computes: module calls and F.batch_norm calls."""
-    return sum(batch_norm_call(gm, node) is not None for node in gm.graph.nodes)
-
-
-def _median_seconds(modules: dict[str, nn.Module], x: torch.Tensor, min_run_time: float, rounds: int) -> list[float]:
-    """Median seconds per forward of each module, timed round-robin (A, B, A, B, ...) so drift hits both alike."""
-    times: dict[str, list[float]] = {name: [] for name in modules}
-    for _ in range(rounds):
-        for name, m in modules.items():
-            timer = benchmark.Timer("with torch.no_grad(): m(x)", globals={"m": m, "x": x, "torch": torch})
-            times[name] += timer.blocked_autorange(min_run_time=min_run_time).times
-    return [torch.tensor(t).median().item() for t in times.values()]
-
 
 def _real_model_rows(quick: bool, size: int) -> list[tuple]:
     """Fold real models (random init: nothing is downloaded) in float64; count, exactness, the pass's time."""
     import torchvision
-    from torch.fx.experimental.optimization import fuse as torch_fx_fuse
 
-    builders = [("torchvision resnet18", torchvision.models.resnet18)]
-    if not quick:
-        builders = [("torchvision resnet50", torchvision.models.resnet50)]
-    try:  # timm is in the dev dependency group
+    arch = "resnet18" if quick else "resnet50"
+    builders = [(f"torchvision {arch}", getattr(torchvision.models, arch))]
+    with contextlib.suppress(ImportError):  # timm is in the dev dependency group
         import timm
 
         name = "mobilenetv3_small_100" if quick else "efficientnet_b0"
         builders.append((f"timm {name}", functools.partial(timm.create_model, name, pretrained=False)))
-    except ImportError:
-        pass
     x = torch.randn(1, 3, size, size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     rows = []
     for name, build in builders:
         with torch.random.fork_rng(devices=[]):
             model = models.randomize_batchnorm_(build()).double().eval()
-        timer = benchmark.Timer("fuse_conv_bn(model)", globals={"fuse_conv_bn": fuse_conv_bn, "model": model})
-        seconds = timer.timeit(1).median
-        gm = fuse_conv_bn(model)
+        seconds = benchmark.Timer("fold(model)", globals={"fold": fuse_conv_bn, "model": model}).timeit(1).median
+        gm, total = fuse_conv_bn(model), batch_norms_in(trace_module(model))
         with torch.no_grad():
-            want = model(x)
-            diff = max_abs_diff(gm(x), want)
-        total = batch_norms_in(trace_module(model))
-        theirs = total - batch_norms_in(trace_module(torch_fx_fuse(model)))
-        rows.append(
-            (name, total, len(report_of(gm).fused), theirs, batch_norms_in(gm), diff, want.abs().max(), seconds)
-        )
+            want, theirs = model(x), total - batch_norms_in(trace_module(torch_fx_fuse(model)))
+            diff, top = max_abs_diff(gm(x), want), want.abs().max()
+        rows.append((name, total, len(report_of(gm).fused), theirs, batch_norms_in(gm), diff, top, seconds))
     return rows
 
 
 def _where_torch_goes_wrong() -> list[tuple[str, str, str]]:
     """torch's two folds and ours, in float64, on the two cases the docstring names: max abs diff or the error."""
-    from torch.fx.experimental.optimization import fuse as torch_fx_fuse
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         conv, bn = nn.ConvTranspose2d(4, 6, 3, groups=2).double().eval(), nn.BatchNorm2d(6).double().eval()
     models.randomize_batchnorm_(bn)
-    convt, shared = nn.Sequential(conv, bn).eval(), SharedConvNet().double().eval()
+    convt, shared = nn.Sequential(conv, bn).eval(), models.SharedConvNet().double().eval()
     x, y = (torch.randn(2, 4, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) for n in (5, 8))
     cases = [
         ("ConvTranspose2d(4, 6, 3, groups=2)+BN", "torch.nn.utils.fusion.fuse_conv_bn_eval", convt, x,
@@ -529,16 +367,10 @@ def run(quick: bool = False) -> None:
     heading("Phase 5 — folding BatchNorm into Conv weights")
     print("ConvBNNet: stem conv(bias=False)→BN→ReLU; conv→BN→ReLU; depthwise conv→BN; + residual; pool; Linear")
     print("In eval mode BN is z = s·(y − μ) + β with s = γ/√(σ²+ε): fold it, W' = s·W, b' = (b − μ)·s + β.")
-    mu, var, gamma, beta = (
-        torch.tensor([1.0, 0.0]),
-        torch.tensor([3.0, 0.0]),
-        torch.tensor([4.0, 1.0]),
-        torch.tensor([0.5, 0.0]),
-    )
-    w, b = fold_conv_bn_weights(torch.ones(2, 1, 1), None, mu, var, 1.0, gamma, beta)  # 2 channels, 1x1, no bias
-    print(
-        f"e.g. W = 1, b = 0, μ = {mu.tolist()}, σ² = {var.tolist()}, ε = 1, γ = {gamma.tolist()}, β = {beta.tolist()}"
-    )
+    stats = {"μ": [1.0, 0.0], "σ²": [3.0, 0.0], "γ": [4.0, 1.0], "β": [0.5, 0.0]}  # 2 channels
+    mu, var, gamma, beta = map(torch.tensor, stats.values())
+    w, b = fold_conv_bn_weights(torch.ones(2, 1, 1), None, mu, var, 1.0, gamma, beta)  # 1x1, no bias, ε = 1
+    print("e.g. W = 1, b = 0, ε = 1, " + ", ".join(f"{k} = {v}" for k, v in stats.items()))
     print(f"     → W' = {w.flatten().tolist()}, b' = {b.tolist()}")
 
     heading("Before: the traced model", "-")
@@ -567,7 +399,12 @@ def run(quick: bool = False) -> None:
     print("Each BN's γ, β (and its running stats) are gone; bias-less convs gained a bias of C_out values.")
 
     heading(f"Time on CPU ({torch.get_num_threads()} threads, torch.utils.benchmark, median of {rounds} rounds)", "-")
-    t_unfused, t_folded = _median_seconds({"unfused": model, "folded": gm}, x, min_run_time, rounds)
+    times: dict[str, list[float]] = {"unfused": [], "folded": []}
+    for _ in range(rounds):  # round-robin (A, B, A, B, ...) so drift hits both alike
+        for name, m in (("unfused", model), ("folded", gm)):
+            timer = benchmark.Timer("with torch.no_grad(): m(x)", globals={"m": m, "x": x, "torch": torch})
+            times[name] += timer.blocked_autorange(min_run_time=min_run_time).times
+    t_unfused, t_folded = (torch.tensor(t).median().item() for t in times.values())  # seconds per forward
     rows = [("unfused", t_unfused * 1e6), ("folded", t_folded * 1e6)]
     print(table(rows, ["model", f"median µs per forward, x {tuple(x.shape)}"], floatfmt=".1f"))
     print(f"folded / unfused = {t_folded / t_unfused:.2f} (measured in this run; noisy on a busy machine)")

@@ -66,6 +66,7 @@ from fusion.common import (
     report_of,
     table,
 )
+from fusion.fxutils.names import hashable_key, merged_module_name
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
 MERGEABLE = (nn.Linear, nn.Conv2d)
@@ -225,7 +226,7 @@ def group_siblings(gm: fx.GraphModule, facts: GraphFacts, report: FusionReport) 
     readers: dict[object, list[fx.Node]] = defaultdict(list)  # what a call reads -> the calls, in graph order
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(facts.modules[node.target], MERGEABLE):
-            readers[_hashable((node.args, node.kwargs))].append(node)
+            readers[hashable_key((node.args, node.kwargs))].append(node)
     groups: list[list[fx.Node]] = []
 
     # TODO(human): split each reader list into same-value runs, bucket each run's mergeable calls by merge_key, keep every bucket with >= 2 distinct modules as a group, and report every other call as skipped (tests check which calls merge together, and that each refused or lone call is in report.skipped). Hint: sibling_refusal(module) first, then merge_key(module); a module called twice counts once. More: for run in same_value_runs(nodes, facts): buckets = defaultdict(list) ...; len({n.target for n in members}) >= 2 -> groups.append(members), else report.skip(kind, [n.name for n in members], lone_reason(members, run, nodes, buckets))
@@ -304,35 +305,6 @@ def rewire_group(
 # The pass
 
 
-def _hashable(value: object) -> object:
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, *map(_hashable, value))
-    if isinstance(value, dict):
-        return ("dict", *((k, _hashable(v)) for k, v in sorted(value.items())))
-    if isinstance(value, slice):
-        return ("slice", _hashable(value.start), _hashable(value.stop), _hashable(value.step))
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return ("id", id(value))  # unhashable constant: equal only to itself
-
-
-def _merged_name(gm: fx.GraphModule, targets: list[str]) -> str:
-    """'attn.q_k_v' for attn.q, attn.k, attn.v: under the common parent, the siblings' names joined by '_'."""
-    parts = [t.split(".") for t in targets]
-    common = 0
-    while all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
-        common += 1
-    leaf = "_".join("_".join(p[common:]) for p in parts)
-    leaf = leaf if len(leaf) <= 40 else "horizontal"
-    base = ".".join([*parts[0][:common], leaf])
-    name, i = base, 1
-    while hasattr(gm.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]):
-        name, i = f"{base}_{i}", i + 1
-    return name
-
-
 def fuse_horizontal(model: nn.Module, *, clone_outputs: bool = True) -> fx.GraphModule:
     """Merge every group of >= 2 sibling ``nn.Linear`` (or ``nn.Conv2d``) calls that read the same value into one wide
     module followed by a slice per sibling. Never mutates ``model``; ``report_of(gm)`` lists every Linear/Conv2d
@@ -349,7 +321,7 @@ def fuse_horizontal(model: nn.Module, *, clone_outputs: bool = True) -> fx.Graph
     for nodes, plan in zip(groups, plans, strict=True):
         targets = list(dict.fromkeys(n.target for n in nodes))  # distinct modules, in order of first call
         mods = [facts.modules[t] for t in targets]
-        name = _merged_name(gm, targets)
+        name = merged_module_name(gm, targets)
         gm.add_submodule(name, merge_modules(mods))
         slices, start = {}, 0
         for t, m in zip(targets, mods, strict=True):

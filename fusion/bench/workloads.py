@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from fusion import models
-from fusion.conv_bn_fusion import cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
+from fusion.kernels.cudnn import cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
 
 SEED = 0
 
