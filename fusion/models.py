@@ -15,6 +15,15 @@
 | `ConvBNNet`       | ResNet-style Conv+BN+ReLU, residual, bias-less and depthwise convs (Phase 5)| `conv_inputs`          |
 | `TransformerMLP`  | LayerNorm → Linear → GELU → Linear → residual add (Phase 6)                 | `transformer_inputs`   |
 | `ElementwiseChain`| `relu(x*a + b)*c + x`: pure memory traffic, where fusion matters most (4)   | `elementwise_inputs`   |
+| `SharedConvNet`   | one conv called at two sites, each with its own BatchNorm (Phase 5)          | `conv_inputs(in_ch=4)` |
+| `resnet18_block`, `mobilenet_v2_block` | real torchvision blocks, BN statistics randomised (Phase 6) | `conv_inputs`    |
+| `QKVAttention`    | attention whose q, k, v Linears read one x (Phase 7)                        | `attention_inputs`     |
+| `InceptionBlock`  | four branches on one input: three 1x1 convs merge, the 3x3 cannot (Phase 7) | `inception_inputs`     |
+| `InPlaceBetweenSiblings`, `PointwiseSiblings` | same node vs same value; elementwise siblings (Phase 7) | any (B, d) |
+| `QKVProjections`  | just q, k, v: Phase 4's horizontal-fusion workload                          | `qkv_inputs`           |
+| `NormGELUResidual`| `x + gelu(layer_norm(x))`: one row reduction, one generated kernel (8)      | `norm_inputs`          |
+| `ScaledSoftmax`   | `softmax(x * scale)`: amax, exp, sum, div in one kernel (Phase 8)           | `norm_inputs`          |
+| `DataDependentBlock` | branches on a tensor's value: a graph break for torch.compile (Phase 9)  | `data_dependent_inputs`|
 
 Every constructor takes ``seed=`` and draws its parameters from its own generator, so building a model never
 disturbs (or depends on) the global RNG. ``ConvBNNet`` gets random, non-trivial BatchNorm statistics so that

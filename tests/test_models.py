@@ -15,7 +15,30 @@ CASES = [
     (models.ConvBNNet, models.conv_inputs, (2, 10)),
     (models.TransformerMLP, models.transformer_inputs, (2, 8, 64)),
     (models.ElementwiseChain, models.elementwise_inputs, (8, 64)),
+    (models.QKVAttention, models.attention_inputs, (2, 8, 32)),
+    (models.InceptionBlock, models.inception_inputs, (2, 28, 8, 8)),
+    (models.NormGELUResidual, models.norm_inputs, (2, 8, 64)),
+    (models.DataDependentBlock, models.data_dependent_inputs, (4, 32)),
 ]
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize(
+    "cls, inputs",
+    [(models.QKVProjections, models.qkv_inputs), (models.PointwiseSiblings, lambda: (torch.randn(3, 64),))],
+    ids=["QKVProjections", "PointwiseSiblings"],
+)
+def test_multi_output_models_are_seeded(cls, inputs):
+    x = inputs()
+    torch.manual_seed(123)
+    a = cls()
+    torch.manual_seed(456)
+    b = cls()
+    torch.testing.assert_close(a(*x), b(*x), rtol=0, atol=0)
+    assert not torch.equal(_first(cls(seed=7)(*x)), _first(a(*x)))
 
 
 @pytest.mark.parametrize("cls, inputs, shape", CASES, ids=[c[0].__name__ for c in CASES])
