@@ -134,7 +134,7 @@ def peak_memory(fn: Callable[[], object], device: str) -> int:
     >>> peak_memory(lambda: torch.relu(x * 2), "cpu") == 2 * x.nbytes   # x*2 and its relu, alive at once
     True
     """
-    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda.synchronize(), torch.cuda.reset_peak_memory_stats(), before = torch.cuda.memory_allocated(), out = fn(), synchronize again, torch.cuda.max_memory_allocated() - before; CPU: with AllocationLog() as log: out = fn(), then the maximum of the running sum of log.events (itertools.accumulate)
+    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda.synchronize, then reset_peak_memory_stats and memory_allocated before the call, synchronize again after it, then max_memory_allocated minus what was there before; CPU: call fn inside an AllocationLog context, then take the maximum of the running sum of its events (itertools.accumulate)
     # BEGIN SOLUTION
     if device == "cuda":
         torch.cuda.synchronize()

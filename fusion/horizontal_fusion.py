@@ -229,7 +229,7 @@ def group_siblings(gm: fx.GraphModule, facts: GraphFacts, report: FusionReport) 
             readers[hashable_key((node.args, node.kwargs))].append(node)
     groups: list[list[fx.Node]] = []
 
-    # TODO(human): split each reader list into same-value runs, bucket each run's mergeable calls by merge_key, keep every bucket with >= 2 distinct modules as a group, and report every other call as skipped (tests check which calls merge together, and that each refused or lone call is in report.skipped). Hint: sibling_refusal(module) first, then merge_key(module); a module called twice counts once. More: for run in same_value_runs(nodes, facts): buckets = defaultdict(list) ...; len({n.target for n in members}) >= 2 -> groups.append(members), else report.skip(kind, [n.name for n in members], lone_reason(members, run, nodes, buckets))
+    # TODO(human): split each reader list into same-value runs, bucket each run's mergeable calls by merge_key, keep every bucket with >= 2 distinct modules as a group, and report every other call as skipped (tests check which calls merge together, and that each refused or lone call is in report.skipped). Hint: sibling_refusal(module) first, then merge_key(module); a module called twice counts once. More: loop over the runs same_value_runs(nodes, facts) gives, bucket each run's calls by merge_key in a defaultdict(list); len({n.target for n in members}) >= 2 -> groups.append(members), else report.skip(kind, [n.name for n in members], lone_reason(members, run, nodes, buckets))
     # BEGIN SOLUTION
     for nodes in readers.values():
         for run in same_value_runs(nodes, facts):
@@ -285,7 +285,7 @@ def rewire_group(
     ``slices[node.target] = (start, width)`` along ``dim``; a node in ``copies`` gets ``.clone()`` of its slice.
     """
     first = nodes[0]
-    # TODO(human): insert the merged call where the earliest sibling is, give each sibling its slice as torch.narrow(merged, dim, start, width) (cloned if the node is in copies), point the sibling's users at it and erase the sibling (tests check outputs and input gradients against the unfused model). Hint: graph.inserting_before(first) keeps every new node above all users. More: graph.call_module(target, first.args, first.kwargs); graph.call_function(torch.narrow, (merged, dim, start, width)); graph.call_method('clone', (piece,)); piece.meta.update(node.meta); node.replace_all_uses_with(piece); graph.erase_node(node)
+    # TODO(human): insert the merged call where the earliest sibling is, give each sibling its slice as torch.narrow(merged, dim, start, width) (cloned if the node is in copies), point the sibling's users at it and erase the sibling (tests check outputs and input gradients against the unfused model). Hint: graph.inserting_before(first) keeps every new node above all users. More: graph.call_module(target, first.args, first.kwargs); graph.call_function(torch.narrow, (merged, dim, start, width)); graph.call_method('clone', (piece,)); copy node.meta onto the piece; then replace_all_uses_with and erase_node retire the sibling
     # BEGIN SOLUTION
     with graph.inserting_before(first):
         merged = graph.call_module(target, first.args, first.kwargs)

@@ -108,7 +108,7 @@ def fused_matmul_add_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | fl
     >>> x, w, b = torch.randn(4, 3), torch.randn(3, 5), torch.randn(5)
     >>> torch.testing.assert_close(fused_matmul_add_relu(x, w, b), torch.relu(x @ w + b))
     """
-    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies, else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: test isinstance(b, torch.Tensor), x.dim() >= 2, w.dim() == 2, b.shape == (w.shape[1],), dtypes, devices and torch.is_grad_enabled() with requires_grad; fold x to (math.prod(x.shape[:-1]), K) and view the (M, N) result back to (..., N)
+    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies, else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: check that b is a Tensor, x.dim() >= 2, w.dim() == 2, b.shape == (w.shape[1],), dtypes, devices and torch.is_grad_enabled() with requires_grad; fold x to (math.prod(x.shape[:-1]), K) and view the (M, N) result back to (..., N)
     # BEGIN SOLUTION
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w, b))
     one_gemm = (

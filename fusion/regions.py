@@ -341,7 +341,7 @@ def build_fusion_regions(gm: fx.GraphModule | fx.Graph) -> dict[fx.Node, FusionR
     region_of: dict[fx.Node, FusionRegion] = {}
     byte_cache: dict[fx.Node, int] = {}  # shared by the regions: each node's bytes are measured once
 
-    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: fusible_spans(gm) gives the spans; a union-find over positions in one span joins producers and consumers. More: index = {node: i} and parent = list(range(len(span))); union each node with every n.all_input_nodes found in index; collect members by root in span order (so they stay topologically sorted); keep pieces with >= 2 nodes that are not is_view_node; FusionRegion(nodes, index=count, byte_cache=byte_cache)
+    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: fusible_spans(gm) gives the spans; a union-find over positions in one span joins producers and consumers. More: index maps each node to its position, parent starts as the identity over positions; union each node with every n.all_input_nodes found in index; collect members by root in span order (so they stay topologically sorted); keep pieces with >= 2 nodes that are not is_view_node; FusionRegion(nodes, index=count, byte_cache=byte_cache)
     # BEGIN SOLUTION
     def find(parent: list[int], i: int) -> int:
         while parent[i] != i:
