@@ -13,7 +13,8 @@ What you learn
   (``x1 = xindex // 64``, ``x0 = xindex % 64``) and loads every tensor at ``sum(index_d * stride_d)``. Broadcasting
   is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``.
   Non-contiguous inputs are just other strides; a view is a different index into the same memory; the tail of the
-  last block is switched off by the *mask* ``xindex < numel``.
+  last block is switched off by the *mask* ``xindex < numel``. The flat index follows the first output's memory
+  order (for channels_last, C fastest), so neighbouring lanes touch neighbouring addresses.
 * **Reductions over the last dimension** that fit one block (softmax, LayerNorm): one program per row
   (``xindex = program_id``), the row in registers (``r0 = arange(RBLOCK)``, masked by ``r0 < N``), ``tl.sum`` /
   ``tl.max`` over it, and all the pointwise work before and after in the same kernel — softmax is one kernel.
@@ -22,12 +23,11 @@ What you learn
   Phase 6 cuts a span at a non-fusible node: that op runs as one aten call, with the reason in the report, and the
   pieces before and after it (>= 2 ops each) still become kernels. Never a crash, never a wrong answer.
 
-Does Phase 6's cost model hold? ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth. On an H200
-(torch 2.11, Triton 3.6, bf16, x 8192×4096, 2026-11-22) the chain's kernel ran 1.10× its prediction, LayerNorm + GELU +
-residual 1.96× (a hand-written one-program-per-row kernel no better, torch.compile's slower). Bytes ÷ bandwidth assumes
-every SM keeps many loads in flight; one program per row cannot: load the row → reduce across warps (shared memory +
-barrier) → reduce again for the variance → store is a dependent chain with little memory-level parallelism per SM.
-Inductor's answers: several rows per program for short rows (XBLOCK > 1), looped reductions, autotuned num_warps.
+Does Phase 6's cost model hold? On a GPU ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth (the
+README quotes an H200 run). Elementwise kernels land close; a one-program-per-row reduction does not: load the row →
+reduce across warps (shared memory + barrier) → reduce again for the variance → store is a dependent chain with little
+memory-level parallelism per SM. Inductor's answers: several rows per program for short rows (XBLOCK > 1), looped
+reductions, autotuned num_warps.
 
 The anchors: early TorchInductor's ``codegen/triton.py``, the ``triton_poi_fused_*`` kernels Inductor writes
 (``TORCH_LOGS=output_code``), Triton's fused-softmax and layer-norm tutorials.
@@ -162,14 +162,9 @@ def broadcast_index(index: Sequence[str], shape: Sequence[int]) -> list[str]:
 
 def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) -> str:
     """``sum(index_d * stride_d) + offset`` as source; indices that are 0 drop out: '64*x1 + x0'."""
-    terms = [
-        i if s == 1 else f"{s}*{i}" if i.isidentifier() else f"{s}*({i})"
-        for i, s in zip(index, stride, strict=True)
-        if i != "0"
-    ]
-    if offset:
-        terms.append(str(offset))
-    return " + ".join(terms) or "0"
+    pairs = [(i, s) for i, s in zip(index, stride, strict=True) if i != "0"]
+    terms = [i if s == 1 else f"{s}*{i}" if i.isidentifier() else f"{s}*({i})" for i, s in pairs]
+    return " + ".join(terms + ([str(offset)] if offset else [])) or "0"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -217,7 +212,10 @@ class KernelWriter:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
             except RuntimeError as e:
                 raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
-            self.index = [i for i, _ in split_index("xindex", self.shape)]
+            # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
+            order = rt.memory_order(self.stored[0].meta["val"], self.shape)
+            self.xsplit = split_index("xindex", [self.shape[d] for d in order])
+            self.index = [name for _, (name, _) in sorted(zip(order, self.xsplit, strict=True))]
         self.reduction = bool(reductions)
 
     def emit(self, expr: str, dtype: torch.dtype, comment: str = "") -> tuple[str, torch.dtype]:
@@ -347,7 +345,7 @@ class KernelWriter:
             body += [f"# elementwise over {self.shape}: {math.prod(self.shape)} elements",
                      "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
                      f"xmask = xindex < {math.prod(self.shape)}"]  # fmt: skip
-            body += [f"{v} = {e}" for v, e in split_index("xindex", self.shape) if v != "0"]
+            body += [f"{v} = {e}" for v, e in self.xsplit if v != "0"]
         body += self.lines + stores
         lines = ["import triton", "import triton.language as tl", "", ""]
         if self.reduction:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
@@ -367,7 +365,6 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.reduction:
         rows = math.prod(writer.shape[: len(writer.shape) - writer.nred])
-        # Warps per row-program from an H200 sweep (bf16): more warps only add cross-warp reduction steps.
         warps = min(8, max(2, writer.rblock // 1024))
         return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rblock}, warps)  # fmt: skip
     return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))

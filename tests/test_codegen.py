@@ -175,6 +175,16 @@ def test_non_contiguous_inputs(shape, seed):
     check(lambda a, b: torch.relu(a * 2.0 + b) - a, xt, y, kernels=1)
 
 
+@given(n=st.integers(1, 3), c=st.integers(2, 9), hw=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_channels_last_is_walked_in_memory_order(n, c, hw, seed):
+    """A channels_last output is stored in memory order: the innermost index variable is the channel, so
+    neighbouring lanes write neighbouring addresses (the logical NCHW order would put them c elements apart)."""
+    x = _rand((n, c, hw, c + hw), seed).to(memory_format=torch.channels_last)  # W != C: x0 names the channel
+    b = _rand((c, 1, 1), seed + 1)
+    compiled = check(lambda x, b: torch.clamp(x * 2.0 + b, 0.0, 6.0), x, b, kernels=1)
+    assert f"x0 = xindex % {c}" in compiled.kernels[0].source
+
+
 def test_views_inside_a_region_and_escaping_views():
     x = _rand((4, 6), 0)
     c = check(lambda x: ((x * 2.0).t() + 1.0).relu().reshape(3, 8) * 3.0, x, kernels=1)

@@ -355,7 +355,8 @@ def test_conftest_skips_tests_stopped_by_another_phases_todo(pytester):
             "(hypothesis stopped at the first example*",
         ]
     )
-    result.stdout.fnmatch_lines(["*assert 10 < 10"])  # any other failure is still shrunk to its minimal example
+    if not practice.is_workspace():  # in a workspace nothing shrinks (tested below); in the reference it still does
+        result.stdout.fnmatch_lines(["*assert 10 < 10"])  # any other failure is shrunk to its minimal example
     assert "practice.py" not in result.stdout.str()  # the wrapper hides its own frame from tracebacks
 
 

@@ -522,6 +522,15 @@ def is_view(node: fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and t.is_view
 
 
+def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
+    """The dims of ``shape`` from outermost to innermost *in memory* for an output laid out like ``val`` (largest
+    stride first; size-1 dims anywhere): (N, C, H, W) channels_last → [0, 2, 3, 1]. Logical order otherwise."""
+    order = list(range(len(shape)))
+    if tuple(val.shape) == tuple(shape):
+        order.sort(key=lambda d: -val.stride()[d] if shape[d] != 1 else 0)
+    return order
+
+
 def kernel_name(region, reduction: bool) -> str:
     """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view(n)})  # fmt: skip
