@@ -175,6 +175,10 @@ class RegionKernel(torch.nn.Module):
         super().__init__()
         self.plan = plan
         self._compiled: dict[bool, object] = {}
+        # Decided once, not per call (the per-call Python is what a small kernel's wall time is made of).
+        vals = [node.meta["val"] for node in plan.stored]
+        self._out_specs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in vals]
+        self._configs: dict[str, tuple[int, dict[str, int]]] = {}  # device type -> (programs, constexprs)
 
     @property
     def kernel(self) -> GeneratedKernel:
@@ -190,19 +194,21 @@ class RegionKernel(torch.nn.Module):
         """Check the inputs, allocate the outputs; return (launch once, the outputs it writes)."""
         plan = self.plan
         for node, t, want in zip(plan.inputs, inputs, plan.input_meta, strict=True):
-            if _real_meta(t) != want:
+            if t.shape != want[0] or t.stride() != want[1] or t.dtype != want[2]:
                 raise ShapeMismatchError(
                     f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
                     f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "
                     "with example inputs of the shapes (and memory layout) you call it with"
                 )
         device = inputs[0].device if inputs else torch.device("cpu")
-        outs = []
-        for node in plan.stored:
-            val = node.meta["val"]
-            outs.append(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=device))
+        outs = [
+            torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self._out_specs
+        ]
         fn = self._function(interpret=device.type != "cuda")
-        grid, constexprs = plan.launch_config(device)
+        config = self._configs.get(device.type)
+        if config is None:
+            config = self._configs[device.type] = plan.launch_config(device)
+        grid, constexprs = config
 
         def launch() -> None:
             if grid > 0:
@@ -262,7 +268,7 @@ class CompiledGraph(torch.nn.Module):
         return self.graph_module.code
 
     def forward(self, *args):
-        return self.graph_module(*args)
+        return self.graph_module.forward(*args)  # forward itself: no second Module.__call__ per call
 
 
 def compile_graph_with(
@@ -380,6 +386,12 @@ class CompiledModel(torch.nn.Module):
         super().__init__()
         self.compiled = compiled
         self._model = [model]  # not a submodule: its parameters are read at each call, never copied or changed
+        # Where each parameter and buffer lives (owner module, attribute), found once: reading them at each call
+        # by getattr sees a reassigned parameter too, without walking named_parameters() every time.
+        self._refs = []
+        for name in _aten_input_names(model):
+            owner, _, attr = name.rpartition(".")
+            self._refs.append((model.get_submodule(owner), attr))
 
     kernels = property(lambda self: self.compiled.kernels)
     report = property(lambda self: self.compiled.report)
@@ -388,13 +400,14 @@ class CompiledModel(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         with torch.no_grad():  # generated kernels have no backward (Phase 9 compiles the backward graph too)
-            return self.compiled(*_aten_inputs(self._model[0], inputs))
+            return self.compiled.forward(*[getattr(m, a) for m, a in self._refs], *inputs)
 
 
-def _aten_inputs(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    from fusion.regions import aten_inputs
+def _aten_input_names(model: torch.nn.Module) -> list[str]:
+    """The qualified names of the tensors capture_aten makes placeholders of, in its order (parameters, buffers)."""
+    from fusion.aten.capture import _named_tensors
 
-    return aten_inputs(model, inputs)
+    return list(_named_tensors(model))
 
 
 def wall_us(fn: Callable[..., object], *args: object) -> float:
