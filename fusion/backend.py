@@ -128,6 +128,8 @@ def find_conv_bn_folds(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node,
 
 def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
     """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
+    if opts.codegen and part.kind == "inference":  # conv bias → a pointwise add the regions take (as in Inductor)
+        aten_passes.split_conv_bias(gm, part.note_pass)
     part.regions = len(unique_regions(build_fusion_regions(gm)))
     why = ""
     if not opts.codegen:

@@ -146,6 +146,37 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
         assert epilogue and all(p[2] == "skipped" and "cuda" in p[3].lower() for p in epilogue)
 
 
+@given(
+    channels_last=st.booleans(),
+    depthwise=st.booleans(),
+    size=st.integers(1, 5),
+    act=st.sampled_from(["relu", "relu6", "residual"]),
+)
+@settings(max_examples=6, deadline=None)
+def test_conv_bias_joins_the_generated_kernel_after_the_conv(channels_last, depthwise, size, act):
+    """A conv's (folded) bias becomes a pointwise add that the region after the conv takes: no separate bias pass."""
+    torch._dynamo.reset()
+    backend.reset()
+    c = 4
+    conv = nn.Conv2d(c, c, 3, padding=1, groups=c if depthwise else 1)
+
+    def f(x):
+        y = conv(x)
+        if act == "relu":
+            return torch.relu(y)
+        return F.relu6(y) if act == "relu6" else y + x
+
+    x = torch.randn(2, c, size, size + 1)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x), rtol=1e-5, atol=1e-5)
+    (report,) = backend.reports
+    split = [p for part in report.parts for p in part.passes if p[0] == "conv bias"]
+    assert split and split[0][2] == "split", report.table()
+    assert any("add" in k.name for k in report.kernels), report.table()  # the bias add is inside a kernel
+
+
 class FoldCases(nn.Module):
     """Three conv+BN pairs: only the transposed one may be folded."""
 

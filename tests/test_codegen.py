@@ -197,6 +197,14 @@ def test_views_inside_a_region_and_escaping_views():
     check(lambda y: (y * 2.0).select(1, -2).sigmoid() + y[:, 0], y, kernels=1)
 
 
+def test_strides_of_size_one_dims_do_not_matter():
+    """(1, C, 1, 1) tensors may come back from a library call with other strides in the size-1 dims: same layout."""
+    x = _rand((1, 6, 1, 1), 0)
+    compiled = check(lambda x: torch.relu(x * 2.0) + 1.0, x, kernels=1)
+    odd = torch.empty_strided((1, 6, 1, 1), (6, 1, 6, 6)).copy_(x)
+    torch.testing.assert_close(compiled(odd), torch.relu(x * 2.0) + 1.0)
+
+
 def test_a_call_with_other_shapes_is_a_clear_error():
     x = _rand((4, 6), 0)
     c = compile_regions(Fn(lambda x: torch.relu(x * 2.0)), (x,))

@@ -246,3 +246,43 @@ def install_epilogues(gm: fx.GraphModule, grouped_reason: str, note: Callable[..
 
 def is_getitem_of(node: fx.Node, source: fx.Node, index: int) -> bool:
     return node.target is operator.getitem and node.args[0] is source and node.args[1] == index
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Conv bias as a pointwise add, where a generated kernel can take it
+
+
+def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """``convolution(x, w, b)`` whose output feeds a pointwise op → ``convolution(x, w, None) + b.view(1, C, 1, …)``.
+
+    ATen's cuDNN convolution adds its bias in a separate elementwise kernel (one more pass over the output). Split
+    out as an aten ``add``, the bias joins the pointwise ops after the conv in one generated kernel (a depthwise
+    conv's folded BatchNorm and its ReLU6, a projection conv's residual add): what Inductor does with conv biases.
+    Convolutions already in the cuDNN epilogue are other nodes and stay as they are. Returns how many were split.
+    """
+    count = 0
+    for conv in list(gm.graph.nodes):
+        if conv.op != "call_function" or conv.target is not aten.convolution.default or conv.args[2] is None:
+            continue
+        users = [u for u in conv.users if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)]
+        if not any(torch.Tag.pointwise in u.target.tags for u in users):
+            continue
+        val, bias = conv.meta.get("val"), conv.args[2]
+        bias_val = bias.meta.get("val") if isinstance(bias, fx.Node) else None
+        if val is None or bias_val is None:
+            continue
+        shape = [1, -1] + [1] * (val.dim() - 2)
+        with gm.graph.inserting_after(conv):
+            view = gm.graph.call_function(aten.view.default, (bias, shape))
+            view.meta["val"] = aten.view.default(bias_val, shape)
+        with gm.graph.inserting_after(view):
+            add = gm.graph.call_function(aten.add.Tensor, (conv, view))
+            add.meta["val"] = aten.add.Tensor(val, view.meta["val"])  # fake tensors: shape, strides, dtype
+        conv.replace_all_uses_with(add, delete_user_cb=lambda u, add=add: u is not add)
+        conv.args = (conv.args[0], conv.args[1], None, *conv.args[3:])
+        note("conv bias", [conv.name, add.name], "split", "the bias add joins the generated kernel after the conv")
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count

@@ -164,6 +164,11 @@ def _real_meta(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch
     return tuple(t.shape), tuple(t.stride()), t.dtype
 
 
+def _same_layout(t: torch.Tensor, stride: tuple[int, ...]) -> bool:
+    """Strides differ only where they do not matter: a dimension of size 1 is never stepped along (its index is 0)."""
+    return all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), stride, strict=True))
+
+
 class ShapeMismatchError(ValueError):
     """A compiled kernel was called with tensors of another shape/stride/dtype than it was generated for."""
 
@@ -194,7 +199,7 @@ class RegionKernel(torch.nn.Module):
         """Check the inputs, allocate the outputs; return (launch once, the outputs it writes)."""
         plan = self.plan
         for node, t, want in zip(plan.inputs, inputs, plan.input_meta, strict=True):
-            if t.shape != want[0] or t.stride() != want[1] or t.dtype != want[2]:
+            if t.shape != want[0] or t.dtype != want[2] or (t.stride() != want[1] and not _same_layout(t, want[1])):
                 raise ShapeMismatchError(
                     f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
                     f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "
