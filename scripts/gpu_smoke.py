@@ -57,7 +57,8 @@ def codegen_checks(dev: str) -> list[bool]:
     ]
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)):
         for name, model, make in cases:
-            def run(model=model, make=make):
+
+            def run(model=model, make=make, dtype=dtype):
                 m = model.to(dev, dtype)
                 xs = tuple(x.to(dev, dtype) for x in make())
                 compiled = compile_regions(m, xs)
@@ -99,10 +100,13 @@ def backend_checks(dev: str) -> list[bool]:
             raise AssertionError("no generated kernel ran: " + "; ".join(str(r) for r in fb.reports))
         return out, ref
 
-    resnet = torchvision.models.resnet18().eval().to(dev, torch.bfloat16).to(memory_format=torch.channels_last)
+    # MobileNetV2: every conv's folded bias joins a generated kernel (ReLU6 is not a cuDNN epilogue). ResNet-18's
+    # convs all go to the cuDNN epilogue, so it may run without a generated kernel: not checked here.
+    mnet = torchvision.models.mobilenet_v2().eval().to(dev, torch.bfloat16).to(memory_format=torch.channels_last)
     x = torch.randn(2, 3, 64, 64, device=dev, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    results.append(check("backend resnet18 bf16 channels_last", lambda: compiled_vs_eager(resnet, (x,)), 3e-2))
+    results.append(check("backend mobilenet_v2 bf16 channels_last", lambda: compiled_vs_eager(mnet, (x,)), 5e-2))
 
+    torch.backends.mha.set_fastpath_enabled(False)  # else the layer is one opaque op for every backend
     layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0).eval().to(dev)
     xt = torch.randn(2, 9, 64, device=dev)
     results.append(check("backend TransformerEncoderLayer fp32", lambda: compiled_vs_eager(layer, (xt,)), 1e-4))
