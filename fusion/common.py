@@ -256,6 +256,23 @@ def report_of(gm: fx.GraphModule) -> FusionReport:
         ) from None
 
 
+def show_rewrite(
+    title: str, model: torch.nn.Module, rewrite: Callable, table_of: Callable | None = None, after: str = ""
+) -> fx.GraphModule:
+    """Print a pass at work: the model's graph before, ``rewrite(model)``'s graph after, and its report. Returns the
+    rewritten GraphModule. ``table_of`` renders a graph (default :func:`node_table`); ``after`` names the pass."""
+    table_of = table_of or node_table
+    heading(title, "-")
+    print("Before:")
+    print(table_of(copy_to_graph_module(model)))
+    gm = rewrite(model)
+    print(f"\nAfter {after or rewrite.__name__}:")
+    print(table_of(gm))
+    print("\nReport (report_of(gm)):")
+    print(report_of(gm).table())
+    return gm
+
+
 def mutates_an_input(node: fx.Node, modules: dict[str, torch.nn.Module]) -> bool:
     """Does ``node`` write into one of its inputs (``h.relu_()``, ``torch.relu_(h)``, ``F.relu(h, inplace=True)``,
     ``nn.ReLU(inplace=True)``, a mutable aten op)? Then it has an effect even when nobody reads its result."""

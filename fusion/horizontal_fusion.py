@@ -62,8 +62,7 @@ from fusion.common import (
     lesson_cli,
     max_abs_diff,
     mutates_an_input,
-    node_table,
-    report_of,
+    show_rewrite,
     table,
 )
 from fusion.fxutils.names import hashable_key, merged_module_name
@@ -349,14 +348,7 @@ def fuse_horizontal(model: nn.Module, *, clone_outputs: bool = True) -> fx.Graph
 
 
 def _show(title: str, model: nn.Module, inputs: tuple[torch.Tensor, ...], grad: bool = True) -> fx.GraphModule:
-    heading(title, "-")
-    print("Before:")
-    print(node_table(copy_to_graph_module(model)))
-    gm = fuse_horizontal(model)
-    print("\nAfter fuse_horizontal:")
-    print(node_table(gm))
-    print("\nReport (report_of(gm)):")
-    print(report_of(gm).table())
+    gm = show_rewrite(title, model, fuse_horizontal)
     xs = [x.double().requires_grad_(grad) for x in inputs]
     ys = [x.double().requires_grad_(grad) for x in inputs]
     with torch.set_grad_enabled(grad):  # (an in-place op on a Linear's input leaves no gradient to compare)

@@ -64,8 +64,8 @@ from fusion.common import (
     heading,
     lesson_cli,
     max_abs_diff,
-    report_of,
     shorten,
+    show_rewrite,
     table,
     target_name,
 )
@@ -309,14 +309,8 @@ def module_table(gm: fx.GraphModule) -> str:
 
 
 def _show_pass(title: str, model: nn.Module, x: torch.Tensor) -> fx.GraphModule:
-    heading(title, "-")
-    print("Before:")
-    print(module_table(copy_to_graph_module(model)))
-    gm = fuse_linear_relu(model)
-    print("\nAfter fuse_linear_relu (the `module` column: which Linears became a FusedLinearReLU):")
-    print(module_table(gm))
-    print("\nReport (report_of(gm)):")
-    print(report_of(gm).table())
+    after = "fuse_linear_relu (the `module` column: which Linears became a FusedLinearReLU)"
+    gm = show_rewrite(title, model, fuse_linear_relu, module_table, after)
 
     # forward and gradient equivalence against the unfused model, on the same random input
     x_ref, x_fused = x.clone().requires_grad_(), x.clone().requires_grad_()
