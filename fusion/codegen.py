@@ -382,7 +382,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region with an op the generator cannot
     compile is cut at that op (an aten call, its reason in the report); the pieces around it are generated in turn.
     """
-    return rt.compile_graph_with(gm, example_inputs, generate_kernel)
+    return rt.compile_graph_with(gm, example_inputs, generate_kernel, build_fusion_regions)
 
 
 def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> rt.CompiledModel:
@@ -434,7 +434,7 @@ def run(quick: bool = False) -> None:
     heading("What falls back, and why: the region is cut at the op, the pieces around it still fuse", "-")
     demo.show_fallbacks(compile_graph)
     heading("The course's models: generated kernels vs eager", "-")
-    demo.models_table(compile_regions, device, quick)
+    demo.models_table(compile_regions, build_fusion_regions, device, quick)
     if device == "cuda":
         rt.gpu_numbers(compile_regions, quick)
 

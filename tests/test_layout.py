@@ -123,3 +123,18 @@ def test_each_lesson_file_reads_in_one_sitting(phase):
         f"fusion/{path.name} has {n} lines (at most {MAX_LESSON_LINES}): move machinery a learner need not read "
         "into a subpackage beside the lessons"
     )
+
+
+def test_machinery_never_imports_a_lesson():
+    """Dependencies point from lessons to machinery: nothing in a subpackage of fusion/ (kernels, bench, aten,
+    fxutils, compiler, practice) imports a lesson module, lazily or not. (fusion.bench runs the lessons' passes as
+    benchmark variants through importlib, by name, so that an unsolved phase becomes a row with its reason.)"""
+    lessons = {f"fusion.{p.module}" for p in PHASES}
+    graph = import_graph()
+    backwards = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        if mod.count(".") >= 2 or (mod.count(".") == 1 and (FUSION / mod.split(".")[1] / "__init__.py").exists())
+        for dep in deps & lessons
+    )
+    assert not backwards, backwards

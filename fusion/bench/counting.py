@@ -19,7 +19,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from fusion.conv_bn_fusion import CONV_THEN_ADD_RELU, CONV_THEN_RELU, CUDNN_CONV_THEN_BIAS, CUDNN_EPILOGUE
+from fusion.kernels.cudnn import CONV_THEN_ADD_RELU, CONV_THEN_RELU, CUDNN_CONV_THEN_BIAS, CUDNN_EPILOGUE
 
 _VIEW_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.t, torch.transpose}
 _VIEW_FUNCTIONS |= {torch.permute, operator.getitem, getattr, torch.narrow, torch.split, torch.chunk, torch.select}

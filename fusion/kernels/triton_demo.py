@@ -35,17 +35,19 @@ class Fallbacks(torch.nn.Module):
 
 
 def show_fallbacks(compile_graph: Callable) -> None:
-    from fusion.regions import capture_aten
+    from fusion.aten.capture import capture_aten
 
     x = torch.randn(4, 6)
     print(compile_graph(capture_aten(Fallbacks(), (x,)), [x]).report.table())
 
 
-def models_table(compile_regions: Callable, device: str, quick: bool) -> None:
-    """The course's models, compiled: kernels before and after, library calls, fallbacks, the error vs eager."""
+def models_table(compile_regions: Callable, regions_of: Callable, device: str, quick: bool) -> None:
+    """The course's models, compiled: kernels before and after, library calls, fallbacks, the error vs eager.
+    ``regions_of`` is Phase 6's ``build_fusion_regions``."""
     from fusion import models
+    from fusion.aten.capture import capture_aten
+    from fusion.aten.nodes import kernel_counts
     from fusion.common import max_abs_diff, table
-    from fusion.regions import build_fusion_regions, capture_aten, kernel_counts
 
     rows: list = []
     for title, m, inp in (
@@ -61,7 +63,7 @@ def models_table(compile_regions: Callable, device: str, quick: bool) -> None:
         compiled, gm = compile_regions(m, inp), capture_aten(m, inp)
         with torch.no_grad():
             diff = max_abs_diff(compiled(*inp), m(*inp))
-        unfused = kernel_counts(gm, build_fusion_regions(gm))[0]
+        unfused = kernel_counts(gm, regions_of(gm))[0]
         skipped = len(compiled.report.skipped)
         rows.append((title, unfused, compiled.num_kernels, compiled.library_calls, skipped, f"{diff:.1e}"))
     print(table(rows, ["model", "kernels unfused", "generated", "library calls", "fallbacks", "max |Δ| vs eager"]))

@@ -261,7 +261,7 @@ class CompiledGraph(torch.nn.Module):
     @property
     def library_calls(self) -> int:
         """aten calls per call that are not generated kernels (matmul, conv, ops of fallback regions, lone ops)."""
-        from fusion.regions import is_view_node
+        from fusion.aten.nodes import is_view_node
 
         return sum(
             n.op == "call_function" and not is_view_node(n) and n.target is not operator.getitem
@@ -277,11 +277,15 @@ class CompiledGraph(torch.nn.Module):
 
 
 def compile_graph_with(
-    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], generate: Callable[[object], KernelPlan]
+    gm: fx.GraphModule,
+    example_inputs: Sequence[torch.Tensor],
+    generate: Callable[[object], KernelPlan],
+    regions_of: Callable[[fx.GraphModule], dict],
 ) -> CompiledGraph:
-    """``fusion.codegen.compile_graph``'s loop: ``generate`` each region's plan; a region it refuses runs as aten."""
+    """``fusion.codegen.compile_graph``'s loop: ``generate`` each region's plan; a region it refuses runs as aten.
+    ``regions_of`` is Phase 6's ``build_fusion_regions`` (passed in: machinery never imports a lesson)."""
+    from fusion.aten.nodes import unique_regions
     from fusion.common import FusionReport, is_todo
-    from fusion.regions import build_fusion_regions, unique_regions
 
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(f"compile_graph needs a torch.fx.GraphModule (e.g. from capture_aten), got {type(gm).__name__}")
@@ -293,7 +297,7 @@ def compile_graph_with(
     ok, why = triton_status()
     plans: list[KernelPlan] = []
     fallbacks = 0
-    work = list(unique_regions(build_fusion_regions(gm)))
+    work = list(unique_regions(regions_of(gm)))
     while work:
         region = work.pop(0)
         members = [n.name for n in region.nodes]
@@ -326,7 +330,7 @@ def split_region(region, bad: fx.Node) -> list:
     """The region without ``bad``, cut there the way Phase 6 cuts a span at a non-fusible node: the members before
     ``bad`` and those after it are grouped separately (so every piece's inputs come before it), each into its
     connected pieces; pieces with at least two non-view nodes come back as regions, to be generated in turn."""
-    from fusion.regions import FusionRegion, is_view_node
+    from fusion.aten.nodes import is_view_node
 
     cut = region.nodes.index(bad)
     pieces = []
@@ -340,7 +344,7 @@ def split_region(region, bad: fx.Node) -> list:
         for piece in {id(p): p for p in piece_of.values()}.values():
             nodes = sorted(piece, key=span.index)
             if sum(not is_view_node(n) for n in nodes) >= 2:
-                pieces.append(FusionRegion(nodes, index=region.index, byte_cache=region.byte_cache))
+                pieces.append(type(region)(nodes, index=region.index, byte_cache=region.byte_cache))
     return pieces
 
 
@@ -454,8 +458,9 @@ def kernel_gpu_us(compiled: CompiledGraph, flat_inputs: Sequence[torch.Tensor], 
 def gpu_numbers(compile_regions: Callable, quick: bool) -> None:
     """On a GPU: each generated kernel's GPU time beside Phase 6's prediction (external bytes ÷ copy bandwidth)."""
     from fusion import models
+    from fusion.aten.bandwidth import measure_bandwidth_gbps
+    from fusion.aten.capture import aten_inputs
     from fusion.common import heading, table
-    from fusion.regions import aten_inputs, measure_bandwidth_gbps
 
     heading(f"On the GPU ({torch.cuda.get_device_name()}, bf16): measured vs predicted", "-")
     bw = measure_bandwidth_gbps("cuda")
