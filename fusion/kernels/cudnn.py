@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fusion.common import FusionReport, attach_report, copy_to_graph_module, finish_rewrite
+from fusion.kernels.cublaslt import any_autocast
 
 __all__ = [
     "CONV_PATHS",
@@ -51,11 +52,6 @@ GROUPED_REFUSAL = (
     "grouped/depthwise conv: cuDNN's runtime-fusion engine for it is a slow generic kernel (H100, torch 2.11, "
     "bf16 channels_last 64x128x56x56: 1.55 ms fused vs 52 µs for the plain depthwise conv + 79 µs bias add)"
 )
-
-
-def _any_autocast() -> bool:
-    probe = getattr(torch._C, "_is_any_autocast_enabled", None)
-    return True if probe is None else bool(probe())
 
 
 def cudnn_epilogue_unavailable(device: str, dtype: torch.dtype) -> str | None:
@@ -104,7 +100,7 @@ class ConvBiasReLU2d(nn.Conv2d):
         w, b = self.weight, self.bias
         if self.cudnn_error or not x.is_cuda or x.dim() != 4 or x.dtype not in _CUDNN_DTYPES or w.dtype != x.dtype:
             return False
-        if (b is not None and b.dtype != x.dtype) or not torch.backends.cudnn.enabled or _any_autocast():
+        if (b is not None and b.dtype != x.dtype) or not torch.backends.cudnn.enabled or any_autocast():
             return False
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
             return False

@@ -160,10 +160,6 @@ class KernelPlan:
         return -(-self.xnumel // block), {"XBLOCK": block}
 
 
-def _real_meta(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
-    return tuple(t.shape), tuple(t.stride()), t.dtype
-
-
 def _same_layout(t: torch.Tensor, stride: tuple[int, ...]) -> bool:
     """Strides differ only where they do not matter: a dimension of size 1 is never stepped along (its index is 0)."""
     return all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), stride, strict=True))
