@@ -44,19 +44,12 @@ import torch.fx as fx
 
 from fusion import models
 from fusion.common import heading, lesson_cli, shorten
+from fusion.compiler.ir import Unsupported
 from fusion.kernels import triton_demo as demo
+from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_runtime import (
-    CompiledGraph,
-    GeneratedKernel,
-    KernelPlan,
-    Unsupported,
-    bind_args,
-    compute_dtype,
-    const_source,
-    is_view,
-    tl_dtype,
-)
+from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, is_view, tl_dtype
+from fusion.kernels.triton_runtime import CompiledGraph, GeneratedKernel, KernelPlan
 from fusion.kernels.triton_views import view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -189,7 +182,7 @@ class KernelWriter:
                 n = n.args[0]
             if not is_view(n) and n not in self.stored:
                 self.stored.append(n)
-        rt.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
+        tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
         if reductions:
             self.shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
             ndim = len(self.shape)
@@ -213,7 +206,7 @@ class KernelWriter:
             except RuntimeError as e:
                 raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
-            order = rt.memory_order(self.stored[0].meta["val"], self.shape)
+            order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
             self.xsplit = split_index("xindex", [self.shape[d] for d in order])
             self.index = [name for _, (name, _) in sorted(zip(order, self.xsplit, strict=True))]
         self.reduction = bool(reductions)
@@ -349,7 +342,7 @@ class KernelWriter:
         body += self.lines + stores
         lines = ["import triton", "import triton.language as tl", "", ""]
         if self.reduction:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
-            lines += [*rt.COMBINE_FUNCTIONS, ""]
+            lines += [*tlang.COMBINE_FUNCTIONS, ""]
         lines += ["@triton.jit", *head]
         return "\n".join(lines + ["    " + b for b in body]) + "\n"
 
@@ -357,7 +350,7 @@ class KernelWriter:
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    name = rt.kernel_name(region, writer.reduction)
+    name = tlang.kernel_name(region, writer.reduction)
     source = writer.source(name)
     ops = [line.split("# ", 1)[1] for line in writer.lines if "  # " in line and " = " in line.split("# ", 1)[1]]
     kernel = GeneratedKernel(name, source, region, "reduction" if writer.reduction else "pointwise", ops)

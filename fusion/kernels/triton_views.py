@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fusion.kernels.triton_runtime import Unsupported, bind_args
+from fusion.compiler.ir import Unsupported
+from fusion.kernels.triton_lang import bind_args
 
 aten = torch.ops.aten
 
