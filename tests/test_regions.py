@@ -327,6 +327,72 @@ def test_value_bytes():
     assert value_bytes(2.5) == 0 and value_bytes(7) == 0 and value_bytes(None) == 0  # scalars travel as arguments
 
 
+def test_value_bytes_of_empty_tensors_is_zero_whatever_their_strides():
+    # numel() == 0 reads nothing. The span formula alone gives (size - 1) * stride = -stride for a size-0 dim, which
+    # cancels out for ones(0, 7) but not here: empty(3, 0) has strides (1, 1), so 1 + 2 - 1 = 2 elements, 8 bytes.
+    for t in (torch.empty(3, 0), torch.empty(0), torch.empty(2, 0, 3), torch.empty(5, 4)[:, 4:], torch.empty(4, 0).t()):
+        assert value_bytes(t) == 0, (tuple(t.shape), t.stride())
+    assert value_bytes((torch.empty(3, 0), torch.ones(2))) == 8
+
+
+def test_value_bytes_of_lists_nested_tuples_and_sym_ints():
+    assert value_bytes([torch.ones(2), torch.ones(3, dtype=torch.int8)]) == 8 + 3  # a list counts its parts too
+    assert value_bytes(((torch.ones(2), [torch.ones(1, dtype=torch.float64)]), None, 3)) == 8 + 8  # recursively
+    assert value_bytes([]) == 0 and value_bytes(()) == 0 and value_bytes("x") == 0
+
+
+def _symbolic(t: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``t``'s shape whose sizes are symbols (s0, s1, ...), as dynamic-shape tracing makes them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
+    return FakeTensorMode(shape_env=ShapeEnv()).from_tensor(t, symbolic_context=context)
+
+
+def test_value_bytes_with_symbolic_sizes_counts_their_values():
+    for t in (torch.empty(5, 3), torch.empty(5, 3).t(), torch.empty(5, 3)[1:], torch.empty(3, 0), torch.empty(4, 1)):
+        sym = _symbolic(t)
+        assert value_bytes(sym) == value_bytes(t), (tuple(t.shape), t.stride())
+    sym = _symbolic(torch.empty(5, 3))
+    assert value_bytes(sym.shape[0]) == 0 and value_bytes(tuple(sym.shape)) == 0  # SymInts travel as arguments
+
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int64, torch.bool]
+
+
+@st.composite
+def strided_tensors(draw):
+    """A view with odd, size-0 and size-1 dims, permuted, sliced with steps and offsets, maybe broadcast."""
+    shape = draw(st.lists(st.integers(0, 5), min_size=0, max_size=4))
+    base = torch.zeros(shape, dtype=draw(st.sampled_from(DTYPES)))
+    t = base.permute(draw(st.permutations(range(base.dim()))))
+    for d in range(t.dim()):
+        size = t.shape[d]
+        start = draw(st.integers(0, max(size - 1, 0)))
+        t = t.narrow(d, start, draw(st.integers(0, size - start))) if size else t
+        step = draw(st.integers(1, 3))
+        t = t[(slice(None),) * d + (slice(None, None, step),)]
+    if draw(st.booleans()):
+        t = t.unsqueeze(0).expand(draw(st.integers(0, 3)), *t.shape)  # a stride-0 dim
+    return t
+
+
+def _spanned_bytes(t: torch.Tensor) -> int:
+    """Brute force: the offsets of every element (a view of arange over the storage); first to last, inclusive."""
+    if t.numel() == 0:
+        return 0
+    positions = torch.arange(t.untyped_storage().nbytes() // t.element_size())
+    offsets = positions.as_strided(t.shape, t.stride(), t.storage_offset())
+    return int(offsets.max() - offsets.min() + 1) * t.element_size()
+
+
+@given(t=strided_tensors())
+def test_value_bytes_matches_the_elements_the_strides_reach(t):
+    # not the storage: a slice reads only what it spans (an upper bound), an expanded dim reads nothing more
+    assert value_bytes(t) == _spanned_bytes(t), (tuple(t.shape), t.stride(), t.dtype)
+
+
 def test_shared_input_counts_once_and_scalars_count_zero():
     b = Builder()
     x = b.input("x", torch.randn(5, 7, dtype=torch.float64))
