@@ -229,6 +229,30 @@ def test_convs_with_other_hyperparameters_stay_apart(base, odd):
     assert_exact(model, gm, _randn(2, 4, 7, 7))
 
 
+MODES = ["zeros", "reflect", "replicate", "circular"]
+HYPER = {  # every Conv2d hyper-parameter the merged conv must keep, in the forms nn.Conv2d accepts
+    **{f"padding_mode={m}": dict(kernel_size=3, padding=1, padding_mode=m) for m in MODES},
+    "asymmetric padding, reflect": dict(kernel_size=(3, 2), padding=(2, 1), padding_mode="reflect"),
+    "padding=same, circular": dict(kernel_size=3, padding="same", padding_mode="circular"),
+    "padding=same, dilation 2": dict(kernel_size=(3, 2), padding="same", dilation=2),
+    "padding=valid": dict(kernel_size=2, padding="valid"),
+    "stride (1, 2)": dict(kernel_size=3, stride=(1, 2), padding=(0, 1)),
+    "dilation (2, 1), replicate": dict(kernel_size=2, dilation=(2, 1), padding=(1, 2), padding_mode="replicate"),
+}
+
+
+@pytest.mark.parametrize("hyper", HYPER.values(), ids=HYPER.keys())
+def test_merged_conv_keeps_every_hyperparameter(hyper):
+    mods = [_conv(3, 2, 0, **hyper), _conv(3, 4, 1, bias=False, **hyper), _conv(3, 1, 2, **hyper)]
+    x = _randn(2, 3, 7, 6)  # odd sizes: a wrong padding or stride shows in the shape or the border values
+    merged = merge_modules(mods)
+    torch.testing.assert_close(merged(x), torch.cat([m(x) for m in mods], -3))
+    model = Siblings(mods, [2, 0, 1], [0, 1, 2], dim=-3)
+    gm = fuse_horizontal(model)
+    assert fused_groups(gm) == [{"mods_0", "mods_1", "mods_2"}]
+    assert_exact(model, gm, x)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Refusals: the odd sibling stays a call of its own module; the compatible ones still merge
 
