@@ -18,10 +18,10 @@ What you learn
   the first user of any sibling; the position of the *earliest* sibling satisfies both. (3) The same node is not
   always the same value: an in-place op between two siblings (``x.add_(1)``) changes what the later one reads, so
   the pass cuts the group there. (4) Modules it cannot see through stay alone, with the reason in the report: hooks,
-  a subclass that overrides ``forward``, an uninitialised lazy module, a parametrized weight, and siblings whose
-  kind, hyper-parameters, dtype, device or ``requires_grad`` differ (each compatible subset still merges). One
-  module called twice on the same value is common-subexpression elimination, not a horizontal group; inside a
-  group its call sites share one slice of weights.
+  a subclass that overrides ``forward``, an uninitialised lazy module, a parametrized weight, a bias frozen apart
+  from its weight, and siblings whose kind, hyper-parameters, dtype, device or ``requires_grad`` differ (each
+  compatible subset still merges). One module called twice on the same value is common-subexpression elimination,
+  not a horizontal group; inside a group its call sites share one slice of weights.
 * **What you get back are views.** Each sibling's output is ``merged.narrow(dim, start, width)``: no copy. Three
   consequences: a slice that is returned to the caller, modified in place (``F.relu(h, inplace=True)``; autograd
   shares one version counter among views of one tensor) or looked at as memory (``stride()``) gets its own
@@ -102,6 +102,8 @@ def sibling_refusal(module: nn.Module) -> str | None:
         return "it has hooks, which the merged module would not run"
     if not all(isinstance(p, nn.Parameter) for p in (module.weight, module.bias) if p is not None):
         return "its weight is computed on access (a parametrization?), not a Parameter that can be concatenated"
+    if module.bias is not None and module.bias.requires_grad != module.weight.requires_grad:
+        return "its bias and weight differ in requires_grad: the merged module's parameters carry one flag"
     if isinstance(module, nn.Conv2d) and module.groups != 1:
         return f"groups={module.groups}: a grouped conv's channels cannot be stacked into one conv"
     return None

@@ -217,8 +217,19 @@ K1, K3 = dict(kernel_size=1), dict(kernel_size=3, padding=1)
         (K3, dict(kernel_size=3, padding=2, dilation=2)),
         (K3, dict(kernel_size=3, padding=1, padding_mode="reflect")),
         (K3, dict(kernel_size=3, padding="same")),
+        (K3, dict(kernel_size=3, padding=1, padding_mode="replicate")),
+        (K3, dict(kernel_size=3, padding=1, padding_mode="circular")),
+        (dict(K3, padding_mode="reflect"), dict(kernel_size=3, padding=1, padding_mode="circular")),
+        (dict(kernel_size=3, stride=(1, 2)), dict(kernel_size=3, stride=(2, 1))),
+        (dict(kernel_size=3, padding=(1, 0)), dict(kernel_size=3, padding=(0, 1))),
+        (dict(kernel_size=2, dilation=(1, 2)), dict(kernel_size=2, dilation=(2, 1))),
+        (dict(kernel_size=(3, 1)), dict(kernel_size=(1, 3))),
+        (dict(kernel_size=1, padding="valid"), dict(kernel_size=1, padding="same")),
     ],
-    ids=["kernel_size", "stride", "padding", "dilation", "padding_mode", "padding-same"],
+    ids=[
+        *("kernel_size", "stride", "padding", "dilation", "padding_mode", "padding-same", "replicate", "circular"),
+        *("reflect-vs-circular", "stride-hw", "padding-hw", "dilation-hw", "kernel-hw", "valid-vs-same"),
+    ],
 )
 def test_convs_with_other_hyperparameters_stay_apart(base, odd):
     mods = [_conv(4, 3, 0, **base), _conv(4, 2, 1, **odd), _conv(4, 5, 2, **base)]
@@ -345,6 +356,46 @@ def test_refused_sibling_stays_alone(kind, case):
         assert_exact(model, gm, x)
         if "hook" in case:
             assert len(calls) == 2  # once in the model, once in the fused model
+
+
+@pytest.mark.parametrize("kind", ["Linear", "Conv2d"])
+def test_a_bias_frozen_apart_from_its_weight_stays_alone(kind):
+    make = (lambda s: _linear(4, 2 + s, seed=s)) if kind == "Linear" else (lambda s: _conv(4, 2 + s, seed=s))
+    odd = make(5)
+    odd.bias.requires_grad_(False)  # trainable weight, frozen bias: one merged bias cannot carry both flags
+    mods = [make(0), odd, make(1)]
+    model = SumOfSiblings(mods)
+    gm = fuse_horizontal(model)
+    assert fused_groups(gm) == [{"mods_0", "mods_2"}]
+    assert "mods_1" in skipped_nodes(gm)
+    for m in (mods[0], mods[2]):
+        m.requires_grad_(False)  # frozen weight, trainable bias, both siblings
+        m.bias.requires_grad_(True)
+    assert fused_groups(fuse_horizontal(SumOfSiblings([mods[0], mods[2]]))) == []
+
+
+class MixedKinds(nn.Module):
+    """Two Linears (over the last dim), two Conv2ds and two Conv3ds read x; two Conv1ds read x[0]."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1 = _linear(6, 2, seed=0), _linear(6, 3, seed=1)
+        self.c0, self.c1 = _conv(4, 2, seed=2), _conv(4, 3, seed=3)
+        self.d0, self.d1 = (_seeded(nn.Conv1d(5, 2, 1, dtype=D64), s) for s in (4, 5))  # x[0]: (N=4, C=5, L=6)
+        self.e0, self.e1 = (_seeded(nn.Conv3d(2, 2, 1, dtype=D64), s) for s in (6, 7))  # x: unbatched (C=2, D, H, W)
+
+    def forward(self, x):
+        h = x[0]
+        parts = [self.l0(x), self.l1(x), self.c0(x), self.c1(x), self.d0(h), self.d1(h), self.e0(x), self.e1(x)]
+        return sum(p.square().sum() for p in parts)
+
+
+def test_siblings_of_another_kind_stay_apart():
+    model = MixedKinds()
+    gm = fuse_horizontal(model)
+    assert sorted(map(sorted, fused_groups(gm))) == [["c0", "c1"], ["l0", "l1"]]
+    assert {"d0", "d1", "e0", "e1"} <= set(called_modules(gm))  # Conv1d/Conv3d: kinds the pass leaves as they are
+    assert_exact(model, gm, _randn(2, 4, 5, 6))
 
 
 def test_grouped_convs_never_merge():
