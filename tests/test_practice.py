@@ -441,6 +441,50 @@ def test_next_todo_is_the_one_the_lesson_stops_at():
     assert practice.next_todo([t for t in todos if t.phase == 3]).phase == 3
 
 
+def _fake_check(monkeypatch, tmp_path, capsys, wrong: set[int], stubbed: set[int]) -> tuple[str, dict]:
+    """``check`` of a made-up workspace, its test run faked: each phase of ``wrong`` has every TODO filled in and one
+    failing test (a wrong solution), each of ``stubbed`` has its stub left (a test fails on it); the rest pass."""
+    from fusion.practice import progress
+
+    todos = [practice.Todo(p.number, f"fusion/{p.module}.py", 10, "task", "h", p.number in stubbed) for p in PHASES]
+    tally = practice._Tally()
+    for p in PHASES:
+        t = tally.tally[p.number] = practice.PhaseTally(passed=3)
+        failures = [("test_wrong", "AssertionError: maximum(nan, 0) gave 0", None)] if p.number in wrong else []
+        if p.number in stubbed:
+            failures.append(("test_stub", f"NotImplementedError: TODO(human) Phase {p.number}: task", p.number))
+        for name, message, todo_phase in failures:
+            t.failed += 1
+            nodeid = f"tests/test_{p.module}.py::{name}"
+            t.failures.append({"nodeid": nodeid, "when": "call", "message": message, "todo_phase": todo_phase})
+    monkeypatch.setattr(progress, "scan_todos", lambda root: todos)
+    monkeypatch.setattr(progress, "is_workspace", lambda root: True)
+    monkeypatch.setattr(progress, "run_tests", lambda *args, **kwargs: (tally, 1))
+    monkeypatch.setattr(progress, "lesson_stop", lambda module: None)  # as if the lesson stopped at no TODO
+    assert practice.check(root=tmp_path, json_path=str(tmp_path / "check.json")) == 1
+    return capsys.readouterr().out, json.loads((tmp_path / "check.json").read_text())
+
+
+def test_next_is_the_first_unsolved_phase_even_with_its_todos_filled_in(monkeypatch, tmp_path, capsys):
+    # Phase 8 filled in but wrong, Phase 9 not started: Next is Phase 8 (its failing test), not Phase 9's TODO
+    out, result = _fake_check(monkeypatch, tmp_path, capsys, wrong={8}, stubbed={9})
+    assert "still to do: 8, 9" in out
+    assert "Next: Phase 8" in out and "Next: Phase 9" not in out
+    assert "tests/test_codegen.py::test_wrong" in out and "maximum(nan, 0) gave 0" in out
+    assert "pytest -m phase8" in out and "fusion/codegen.py:10" in out  # the test to run, the code to look at
+    assert result["next_phase"] == 8 and result["next"] is None
+    # a stubbed phase before a wrong one: Next is the stubbed phase's TODO, as before
+    out, result = _fake_check(monkeypatch, tmp_path, capsys, wrong={8}, stubbed={3, 9})
+    assert "Next: Phase 3, fusion/pattern_rewriter.py:10" in out
+    assert result["next_phase"] == 3 and result["next"]["phase"] == 3
+    # every phase before the stub passes: Next is that TODO
+    out, result = _fake_check(monkeypatch, tmp_path, capsys, wrong=set(), stubbed={9})
+    assert "Next: Phase 9, fusion/backend.py:10" in out and result["next"]["phase"] == 9
+    # no stub left, two wrong phases: the first of them
+    out, result = _fake_check(monkeypatch, tmp_path, capsys, wrong={6, 7}, stubbed=set())
+    assert "Next: Phase 6" in out and "tests/test_regions.py::test_wrong" in out and result["next_phase"] == 6
+
+
 @pytest.mark.parametrize("first_failure", [False, True])
 def test_check_tally_per_phase(pytester, first_failure):
     pytester.makeini("[pytest]\nmarkers =\n    phase1: p1\n    phase2: p2\n")

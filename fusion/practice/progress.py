@@ -2,7 +2,9 @@
 
 "All done" only when the run covered every phase of a workspace and every phase passed. A run over some phases
 says which pass and what is still to do; in the reference checkout it says it is not a workspace. "Next" is the
-TODO(human) that the next phase's lesson stops at, so the lesson and the checker point at the same line.
+first phase still to do: when it has an open TODO(human), the one its lesson stops at (so the lesson and the checker
+point at the same line); when every TODO of it is filled in but a test fails, that test and the phase's code, never
+a later phase's TODO.
 """
 
 from __future__ import annotations
@@ -250,6 +252,29 @@ def find_next(todos: Sequence[Todo]) -> tuple[Todo, str] | tuple[None, None]:
     return next_todo(todos, lesson_stop(module)), module
 
 
+def first_unsolved(statuses: dict[int, str], todos: Sequence[Todo]) -> int | None:
+    """The lowest phase still to do: checked and not ✓ (failing, waiting, no tests), or with an open TODO(human)."""
+    todo = {n for n, s in statuses.items() if s != "✓"} | {t.phase for t in todos if t.open}
+    return min(todo) if todo else None
+
+
+def show_failing_phase(number: int, module: str, t: PhaseTally | None, todos: Sequence[Todo], status: str) -> None:
+    """ "Next" for a phase whose TODOs are all filled in but whose tests do not pass: its first failure, its code."""
+    if status.startswith("…"):
+        why = f"its tests wait for {status.removeprefix('… needs ')}"
+    else:
+        why = status.removeprefix("✗").strip() or "its tests fail"
+    print(f"\nNext: Phase {number}: every TODO(human) is filled in, but {why}")
+    if t and t.failures:
+        first = t.failures[0]
+        more = f" (and {t.failed - 1} more)" if t.failed > 1 else ""
+        print(f"  first failing test{more}: {first['nodeid']}\n    {first['message']}")
+    for todo in (todo for todo in todos if todo.phase == number):
+        print(f"  your code: {todo.path}:{todo.line}  {todo.task}")
+    print(f"  tests: uv run pytest -m phase{number}   lesson: uv run python -m fusion.{module}")
+    print(f"  stuck?  uv run python -m fusion.practice hint {number}")
+
+
 def check(
     phases: Sequence[int] | None = None,
     first_failure: bool = False,
@@ -313,15 +338,20 @@ def check(
     if sample:
         sentence += f" (sampled: the first {sample} tests of each phase, for CI's round trip)"
     print(f"\n{sentence}")
-    nxt, module = find_next(todos) if workspace else (None, None)
+    # Next: the first phase still to do. With an open TODO, the one its lesson stops at; with every TODO filled
+    # in (a wrong solution), its first failing test: never a later phase's TODO while an earlier phase fails.
+    next_phase = first_unsolved(statuses, todos) if workspace and not done else None
+    nxt, module = None, None
+    if next_phase is not None and any(t.open and t.phase == next_phase for t in todos):
+        nxt, module = find_next(todos)
     if nxt is not None:
         print(f"\nNext: Phase {nxt.phase}, {nxt.path}:{nxt.line}\n  TODO(human): {nxt.task}")
         print(f"  lesson: uv run python -m fusion.{module}   tests: uv run pytest -m phase{nxt.phase}")
         print(f"  stuck?  uv run python -m fusion.practice hint {nxt.phase}")
-    elif workspace and not done:
-        bad = [n for n, s in statuses.items() if s != "✓"]
-        if bad:
-            print(f"\nEvery TODO(human) is filled in; make the tests pass: uv run pytest -m phase{bad[0]}")
+    elif next_phase is not None:
+        module = next(p.module for p in PHASES if p.number == next_phase)
+        status = statuses.get(next_phase, "✗")
+        show_failing_phase(next_phase, module, tally.tally.get(next_phase), todos, status)
 
     ok = code in (0, 5) and not tally.collection_errors and all(s == "✓" for s in statuses.values())
     if json_path:
@@ -338,6 +368,7 @@ def check(
             "sample": sample,
             "verdict": sentence,
             "next": asdict(nxt) if nxt is not None else None,
+            "next_phase": nxt.phase if nxt is not None else next_phase,
             "todos": [asdict(t) for t in todos],
             "seconds": seconds,
         }
