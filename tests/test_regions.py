@@ -341,23 +341,6 @@ def test_value_bytes_of_lists_nested_tuples_and_sym_ints():
     assert value_bytes([]) == 0 and value_bytes(()) == 0 and value_bytes("x") == 0
 
 
-def _symbolic(t: torch.Tensor) -> torch.Tensor:
-    """A fake tensor of ``t``'s shape whose sizes are symbols (s0, s1, ...), as dynamic-shape tracing makes them."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
-    return FakeTensorMode(shape_env=ShapeEnv()).from_tensor(t, symbolic_context=context)
-
-
-def test_value_bytes_with_symbolic_sizes_counts_their_values():
-    for t in (torch.empty(5, 3), torch.empty(5, 3).t(), torch.empty(5, 3)[1:], torch.empty(3, 0), torch.empty(4, 1)):
-        sym = _symbolic(t)
-        assert value_bytes(sym) == value_bytes(t), (tuple(t.shape), t.stride())
-    sym = _symbolic(torch.empty(5, 3))
-    assert value_bytes(sym.shape[0]) == 0 and value_bytes(tuple(sym.shape)) == 0  # SymInts travel as arguments
-
-
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int64, torch.bool]
 
 
