@@ -474,6 +474,35 @@ def test_unfused_bytes_of_hand_built_regions():
     assert only_ops.unfused_bytes == (80 + 8 + 80) + (80 + 80)
 
 
+def test_total_bytes_follows_a_chain_of_views_to_what_it_aliases():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    xv = g.call_function(aten.view.default, (x, [10]), name="xv")
+    xvv = g.call_function(aten.permute.default, (xv, [0]), name="xvv")  # a view of a view of an input: no write
+    a = g.call_function(aten.neg.default, (x,), name="a")
+    av = g.call_function(aten.view.default, (a, [2, 5]), name="av")
+    avv = g.call_function(aten.t.default, (av,), name="avv")  # a view of a view of a: a is written once
+    g.output((xvv, a, avv))
+    sizes = {"x": 80, "xv": 80, "xvv": 80, "a": 80, "av": 80, "avv": 80}
+    region = hand_region(g, [xv, xvv, a, av, avv], sizes)
+    assert region.total_bytes == 80 + 80  # read x, write a
+    assert region.unfused_bytes == 80 + 80  # neg reads x, writes a; the views move nothing
+
+
+def test_an_op_of_a_collective_namespace_is_never_fusible_even_when_tagged():
+    # Today's collectives carry no pointwise/reduction tag: a tagged one (a new op) must still stay out of kernels.
+    import torch.distributed  # noqa: F401  (registers the functional collectives)
+
+    lib = torch.library.Library("_c10d_functional", "FRAGMENT")
+    lib.define("fusion_test_scaled(Tensor x) -> Tensor", tags=(torch.Tag.pointwise,))
+    try:
+        op = torch.ops._c10d_functional.fusion_test_scaled.default
+        assert torch.Tag.pointwise in op.tags
+        assert not is_fusible_node(op_node(op, None))
+    finally:
+        lib._destroy()
+
+
 def test_costing_without_meta_names_the_fix():
     b = Builder()
     x = b.input("x", torch.randn(2, 2))
