@@ -375,7 +375,7 @@ def test_a_bias_frozen_apart_from_its_weight_stays_alone(kind):
 
 
 class MixedKinds(nn.Module):
-    """Two Linears (over the last dim), two Conv2ds and two Conv3ds read x; two Conv1ds read x[0]."""
+    """Two Linears (over the last dim), two Conv2ds, two Conv3ds and two ConvTranspose2ds read x; two Conv1ds x[0]."""
 
     def __init__(self):
         super().__init__()
@@ -383,10 +383,12 @@ class MixedKinds(nn.Module):
         self.c0, self.c1 = _conv(4, 2, seed=2), _conv(4, 3, seed=3)
         self.d0, self.d1 = (_seeded(nn.Conv1d(5, 2, 1, dtype=D64), s) for s in (4, 5))  # x[0]: (N=4, C=5, L=6)
         self.e0, self.e1 = (_seeded(nn.Conv3d(2, 2, 1, dtype=D64), s) for s in (6, 7))  # x: unbatched (C=2, D, H, W)
+        self.t0, self.t1 = (_seeded(nn.ConvTranspose2d(4, 2, 1, dtype=D64), s) for s in (8, 9))  # transposed
 
     def forward(self, x):
         h = x[0]
         parts = [self.l0(x), self.l1(x), self.c0(x), self.c1(x), self.d0(h), self.d1(h), self.e0(x), self.e1(x)]
+        parts += [self.t0(x), self.t1(x)]
         return sum(p.square().sum() for p in parts)
 
 
@@ -394,7 +396,7 @@ def test_siblings_of_another_kind_stay_apart():
     model = MixedKinds()
     gm = fuse_horizontal(model)
     assert sorted(map(sorted, fused_groups(gm))) == [["c0", "c1"], ["l0", "l1"]]
-    assert {"d0", "d1", "e0", "e1"} <= set(called_modules(gm))  # Conv1d/Conv3d: kinds the pass leaves as they are
+    assert {"d0", "d1", "e0", "e1", "t0", "t1"} <= set(called_modules(gm))  # kinds the pass leaves as they are
     assert_exact(model, gm, _randn(2, 4, 5, 6))
 
 
@@ -435,6 +437,15 @@ def test_siblings_of_another_dtype_or_device_stay_apart(kind, case):
     assert "mods_1" in skipped_nodes(gm)
     odd = gm.get_submodule("mods.1")
     assert (odd.weight.dtype, odd.weight.device.type) == (model.mods[1].weight.dtype, model.mods[1].weight.device.type)
+
+
+@pytest.mark.parametrize("kind", ["Linear", "Conv2d"])
+def test_merged_parameters_of_trainable_siblings_are_trainable(kind):
+    make = (lambda s: _linear(4, 2 + s, seed=s)) if kind == "Linear" else (lambda s: _conv(4, 2 + s, seed=s))
+    gm = fuse_horizontal(SumOfSiblings([make(0), make(1)]))
+    (merged,) = called_modules(gm)
+    params = dict(gm.get_submodule(merged).named_parameters())
+    assert set(params) == {"weight", "bias"} and all(p.requires_grad for p in params.values())
 
 
 def test_merged_parameters_keep_requires_grad():
