@@ -44,12 +44,19 @@ class PartReport:
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (what, why): ran as aten instead
     passes: list[tuple[str, str, str, str]] = field(default_factory=list)  # (pass, nodes, action, note)
     compiled: bool = True  # False: the whole graph runs as its aten ops (the reason is in fallbacks)
+    folded: int = 0  # convolutions reading weights folded at run time (graph inputs marked by install_folds)
+    # Functions args -> list of tensors, appended to each call's args in order (a pass's new inputs: folded weights)
+    extra_inputs: list[Callable] = field(default_factory=list)
 
     def note_pass(self, name: str, nodes: Iterable[str], action: str, note: str = "") -> None:
         self.passes.append((name, " → ".join(nodes), action, note))
 
     def fallback(self, what: str, why: str) -> None:
         self.fallbacks.append((what, why))
+
+    def count_folds(self, gm: fx.GraphModule) -> None:
+        """How many folds the passes installed: the folded weights among the graph's inputs."""
+        self.folded = sum(n.op == "placeholder" and n.meta.get("folded") == "weight" for n in gm.graph.nodes)
 
     def count_library_calls(self, gm: fx.GraphModule, kernels: Sequence) -> None:
         """Every op outside the generated kernels: a library call (or an op of a region that fell back)."""
@@ -139,16 +146,6 @@ def summary(reports: Sequence[GraphReport]) -> str:
     for why, count in breaks.items():
         text += f"\n  graph break ×{count}: {shorten(why, 100)}"
     return text
-
-
-def count_cuda_kernels(fn: Callable[[], object]) -> int:
-    """CUDA kernels one call of ``fn`` launches, counted by the profiler (a warm call: compile first)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def fallbacks_from(codegen_report: object) -> list[tuple[str, str]]:
