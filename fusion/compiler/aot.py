@@ -90,6 +90,8 @@ def decompose(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
 def decompose_in_place(gm: fx.GraphModule, table: dict) -> None:
     """:func:`decompose`, with the result's graph (and the constants it reads) installed into ``gm`` itself."""
     new = decompose(gm, table)
+    for old, node in zip(placeholders(gm), placeholders(new), strict=True):  # what passes marked (folded weights)
+        node.meta.update({k: v for k, v in old.meta.items() if k not in node.meta})
     for node in new.graph.nodes:
         if node.op == "get_attr":
             setattr(gm, node.target, getattr(new, node.target))
