@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx as fx
 
+from fusion.common import is_todo
+
 aten = torch.ops.aten
 
 
@@ -117,7 +119,7 @@ def register_once(name: str, module: str, attr: str) -> None:
         try:
             return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
         except NotImplementedError as e:  # an unsolved TODO(human) in a practice workspace: raise it as it is when
-            if not str(e).startswith("TODO(human)"):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
+            if not is_todo(e):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
                 raise
             todo = e
 

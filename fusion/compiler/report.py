@@ -7,7 +7,6 @@ backward part is filled in when autograd first needs it (AOTAutograd compiles th
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.common import shorten, table
 
 
@@ -24,12 +24,6 @@ def op_name(node: fx.Node) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return t.overloadpacket.__name__
     return getattr(t, "__name__", str(t))
-
-
-def is_free(node: fx.Node) -> bool:
-    """Views and getitem move no bytes and launch nothing."""
-    t = node.target
-    return t is operator.getitem or (isinstance(t, torch._ops.OpOverload) and t.is_view)
 
 
 @dataclass
@@ -61,7 +55,7 @@ class PartReport:
     def count_library_calls(self, gm: fx.GraphModule, kernels: Sequence) -> None:
         """Every op outside the generated kernels: a library call (or an op of a region that fell back)."""
         covered = {n.name for k in kernels for n in getattr(getattr(k, "region", None), "nodes", ())}
-        ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_free(n)]
+        ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
         self.aten_ops = len(ops)
         self.library_calls = Counter(op_name(n) for n in ops if n.name not in covered)
 
