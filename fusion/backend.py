@@ -149,7 +149,7 @@ PASSES = [
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", lambda gm, part: aten_passes.split_conv_bias(gm, part.note_pass), kinds=("inference",),
-                doc="a conv's bias as a pointwise add the next region takes"),
+                doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
 ]  # fmt: skip
 
 

@@ -347,6 +347,31 @@ def test_options_switch_stages_off():
         backend.Options.parse({"fold_bm": True})
 
 
+def test_a_pass_is_one_function_and_one_list_entry(monkeypatch):
+    """A new pass (here opt-in, written as f(gm, note) like Phase 10's overlap pass) gets its option from its name
+    and runs in list order, after the passes before it."""
+    from fusion.compiler.passes import Pass
+
+    seen = []
+
+    def count_relus(gm, note):
+        relus = [n.name for n in gm.graph.nodes if n.target is aten.relu.default]
+        seen.append(len(relus))
+        note("count relus", relus, "counted", f"{len(relus)} relu(s)")
+
+    entry = Pass("count_relus", lambda gm, part: count_relus(gm, part.note_pass), default=False)
+    monkeypatch.setattr(backend, "PASSES", [*backend.PASSES, entry])
+    f = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    assert seen == []  # opt-in: off unless asked for
+    backend.reset()
+    torch.testing.assert_close(torch.compile(f, backend="fusion", options={"count_relus": True})(x), f(x))
+    assert seen == [1]
+    assert [p[0] for p in backend.reports[0].parts[0].passes] == ["count relus"]
+    assert backend.Options.parse({"count_relus": True}).count_relus
+
+
 def test_reset_clears_reports():
     torch.compile(lambda x: x.sin() * 2 + 1, backend="fusion")(torch.randn(4))
     assert backend.reports

@@ -3,7 +3,9 @@
 A pass rewrites the aten graph in place and notes what it did in the :class:`~fusion.compiler.report.PartReport`
 (``part.note_pass(name, nodes, action, why)``). Its name is its option: ``torch.compile(model, backend="fusion",
 options={"fold_bn": False})`` switches the pass ``fold_bn`` off. Adding a pass is one function, one entry in the
-lesson's ``PASSES`` list (``fusion/backend.py``) and its test: :class:`Options` learns the name from the list.
+lesson's ``PASSES`` list (``fusion/backend.py``) and its test: :class:`Options` learns the name from the list. A pass
+written as ``f(gm, note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", lambda gm, part: f(gm,
+part.note_pass), default=False)``: opt-in, ``options={"name": True}``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Pass:
     kinds: tuple[str, ...] = KINDS
     default: bool = True  # on unless options={name: False}; an opt-in pass says default=False
     doc: str = ""
+    requires: tuple[str, ...] = ()  # other switches it is pointless without (e.g. "codegen")
 
 
 class Options:
@@ -48,7 +51,11 @@ class Options:
 
     def passes_for(self, kind: str) -> list[Pass]:
         """The passes to run on an aten graph of ``kind``, in list order."""
-        return [p for p in self.passes if self.enabled[p.name] and kind in p.kinds]
+        return [
+            p
+            for p in self.passes
+            if self.enabled[p.name] and kind in p.kinds and all(self.enabled[r] for r in p.requires)
+        ]
 
     def __repr__(self) -> str:
         return f"Options({self.enabled})"
