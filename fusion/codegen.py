@@ -44,12 +44,13 @@ import torch.fx as fx
 
 from fusion import models
 from fusion.common import heading, lesson_cli, shorten
-from fusion.compiler.ir import Unsupported
+from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported
+from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
+from fusion.kernels import timing
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, is_view, tl_dtype
-from fusion.kernels.triton_runtime import CompiledGraph, GeneratedKernel, KernelPlan
 from fusion.kernels.triton_views import view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -375,13 +376,20 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region with an op the generator cannot
     compile is cut at that op (an aten call, its reason in the report); the pieces around it are generated in turn.
     """
-    return rt.compile_graph_with(gm, example_inputs, generate_kernel, build_fusion_regions)
+    ensure_meta(gm, example_inputs)
+    work = Worklist(gm, unique_regions(build_fusion_regions(gm)))  # Phase 6's regions, built once
+    for region in work:
+        try:
+            work.done(generate_kernel(region))
+        except Exception as e:  # an op without a Triton line: cut the region there (Unsupported names the node)
+            work.refuse(region, e)
+    return work.compiled()  # fusion.compiler.partition: the graph with one call per kernel
 
 
-def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> rt.CompiledModel:
+def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> CompiledModel:
     """capture_aten + compile_graph: a module computing ``model(*inputs)`` for inputs of the example shapes."""
     gm = capture_aten(model, example_inputs)
-    return rt.CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
+    return CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -429,7 +437,7 @@ def run(quick: bool = False) -> None:
     heading("The course's models: generated kernels vs eager", "-")
     demo.models_table(compile_regions, build_fusion_regions, device, quick)
     if device == "cuda":
-        rt.gpu_numbers(compile_regions, quick)
+        timing.gpu_numbers([(*case, compile_regions(*case[1:])) for case in timing.gpu_cases(quick)])
 
 
 def main(argv: list[str] | None = None) -> int:

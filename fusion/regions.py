@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -49,11 +48,12 @@ from fusion.aten.lesson import histogram_table, show_bandwidth, show_known_diffe
 from fusion.aten.nodes import MissingMetaError, is_view_node, kernel_counts, short_target, unique_regions
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
+from fusion.compiler.ir import Region
 
 __all__ = [  # the lesson's API, and what it re-exports from its machinery in fusion/aten/
     "BANDWIDTH_PROFILES_GBPS", "REGION_PREFIX", "MissingMetaError", "aten_inputs", "bandwidth_gbps", "capture_aten",
     "collapse_regions", "expand_regions", "inductor_fusion_regions", "is_view_node", "kernel_counts",
-    "measure_bandwidth_gbps", "region_table", "unique_regions", "FusionRegion", "build_fusion_regions",
+    "measure_bandwidth_gbps", "region_table", "unique_regions", "Region", "FusionRegion", "build_fusion_regions",
     "compare_with_inductor", "fusible_reason", "fusible_spans", "is_fusible_node", "node_bytes", "value_bytes",
 ]  # fmt: skip
 
@@ -198,34 +198,9 @@ def node_bytes(node: fx.Node) -> int:
 # 3. Regions
 
 
-@dataclass(eq=False)  # identity semantics: region_of maps every member to the *same* object
-class FusionRegion:
-    """A group of fusible nodes that one kernel can compute. ``nodes`` are in topological (graph) order."""
-
-    nodes: list[fx.Node]
-    index: int = -1  # position among the graph's regions, in order of their first node
-    # node -> bytes, shared by all regions of one build_fusion_regions call: each value is measured once
-    byte_cache: dict[fx.Node, int] = field(default_factory=dict, repr=False)
-
-    @cached_property
-    def members(self) -> frozenset[fx.Node]:
-        return frozenset(self.nodes)
-
-    @cached_property
-    def external_inputs(self) -> list[fx.Node]:
-        """Nodes outside the region that members read, each once, in order of first use."""
-        members, seen = self.members, {}
-        for node in self.nodes:
-            for inp in node.all_input_nodes:
-                if inp not in members:
-                    seen[inp] = None
-        return list(seen)
-
-    @cached_property
-    def external_outputs(self) -> list[fx.Node]:
-        """Members whose value is needed after the region: a user outside it (the graph's output included)."""
-        members = self.members
-        return [node for node in self.nodes if any(user not in members for user in node.users)]
+class FusionRegion(Region):
+    """A :class:`~fusion.compiler.ir.Region` (nodes in graph order, members, external inputs and outputs: the
+    compiler's type, in machinery) with what this phase adds: its DRAM traffic, fused and unfused."""
 
     def bytes_of(self, node: fx.Node) -> int:
         """:func:`node_bytes`, remembered in ``byte_cache``."""
@@ -282,20 +257,6 @@ class FusionRegion:
 
     def unfused_cost_ms(self, bandwidth_gbps: float) -> float:
         return self.unfused_bytes / (bandwidth_gbps * 1e9) * 1e3
-
-    @property
-    def non_view_count(self) -> int:
-        return sum(not is_view_node(n) for n in self.nodes)
-
-    def summary(self, width: int = 60) -> str:
-        """'var_mean→getitem→…→add_1 (9 ops)': the ops of the region in order, shortened to ``width``."""
-        names = "→".join(n.name for n in self.nodes)
-        if len(names) > width:
-            names = names[: width - 1] + "…"
-        return f"{names} ({len(self.nodes)} nodes)"
-
-    def __repr__(self) -> str:
-        return f"FusionRegion({self.index}: {[n.name for n in self.nodes]})"
 
 
 def fusible_spans(gm: fx.GraphModule | fx.Graph) -> list[list[fx.Node]]:

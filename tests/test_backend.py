@@ -29,8 +29,9 @@ def fresh():
     backend.reset()
 
 
-def folded(report) -> list[tuple]:
-    return [p for part in report.parts for p in part.passes if p[0] == "fold batch norm" and p[2] == "folded"]
+def folded(report) -> int:
+    """Folds that happened, whatever the pass notes are called: the convolutions reading folded weights."""
+    return sum(part.folded for part in report.parts)
 
 
 def test_registered_once_and_reimport_is_fine():
@@ -128,7 +129,7 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)  # the fold never edits the model
         (report,) = backend.reports
-        assert len(folded(report)) == 3, report.table()
+        assert folded(report) == 3, report.table()
         assert report.kernels, report.table()
         ops = [n for n in report.parts[0].library_calls]
         assert not any("batch_norm" in op for op in ops), ops  # no BatchNorm left to run
@@ -141,9 +142,8 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
         model.bn2.bias.data = torch.randn(4)  # a new tensor object, not an in-place write
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert len(backend.reports) == 1  # no recompile needed: the fold refreshed itself
-    if not torch.cuda.is_available():
-        epilogue = [p for p in report.parts[0].passes if p[0] == "cudnn epilogue"]
-        assert epilogue and all(p[2] == "skipped" and "cuda" in p[3].lower() for p in epilogue)
+    if not torch.cuda.is_available():  # no cuDNN epilogue installed on a CPU
+        assert not any("cudnn" in op for part in report.parts for op in part.library_calls), report.table()
 
 
 @given(
@@ -206,9 +206,82 @@ def test_fold_legality_and_transposed_grouped_fold():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
     (report,) = backend.reports
-    passes = [p for p in report.parts[0].passes if p[0] == "fold batch norm"]
-    assert len(folded(report)) == 1, report.table()
-    assert sum(p[2] == "skipped" for p in passes) == 2, report.table()
+    assert folded(report) == 1, report.table()
+    # The learner's notes, under any pass name: everything but the machinery's own epilogue notes.
+    refused = [p for p in report.parts[0].passes if p[2] == "skipped" and p[0] != "cudnn epilogue"]
+    assert len(refused) == 2 and all(p[3] for p in refused), report.table()
+
+
+SOURCES = ("conv weight", "conv bias", "bn weight", "bn bias", "running mean", "running var")
+
+
+class ComputedSource(nn.Module):
+    """batch_norm(conv2d(x, w, b), rm, rv, bn_w, bn_b) in eval mode, with one source computed in the graph (× 2)."""
+
+    def __init__(self, computed: str | None, c: int = 3):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.computed = computed
+        self.w = nn.Parameter(torch.randn(c, c, 3, 3, generator=g, dtype=torch.float64) * 0.3)
+        for name in ("b", "bn_w", "bn_b"):
+            setattr(self, name, nn.Parameter(torch.randn(c, generator=g, dtype=torch.float64)))
+        self.register_buffer("rm", torch.randn(c, generator=g, dtype=torch.float64))
+        self.register_buffer("rv", torch.rand(c, generator=g, dtype=torch.float64) + 0.5)
+
+    def forward(self, x):  # (B, c, H, W)
+        t = dict(zip(SOURCES, (self.w, self.b, self.bn_w, self.bn_b, self.rm, self.rv), strict=True))
+        if self.computed:
+            t[self.computed] = t[self.computed] * 2.0  # not a parameter any more: its value exists only in the call
+        y = F.conv2d(x, t["conv weight"], t["conv bias"], padding=1)
+        return F.batch_norm(y, t["running mean"], t["running var"], t["bn weight"], t["bn bias"], training=False)
+
+
+@pytest.mark.parametrize("computed", [None, *SOURCES])
+def test_fold_refuses_every_source_computed_in_the_graph(computed):
+    """A fold reads its sources' values at run time, so each one (conv weight and bias, BN weight and bias, running
+    mean and var) must be a graph input: a legality check that forgets one source must fail here."""
+    model = ComputedSource(computed).eval()
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+    (report,) = backend.reports
+    assert not report.error and all(p.compiled for p in report.parts), report.table()
+    assert folded(report) == (1 if computed is None else 0), report.table()
+
+
+def test_an_exception_in_a_pass_surfaces_naming_where(monkeypatch):
+    """A bug in a learner's pass (here a KeyError in find_conv_bn_folds) must not hide behind correct outputs of an
+    uncompiled graph: in tests and practice workspaces it is raised, naming the function; a user's run falls back."""
+
+    def broken(gm):
+        return {}["conv"]
+
+    monkeypatch.setattr(backend, "find_conv_bn_folds", broken)
+    model = models.ConvBNNet(width=4).eval()
+    (x,) = models.conv_inputs(batch=1, size=5)
+    with torch.no_grad(), pytest.raises(Exception, match="KeyError") as info:
+        torch.compile(model, backend="fusion")(x)
+    assert "fusion/backend.py" in str(info.value) and "fold_batch_norm" in str(info.value)  # the lesson's caller
+    backend.reset()
+    monkeypatch.setenv("FUSION_STRICT", "0")  # a user's run: never a crash, the reason in the report
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-5, atol=1e-5)
+    assert "KeyError" in (backend.reports[0].error or ""), backend.reports[0]
+
+
+def test_max_pool_is_the_same_op_for_capture_aten_and_the_backend():
+    """One decomposition table: Phase 6's capture and Phase 9's AOTAutograd lowering give max-pool the same ops."""
+    from fusion.regions import capture_aten
+
+    model = nn.Sequential(nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    x = torch.randn(1, 2, 6, 6)
+    pools = {str(n.target) for n in capture_aten(model, (x,)).graph.nodes if "max_pool" in str(n.target)}
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x))
+    (report,) = backend.reports
+    seen = {op for part in report.parts for op in part.library_calls}
+    seen |= {op for k in report.kernels for op in k.ops}
+    assert pools and {p.split(".")[1] for p in pools} <= {op.split(".")[0] for op in seen}, (pools, report.table())
 
 
 def test_training_mode_batch_norm_is_not_folded_and_updates_stats():
@@ -273,6 +346,31 @@ def test_options_switch_stages_off():
     assert report.fallbacks and not report.parts[0].compiled
     with pytest.raises(ValueError, match="fold_bn"):
         backend.Options.parse({"fold_bm": True})
+
+
+def test_a_pass_is_one_function_and_one_list_entry(monkeypatch):
+    """A new pass (here opt-in, written as f(gm, note) like Phase 10's overlap pass) gets its option from its name
+    and runs in list order, after the passes before it."""
+    from fusion.compiler.passes import Pass
+
+    seen = []
+
+    def count_relus(gm, note):
+        relus = [n.name for n in gm.graph.nodes if n.target is aten.relu.default]
+        seen.append(len(relus))
+        note("count relus", relus, "counted", f"{len(relus)} relu(s)")
+
+    entry = Pass("count_relus", lambda gm, part: count_relus(gm, part.note_pass), default=False)
+    monkeypatch.setattr(backend, "PASSES", [*backend.PASSES, entry])
+    f = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    assert seen == []  # opt-in: off unless asked for
+    backend.reset()
+    torch.testing.assert_close(torch.compile(f, backend="fusion", options={"count_relus": True})(x), f(x))
+    assert seen == [1]
+    assert [p[0] for p in backend.reports[0].parts[0].passes] == ["count relus"]
+    assert backend.Options.parse({"count_relus": True}).count_relus
 
 
 def test_reset_clears_reports():

@@ -45,11 +45,18 @@ def _with_lowering(decomposition: Callable) -> Callable:
     return run
 
 
-@functools.cache
-def decomposition_table(decompose: bool = True) -> dict:
-    """Inductor's own decomposition table (exactly what it decomposes before lowering); {} for ``decompose=False``.
+# The ops the course leaves whole although Inductor's table decomposes them: none today. A pass that wants to match
+# an op before it is decomposed passes it as ``keep`` for its own capture (the backend keeps eval-mode batch norm for
+# the fold, then decomposes what the fold left with the full table); an op listed here would be kept everywhere.
+KEEP_WHOLE: frozenset[torch._ops.OpOverload] = frozenset()
 
-    A torch build without Inductor gets the core-aten table, the closest stand-in.
+
+@functools.cache
+def decomposition_table(decompose: bool = True, keep: tuple[torch._ops.OpOverload, ...] = ()) -> dict:
+    """THE decomposition table of the course: Phase 6's and Phase 8's ``capture_aten`` and Phase 9's AOTAutograd
+    lowering all use it, so the three phases see the same aten graph. It is Inductor's own table (exactly what it
+    decomposes before lowering; max-pool becomes Inductor's low-memory window prims), less :data:`KEEP_WHOLE` and
+    ``keep``; {} for ``decompose=False``. A torch build without Inductor gets the core-aten table.
     """
     if not decompose:
         return {}
@@ -60,10 +67,12 @@ def decomposition_table(decompose: bool = True) -> dict:
     except Exception:
         from torch._decomp import core_aten_decompositions
 
-        return dict(core_aten_decompositions())
+        table = dict(core_aten_decompositions())
     for op, fn in table.items():
         if isinstance(op, torch._ops.OpOverload) and op._schema.name in _NEEDS_LOWERING:
             table[op] = _with_lowering(fn)
+    for op in (*KEEP_WHOLE, *keep):
+        table.pop(op, None)
     return table
 
 

@@ -2,7 +2,7 @@
 
 Dynamo hands a backend ``(gm, example_inputs)``: a torch-level graph (``torch.conv2d``, ``torch._C._nn.linear``,
 parameters as inputs) and real example tensors. AOTAutograd traces it below autograd into aten graphs on fake
-tensors, applies a decomposition table (we use Inductor's), functionalizes it, and — when some input needs a
+tensors, applies a decomposition table (``fusion.aten.capture.decomposition_table``: the one Phases 6 and 8 use), functionalizes it, and — when some input needs a
 gradient — partitions the joint graph into a forward and a backward graph. It calls one compiler per graph:
 
 * ``inference_compiler`` when no output needs a gradient (``torch.no_grad()``, ``torch.inference_mode()``, or no
@@ -15,10 +15,12 @@ inputs early) and carries ``_boxed_call = True``; ``make_boxed_func`` wraps a pl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
+
+from fusion.common import is_todo
 
 aten = torch.ops.aten
 
@@ -28,27 +30,6 @@ def make_boxed(fn: Callable[..., object]) -> Callable[[list], object]:
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(fn)
-
-
-def inductor_decompositions(keep: Iterable[torch._ops.OpOverload] = ()) -> dict:
-    """Inductor's decomposition table (what it decomposes before lowering), less the ops in ``keep``.
-
-    ``keep`` leaves an op whole for a pass that wants to match it (eval-mode batch norm before the fold);
-    :func:`decompose` applies the full table afterwards to whatever the pass left.
-    """
-    try:
-        from torch._inductor.decomposition import select_decomp_table
-
-        table = dict(select_decomp_table())
-    except Exception:  # a torch build without Inductor: the core-aten table is the closest stand-in
-        from torch._decomp import core_aten_decompositions
-
-        table = dict(core_aten_decompositions())
-    # Inductor decomposes max-pool into window loads that only its own lowering can fuse (and the decomposition
-    # reaches into torch._inductor.lowering, which costs ~10 s to import): for us it stays one library call.
-    for op in (*keep, aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default):
-        table.pop(op, None)
-    return table
 
 
 def lower_with_aot(
@@ -108,9 +89,15 @@ def decompose(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
         return make_fx(interpreter.run, decomposition_table=table)(*vals)
 
 
-def uncompiled(gm: fx.GraphModule) -> Callable[[list], object]:
-    """The aten graph itself, run op by op by PyTorch: the fallback that is always correct."""
-    return make_boxed(gm.forward)
+def decompose_in_place(gm: fx.GraphModule, table: dict) -> None:
+    """:func:`decompose`, with the result's graph (and the constants it reads) installed into ``gm`` itself."""
+    new = decompose(gm, table)
+    for old, node in zip(placeholders(gm), placeholders(new), strict=True):  # what passes marked (folded weights)
+        node.meta.update({k: v for k, v in old.meta.items() if k not in node.meta})
+    for node in new.graph.nodes:
+        if node.op == "get_attr":
+            setattr(gm, node.target, getattr(new, node.target))
+    gm.graph = new.graph  # the setter makes gm own the graph and recompiles
 
 
 def register_once(name: str, module: str, attr: str) -> None:
@@ -132,7 +119,7 @@ def register_once(name: str, module: str, attr: str) -> None:
         try:
             return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
         except NotImplementedError as e:  # an unsolved TODO(human) in a practice workspace: raise it as it is when
-            if not str(e).startswith("TODO(human)"):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
+            if not is_todo(e):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
                 raise
             todo = e
 

@@ -11,7 +11,6 @@ inputs, appended after the real ones.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -99,7 +98,17 @@ def install_folds(
     graph = gm.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     position = {n: i for i, n in enumerate(inputs)}
-    pos = lambda n: None if n is None else position[n]  # noqa: E731
+
+    def pos(n: fx.Node | None) -> int | None:
+        if n is None:
+            return None
+        if n not in position:
+            raise ValueError(
+                f"install_folds: {n.name} ({n.op} {n.target}) is computed in the graph, not a graph input: its value "
+                "is not known before the call. Fix: find_conv_bn_folds must refuse a fold with such a source"
+            )
+        return position[n]
+
     last = inputs[-1]
     specs = []
     for k, (conv, bn, out) in enumerate(matches):
@@ -114,6 +123,7 @@ def install_folds(
         w_val, c_out = w.meta["val"], out.meta["val"].shape[1]
         new_w.meta["val"] = w_val
         new_b.meta["val"] = w_val.new_empty((c_out,))
+        new_w.meta["folded"], new_b.meta["folded"] = "weight", "bias"
         conv.args = (x, new_w, new_b, *conv.args[3:])
         out.replace_all_uses_with(conv)
         for dead in [*bn.users, bn]:
@@ -143,7 +153,7 @@ def cudnn_conv_bias_relu(x, w, b, stride, padding, dilation, groups):
     if key not in _refused:  # the pass checked dtype, groups, rank and device already
         try:
             return torch.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
-        except RuntimeError as e:  # correct anyway, and epilogue_refusals() says why
+        except RuntimeError as e:  # correct anyway: this configuration runs unfused from now on
             _refused[key] = str(e).splitlines()[0][:200]
     return _unfused(x, w, b, stride, padding, dilation, groups)
 
@@ -157,11 +167,6 @@ def cudnn_conv_bias_add_relu(x, w, b, z, stride, padding, dilation, groups):
         except RuntimeError as e:
             _refused[key] = str(e).splitlines()[0][:200]
     return _unfused(x, w, b, stride, padding, dilation, groups, z)
-
-
-def epilogue_refusals() -> dict[tuple, str]:
-    """Configurations cuDNN refused at run time (they ran unfused), with cuDNN's error."""
-    return dict(_refused)
 
 
 _EPILOGUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -242,10 +247,6 @@ def install_epilogues(gm: fx.GraphModule, grouped_reason: str, note: Callable[..
     graph.lint()
     gm.recompile()
     return count
-
-
-def is_getitem_of(node: fx.Node, source: fx.Node, index: int) -> bool:
-    return node.target is operator.getitem and node.args[0] is source and node.args[1] == index
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,24 @@
-"""The compiler's intermediate types, shared by the lessons (Phases 6, 8, 9) and the machinery behind them."""
+"""The compiler's intermediate types, handed from stage to stage (Phases 6, 8, 9 and the machinery behind them).
+
+    aten graph ──regions──▶ Region ──codegen──▶ KernelPlan (holding a Kernel) | Unsupported ──partition──▶ graph
+
+* :class:`Region` — a group of fusible aten nodes one kernel computes (Phase 6 builds them; its lesson type
+  ``fusion.regions.FusionRegion`` adds the byte costs).
+* :class:`Kernel` — one generated kernel: its name, its Triton source, the region it computes.
+* :class:`KernelPlan` — everything a launch needs besides the tensors: arguments, specialisation, grid.
+* :class:`Unsupported` — the generator's refusal, with the reason and the node it could not take.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
 import torch.fx as fx
+
+from fusion.aten.nodes import is_view_node
 
 
 class Unsupported(Exception):
@@ -12,3 +28,92 @@ class Unsupported(Exception):
     def __init__(self, reason: str, node: fx.Node | None = None) -> None:
         super().__init__(reason)
         self.node = node
+
+
+@dataclass(eq=False)  # identity semantics: region_of maps every member to the *same* object
+class Region:
+    """A group of fusible nodes that one kernel can compute. ``nodes`` are in topological (graph) order."""
+
+    nodes: list[fx.Node]
+    index: int = -1  # position among the graph's regions, in order of their first node
+    # node -> bytes, shared by all regions of one build_fusion_regions call: each value is measured once
+    byte_cache: dict[fx.Node, int] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def members(self) -> frozenset[fx.Node]:
+        return frozenset(self.nodes)
+
+    @cached_property
+    def external_inputs(self) -> list[fx.Node]:
+        """Nodes outside the region that members read, each once, in order of first use."""
+        members, seen = self.members, {}
+        for node in self.nodes:
+            for inp in node.all_input_nodes:
+                if inp not in members:
+                    seen[inp] = None
+        return list(seen)
+
+    @cached_property
+    def external_outputs(self) -> list[fx.Node]:
+        """Members whose value is needed after the region: a user outside it (the graph's output included)."""
+        members = self.members
+        return [node for node in self.nodes if any(user not in members for user in node.users)]
+
+    @property
+    def non_view_count(self) -> int:
+        return sum(not is_view_node(n) for n in self.nodes)
+
+    def piece(self, nodes: list[fx.Node]) -> Region:
+        """A region of the same kind over some of this one's nodes (the partition cuts a region into pieces)."""
+        return dataclasses.replace(self, nodes=nodes)
+
+    def summary(self, width: int = 60) -> str:
+        """'var_mean→getitem→…→add_1 (9 ops)': the ops of the region in order, shortened to ``width``."""
+        names = "→".join(n.name for n in self.nodes)
+        if len(names) > width:
+            names = names[: width - 1] + "…"
+        return f"{names} ({len(self.nodes)} nodes)"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.index}: {[n.name for n in self.nodes]})"
+
+
+@dataclass
+class Kernel:
+    """A region's kernel: ``name`` (what the profiler shows), ``source`` (the Triton code), ``region``, ``kind``."""
+
+    name: str
+    source: str
+    region: Region
+    kind: str = "pointwise"  # or "reduction"
+    ops: list[str] = field(default_factory=list)  # the aten ops it computes, one per line of the body
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name}, {len(self.ops)} ops)"
+
+
+GeneratedKernel = Kernel  # the name Phase 8's text and older code use
+
+
+@dataclass
+class KernelPlan:
+    """Everything a launch needs besides the tensors, decided at code-generation time."""
+
+    kernel: Kernel
+    inputs: list[fx.Node]  # external inputs, in kernel-argument order
+    input_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # (shape, stride, dtype) specialised on
+    stored: list[fx.Node]  # members written by the kernel, in argument order
+    outputs: list[fx.Node]  # the region's external outputs, in the order the launch returns them
+    grid: int  # number of programs of a reduction kernel (one per row); 0 for a pointwise kernel
+    constexprs: dict[str, int]  # e.g. {"RBLOCK": 1024}
+    num_warps: int = 4
+    xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
+
+    def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
+        """(programs, constexprs): a pointwise kernel takes 1024 elements per program on a GPU, and many more in the
+        interpreter, where every program costs ~1 ms of Python."""
+        if not self.xnumel:
+            return self.grid, self.constexprs
+        cap = 1024 if device.type == "cuda" else 16384
+        block = min(cap, 1 << max(self.xnumel - 1, 0).bit_length())
+        return -(-self.xnumel // block), {"XBLOCK": block}

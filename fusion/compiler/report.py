@@ -7,7 +7,6 @@ backward part is filled in when autograd first needs it (AOTAutograd compiles th
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.common import shorten, table
 
 
@@ -24,12 +24,6 @@ def op_name(node: fx.Node) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return t.overloadpacket.__name__
     return getattr(t, "__name__", str(t))
-
-
-def is_free(node: fx.Node) -> bool:
-    """Views and getitem move no bytes and launch nothing."""
-    t = node.target
-    return t is operator.getitem or (isinstance(t, torch._ops.OpOverload) and t.is_view)
 
 
 @dataclass
@@ -44,6 +38,9 @@ class PartReport:
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (what, why): ran as aten instead
     passes: list[tuple[str, str, str, str]] = field(default_factory=list)  # (pass, nodes, action, note)
     compiled: bool = True  # False: the whole graph runs as its aten ops (the reason is in fallbacks)
+    folded: int = 0  # convolutions reading weights folded at run time (graph inputs marked by install_folds)
+    # Functions args -> list of tensors, appended to each call's args in order (a pass's new inputs: folded weights)
+    extra_inputs: list[Callable] = field(default_factory=list)
 
     def note_pass(self, name: str, nodes: Iterable[str], action: str, note: str = "") -> None:
         self.passes.append((name, " → ".join(nodes), action, note))
@@ -51,10 +48,14 @@ class PartReport:
     def fallback(self, what: str, why: str) -> None:
         self.fallbacks.append((what, why))
 
+    def count_folds(self, gm: fx.GraphModule) -> None:
+        """How many folds the passes installed: the folded weights among the graph's inputs."""
+        self.folded = sum(n.op == "placeholder" and n.meta.get("folded") == "weight" for n in gm.graph.nodes)
+
     def count_library_calls(self, gm: fx.GraphModule, kernels: Sequence) -> None:
         """Every op outside the generated kernels: a library call (or an op of a region that fell back)."""
         covered = {n.name for k in kernels for n in getattr(getattr(k, "region", None), "nodes", ())}
-        ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_free(n)]
+        ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
         self.aten_ops = len(ops)
         self.library_calls = Counter(op_name(n) for n in ops if n.name not in covered)
 
@@ -139,16 +140,6 @@ def summary(reports: Sequence[GraphReport]) -> str:
     for why, count in breaks.items():
         text += f"\n  graph break ×{count}: {shorten(why, 100)}"
     return text
-
-
-def count_cuda_kernels(fn: Callable[[], object]) -> int:
-    """CUDA kernels one call of ``fn`` launches, counted by the profiler (a warm call: compile first)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def fallbacks_from(codegen_report: object) -> list[tuple[str, str]]:

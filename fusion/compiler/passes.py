@@ -1,0 +1,67 @@
+"""The backend's passes as data: an ordered list, each pass one function ``run(gm, part) -> None``.
+
+A pass rewrites the aten graph in place and notes what it did in the :class:`~fusion.compiler.report.PartReport`
+(``part.note_pass(name, nodes, action, why)``). Its name is its option: ``torch.compile(model, backend="fusion",
+options={"fold_bn": False})`` switches the pass ``fold_bn`` off. Adding a pass is one function, one entry in the
+lesson's ``PASSES`` list (``fusion/backend.py``) and its test: :class:`Options` learns the name from the list. A pass
+written as ``f(gm, note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", lambda gm, part: f(gm,
+part.note_pass), default=False)``: opt-in, ``options={"name": True}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+KINDS = ("inference", "forward", "backward")  # the aten graphs AOTAutograd hands a backend
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One backend pass: ``run(gm, part)`` on every aten graph of a kind in ``kinds``, when its option is on."""
+
+    name: str  # the option's key
+    run: Callable[[fx.GraphModule, object], None]
+    kinds: tuple[str, ...] = KINDS
+    default: bool = True  # on unless options={name: False}; an opt-in pass says default=False
+    doc: str = ""
+    requires: tuple[str, ...] = ()  # other switches it is pointless without (e.g. "codegen")
+
+
+class Options:
+    """``options={...}`` of ``torch.compile(..., backend="fusion")``: one switch per pass, plus ``codegen``."""
+
+    STAGES = {"codegen": True}  # switches that are stages of the pipeline, not passes
+
+    def __init__(self, passes: Sequence[Pass], options: Mapping[str, bool] | None = None) -> None:
+        self.passes = list(passes)
+        known = {p.name: p.default for p in self.passes} | self.STAGES
+        unknown = set(options or {}) - set(known)
+        if unknown:
+            raise ValueError(f"unknown fusion backend option(s) {sorted(unknown)}; known: {list(known)}")
+        self.enabled = {name: bool((options or {}).get(name, default)) for name, default in known.items()}
+
+    def __getattr__(self, name: str) -> bool:  # opts.fold_bn, opts.codegen
+        enabled = self.__dict__.get("enabled", {})
+        if name in enabled:
+            return enabled[name]
+        raise AttributeError(name)
+
+    def passes_for(self, kind: str) -> list[Pass]:
+        """The passes to run on an aten graph of ``kind``, in list order."""
+        return [
+            p
+            for p in self.passes
+            if self.enabled[p.name] and kind in p.kinds and all(self.enabled[r] for r in p.requires)
+        ]
+
+    def __repr__(self) -> str:
+        return f"Options({self.enabled})"
+
+
+def run_passes(gm: fx.GraphModule, part, opts: Options) -> None:
+    """Every enabled pass for ``part.kind``, in order, each noting its decisions in ``part``."""
+    for p in opts.passes_for(part.kind):
+        p.run(gm, part)
