@@ -9,6 +9,7 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -999,3 +1000,19 @@ def test_suite_cli_and_unknown_names(tmp_path, capsys):
         S.run_suite(B.LESSON, models=["resnet7"], device="cpu")
     with pytest.raises(ValueError, match="Fix: models"):
         S.run_suite(B.LESSON, backends=["tvm"], device="cpu")
+
+
+def test_gpu_suite_script_dry_run(tmp_path):
+    """scripts/gpu_suite.py on CPU (tiny shapes): a row per model, a model that fails costs only its own row."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_suite.py"), "--dry-run", "--models", "gpt2,nosuch"]
+        + ["--backends", "eager", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "suite.json").read_text())
+    rows = {row["model"]: row for row in r["models"]}
+    assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
+    assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout

@@ -263,8 +263,10 @@ def summarize(rows: Sequence[dict], backends: Sequence[str]) -> dict:
     for name in backends:
         if name == "eager":
             continue
-        mine = [r["backends"].get(name) for r in ran if r["backends"].get(name, {}).get("status") != "unavailable"]
-        mine = [m for m in mine if m]
+        # a model that crashed or timed out (scripts/gpu_suite.py) counts as a failure of every backend
+        failed = {"status": "fail_to_run"}
+        mine = [r["backends"].get(name) or (failed if r["status"] != "ok" else None) for r in ran]
+        mine = [m for m in mine if m and m["status"] != "unavailable"]
         passed = [m for m in mine if m["status"] == "pass"]
         out[name] = {
             "models": len(mine),
@@ -297,7 +299,7 @@ def summary_lines(summary: dict) -> list[str]:
 
 def row_lines(row: dict) -> list[str]:
     """The table rows of one model, as they are printed while the suite runs (each fits in 120 columns)."""
-    if row["status"] in ("skipped", "eager_fail_to_run"):
+    if row["status"] != "ok" or not row.get("backends"):  # skipped, eager_fail_to_run, timeout, crashed
         return [f"  {row['model']:<16} {row['status']}: {row['reason']}"[:120]]
     out = []
     for name, r in row["backends"].items():
