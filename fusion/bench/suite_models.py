@@ -202,4 +202,6 @@ MODELS = {m.name: m for m in SUITE}
 
 def scalar_loss(out: object) -> torch.Tensor:
     """The training steps' loss: the mean of every output tensor, summed (as Inductor's dashboard reduces outputs)."""
-    return sum(t.float().mean() for t in flat_tensors(out) if t.is_floating_point())
+    return sum(
+        (t if t.dtype == torch.float64 else t.float()).mean() for t in flat_tensors(out) if t.is_floating_point()
+    )
