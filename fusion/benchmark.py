@@ -256,8 +256,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=0.0, metavar="S", help="seconds: fewer rounds past half, then stop")
     p.add_argument("--suite", action="store_true", help="the model suite instead: real models through every backend")
     p.add_argument("--models", default="", metavar="A[,B]", help="--suite: these models (default: all)")
-    p.add_argument("--backends", default="", metavar="A[,B]", help="--suite: these backends (default: all; see --help)")
+    p.add_argument(
+        "--backends",
+        default="",
+        metavar="A[,B]",
+        help="--suite: eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead (default: all; CPU: first 3)",
+    )
     args = p.parse_args(argv)
+    if args.plot and not have_matplotlib():
+        print(PLOT_HINT, file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            f"--device cuda: CUDA is not available here (torch {torch.__version__}). Fix: --device cpu", file=sys.stderr
+        )
+        return 2
     if args.suite:
         from fusion.bench.suite import run_suite
 
@@ -273,14 +286,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 json_path=args.json,
             )
         )
-    if args.plot and not have_matplotlib():
-        print(PLOT_HINT, file=sys.stderr)
-        return 2
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            f"--device cuda: CUDA is not available here (torch {torch.__version__}). Fix: --device cpu", file=sys.stderr
-        )
-        return 2
     return run_lesson(
         lambda: run(
             quick=args.quick,
