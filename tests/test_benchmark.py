@@ -945,8 +945,11 @@ def test_suite_records_a_backend_that_raises(monkeypatch):
 def test_suite_flags_a_wrong_answer(monkeypatch):
     from fusion.bench import suite as S
 
+    model, inputs = S.MODELS["vit_b_16"].build("tiny")
+    assert model(*inputs).abs().max() > 0  # its head is randomised: an all-zero output would make any answer right
+
     def wrong(backend, model):
-        return model if backend == "eager" else (lambda *a: model(*a) * 1.5)
+        return model if backend == "eager" else (lambda *a: model(*a) * 1.5 + 0.1)
 
     monkeypatch.setattr(S, "compile_with", wrong)
     row = S.run_model(S.MODELS["vit_b_16"], ["eager", "fusion"], S.SuiteConfig(rounds=0), B.LESSON, log=print)

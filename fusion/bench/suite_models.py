@@ -68,6 +68,10 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
         else:
             make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
         model = models.randomize_batchnorm_(_seeded(make).eval(), SEED)  # random BN statistics: folding is tested
+        if arch == "vit_b_16":  # torchvision zero-initialises ViT's head: every output would be 0, any answer right
+            with torch.no_grad():
+                g = torch.Generator().manual_seed(SEED + 2)
+                model.heads.head.weight.copy_(0.02 * torch.randn(model.heads.head.weight.shape, generator=g))
         return model, _vision_inputs(sizes)
 
     return build
