@@ -2,6 +2,7 @@
 
 Run it:   uv run python -m fusion.benchmark [--device cpu|cuda] [--quick] [--no-compile] [--json PATH] [--plot PATH]
           uv run --extra plot python -m fusion.benchmark --plot roofline.png     (the picture needs matplotlib)
+          uv run python -m fusion.benchmark --suite [--models resnet18,bert] [--backends eager,fusion] [--json PATH]
 Test it:  uv run pytest -m phase4
 
 What you learn
@@ -253,6 +254,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="toy shapes: checks the harness in seconds, numbers meaningless")
     p.add_argument("--only", metavar="KEY[,KEY]", default="", help="run only these workloads (keys as in the JSON)")
     p.add_argument("--budget", type=float, default=0.0, metavar="S", help="seconds: fewer rounds past half, then stop")
+    p.add_argument("--suite", action="store_true", help="the model suite instead: real models through every backend")
+    p.add_argument("--models", default="", metavar="A[,B]", help="--suite: these models (default: all)")
+    p.add_argument(
+        "--backends",
+        default="",
+        metavar="A[,B]",
+        help="--suite: eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead (default: all; CPU: first 3)",
+    )
     args = p.parse_args(argv)
     if args.plot and not have_matplotlib():
         print(PLOT_HINT, file=sys.stderr)
@@ -262,6 +271,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--device cuda: CUDA is not available here (torch {torch.__version__}). Fix: --device cpu", file=sys.stderr
         )
         return 2
+    if args.suite:
+        from fusion.bench.suite import run_suite
+
+        names = [m for m in args.models.split(",") if m]
+        backends = [b for b in args.backends.split(",") if b]
+        return run_lesson(
+            lambda: run_suite(
+                LESSON,
+                models=names,
+                backends=backends,
+                device=args.device,
+                sizes="tiny" if args.tiny else None,
+                json_path=args.json,
+            )
+        )
     return run_lesson(
         lambda: run(
             quick=args.quick,

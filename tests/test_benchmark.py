@@ -9,6 +9,7 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -819,3 +820,202 @@ def test_fused_linear_relu_hot_path_keeps_a_parametrized_weight():
     with torch.no_grad():
         want = torch.relu(nn.functional.linear(x, 2 * linear.weight, linear.bias))
         torch.testing.assert_close(fused(x), want)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The model suite (--suite): Inductor's accuracy rule, rows per model and backend, failures and missing packages
+
+
+def _noisy(fp64: torch.Tensor, scale: float, seed: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (fp64 + scale * torch.randn(fp64.shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def test_accuracy_rule_rmse_within_a_multiple_of_eagers():
+    from fusion.bench import accuracy as A
+
+    fp64 = torch.randn(4000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    eager = _noisy(fp64, 0.01, 1)  # eager's own error: RMSE ~0.01 against float64, far above tol 1e-4
+    for k, ok in ((1.0, True), (1.9, True), (2.1, False), (5.0, False)):  # float32, 4000 elements: multiplier 2
+        res = _noisy(fp64, 0.01 * k, 2)
+        a = A.accuracy([eager], [res], [fp64], tol=1e-4)
+        assert a.ok is ok, (k, a)
+        assert a.multiplier == 2.0 and a.res_rmse == pytest.approx(A.rmse(fp64, res))
+        assert a.eager_rmse == pytest.approx(A.rmse(fp64, eager)) and (a.reason == "") is ok
+    assert A.accuracy([eager], [eager.clone()], [fp64], tol=1e-4).ok  # allclose decides first
+    # bfloat16 outputs: multiplier 3
+    eb = _noisy(fp64, 0.01, 1, torch.bfloat16)
+    assert A.accuracy([eb], [_noisy(fp64, 0.025, 2, torch.bfloat16)], [fp64], tol=1e-4).ok
+    assert not A.accuracy([eb], [_noisy(fp64, 0.04, 2, torch.bfloat16)], [fp64], tol=1e-4).ok
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,tol,larger,want",
+    [
+        ((4000,), torch.float32, 1e-4, False, 2.0),
+        ((4000,), torch.bfloat16, 1e-2, False, 3.0),
+        ((999,), torch.float32, 1e-4, False, 3.0),  # small tensors: noise dominates
+        ((8, 500, 1, 1), torch.float32, 1e-4, False, 3.0),  # 1x1 maps
+        ((4000,), torch.float32, 2e-2, False, 3.0),  # a large tolerance
+        ((10,), torch.float32, 1e-4, True, 10.0),  # use_larger_multiplier_for_smaller_tensor
+        ((999,), torch.float32, 1e-4, True, 8.0),
+        ((4000,), torch.float32, 1e-4, True, 2.0),
+    ],
+)
+def test_accuracy_multiplier_is_inductors(shape, dtype, tol, larger, want):
+    from fusion.bench import accuracy as A
+
+    t = torch.zeros(shape, dtype=dtype)
+    assert A.multiplier_for(t, t.double(), tol, larger) == want
+
+
+def test_accuracy_rule_edge_cases():
+    from fusion.bench import accuracy as A
+
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    assert A.accuracy([x], [x.clone()], [x.double()], tol=1e-4).ok  # NaN where eager has NaN
+    finite = torch.tensor([1.0, 2.0, 3.0])
+    assert not A.accuracy([finite], [x], [finite.double()], tol=1e-4).ok  # a NaN eager does not have
+    assert not A.accuracy([x], [x[:2]], [x.double()], tol=1e-4).ok  # shape
+    assert not A.accuracy([x], [x.double()], [x.double()], tol=1e-4).ok  # dtype
+    assert not A.accuracy([x], [x, x], [x.double()], tol=1e-4).ok  # number of outputs
+    i = torch.tensor([1, 2, 3])
+    assert A.accuracy([i], [i.clone()], [i], tol=1e-4).ok and not A.accuracy([i], [i + 1], [i], tol=1e-4).ok
+    y = torch.ones(3)
+    a = A.accuracy([y], [y + 1], None, tol=1e-4)  # not allclose, no float64 reference: fail, saying why
+    assert not a.ok and "float64" in a.reason
+    a = A.accuracy([y, y], [y, y + 1], [y.double(), y.double()], tol=1e-4)
+    assert not a.ok and a.reason.startswith("output 1")
+
+
+@pytest.fixture(scope="module")
+def tiny_suite():
+    """One tiny CPU suite run: two models (a torchvision ViT, HF GPT-2), eager + fusion + fusion+cudagraphs."""
+    from fusion.bench import suite as S
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = S.run_suite(
+            B.LESSON,
+            models=["vit_b_16", "gpt2"],
+            backends=["eager", "fusion", "fusion+cudagraphs"],
+            device="cpu",
+            rounds=1,
+        )
+    return result, out.getvalue()
+
+
+def test_tiny_suite_rows_have_pass_and_accuracy(tiny_suite):
+    result, printed = tiny_suite
+    assert result["schema"] == "suite-1" and result["meta"]["sizes"] == "tiny"
+    assert [r["model"] for r in result["models"]] == ["vit_b_16", "gpt2"]
+    for row in result["models"]:
+        if row["status"] == "skipped":
+            assert "not installed" in row["reason"]
+            continue
+        b = row["backends"]
+        assert set(b) == {"eager", "fusion", "fusion+cudagraphs"}
+        assert b["eager"]["status"] == "pass" and b["eager"]["median_s"] > 0 and b["eager"]["speedup_vs_eager"] == 1
+        assert b["fusion"]["status"] == "pass" and b["fusion"]["accuracy"] == "pass", b["fusion"]
+        assert b["fusion"]["first_call_s"] > 0 and "interpreter" in b["fusion"]["note"]  # on CPU: not timed
+        cg = b["fusion+cudagraphs"]  # an option the backend may not have yet: a row either way, never a crash
+        assert cg["status"] in ("pass", "fail_to_run") and (cg["status"] == "pass" or cg["reason"])
+    s = result["summary"]["fusion"]
+    assert s["passed"] == s["models"] and s["pass_rate"] == 1.0
+    assert "summary:" in printed and "fusion: pass" in printed
+    assert all(len(line) <= 120 for line in printed.splitlines() if not line.startswith("    "))
+
+
+def test_suite_records_a_backend_that_raises(monkeypatch):
+    from fusion.bench import suite as S
+
+    def broken(backend, model):
+        if backend == "eager":
+            return model
+        return lambda *a: (_ for _ in ()).throw(RuntimeError("no kernel for aten.frobnicate\nsecond line"))
+
+    monkeypatch.setattr(S, "compile_with", broken)
+    row = S.run_model(S.MODELS["vit_b_16"], ["eager", "fusion"], S.SuiteConfig(rounds=0), B.LESSON, log=lambda m: None)
+    assert row["backends"]["eager"]["status"] == "pass"
+    r = row["backends"]["fusion"]
+    assert r["status"] == "fail_to_run" and r["reason"] == "RuntimeError: no kernel for aten.frobnicate"
+    assert S.summarize([row], ["eager", "fusion"])["fusion"]["passed"] == 0
+
+
+def test_suite_flags_a_wrong_answer(monkeypatch):
+    from fusion.bench import suite as S
+
+    model, inputs = S.MODELS["vit_b_16"].build("tiny")
+    assert model(*inputs).abs().max() > 0  # its head is randomised: an all-zero output would make any answer right
+
+    def wrong(backend, model):
+        return model if backend == "eager" else (lambda *a: model(*a) * 1.5 + 0.1)
+
+    monkeypatch.setattr(S, "compile_with", wrong)
+    row = S.run_model(S.MODELS["vit_b_16"], ["eager", "fusion"], S.SuiteConfig(rounds=0), B.LESSON, log=print)
+    r = row["backends"]["fusion"]
+    assert r["status"] == "fail_accuracy" and r["accuracy"] == "fail" and "RMSE" in r["reason"]
+
+
+def test_suite_skips_a_model_whose_package_is_missing(monkeypatch):
+    import importlib.util
+
+    from fusion.bench import suite as S
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
+    row = S.run_model(S.MODELS["bert"], ["eager", "fusion"], S.SuiteConfig(rounds=0), B.LESSON)
+    assert row["status"] == "skipped" and "transformers is not installed" in row["reason"] and "Fix" in row["reason"]
+    assert S.summarize([row], ["eager", "fusion"])["fusion"]["models"] == 0
+    assert S.row_lines(row)[0].split()[:2] == ["bert", "skipped:"]
+
+
+def test_suite_summary_geomeans_over_passing_rows():
+    from fusion.bench import suite as S
+
+    def row(model, fusion):
+        return {"model": model, "status": "ok", "backends": {"eager": {"status": "pass"}, "fusion": fusion}}
+
+    rows = [
+        row("a", {"status": "pass", "speedup_vs_eager": 2.0, "speedup_vs_inductor": 0.5, "first_call_s": 1.0}),
+        row("b", {"status": "pass", "speedup_vs_eager": 0.5, "speedup_vs_inductor": 2.0, "first_call_s": 3.0}),
+        row("c", {"status": "fail_accuracy", "speedup_vs_eager": 100.0, "first_call_s": 9.0}),
+        {"model": "d", "status": "skipped", "reason": "x", "backends": {}},
+    ]
+    s = S.summarize(rows, ["eager", "fusion"])["fusion"]
+    assert (s["models"], s["passed"]) == (3, 2) and s["pass_rate"] == pytest.approx(2 / 3)
+    assert s["geomean_vs_eager"] == pytest.approx(1.0) and s["geomean_vs_inductor"] == pytest.approx(1.0)
+    assert s["mean_compile_s"] == pytest.approx(2.0) and s["geomean_vs_reduce_overhead"] is None
+    assert "fusion: pass 2/3 (67%), geomean 1.00× eager, 1.00× inductor" in S.summary_lines({"fusion": s})[0]
+
+
+def test_suite_cli_and_unknown_names(tmp_path, capsys):
+    from fusion.bench import suite as S
+
+    path = tmp_path / "suite.json"
+    assert B.main(["--suite", "--device", "cpu", "--models", "gpt2", "--backends", "eager", "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    assert r["models"][0]["model"] == "gpt2" and r["models"][0]["backends"]["eager"]["status"] == "pass"
+    assert "model suite on cpu" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="Fix: models"):
+        S.run_suite(B.LESSON, models=["resnet7"], device="cpu")
+    with pytest.raises(ValueError, match="Fix: models"):
+        S.run_suite(B.LESSON, backends=["tvm"], device="cpu")
+
+
+def test_gpu_suite_script_dry_run(tmp_path):
+    """scripts/gpu_suite.py on CPU (tiny shapes): a row per model, a model that fails costs only its own row."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_suite.py"), "--dry-run", "--models", "gpt2,nosuch"]
+        + ["--backends", "eager", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "suite.json").read_text())
+    rows = {row["model"]: row for row in r["models"]}
+    assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
+    assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout

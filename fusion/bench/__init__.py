@@ -6,6 +6,9 @@ profile.py    the machine's peaks, what the GPU did per call (torch.profiler), t
 harness.py    the run: build, check, count, time (with the lesson's loop), profile; the JSON's schema
 report.py     the tables, the verdicts, the issues' targets, the cost-model check of generated kernels
 plot.py       the roofline picture (matplotlib)
+suite.py      the model suite (--suite): real models through every backend, pass/accuracy/speed-up/compile/memory
+suite_models.py  its models: torchvision and HuggingFace (configs, random weights), tiny and full shapes
+accuracy.py   Inductor's accuracy rule (RMSE against float64 within a multiple of eager's)
 
 Dependencies point one way: the lesson imports these; nothing here imports ``fusion.benchmark``.
 """

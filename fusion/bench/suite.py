@@ -1,0 +1,400 @@
+"""Phase 4's model suite: real models through every backend, measured as Inductor's dashboard measures a backend.
+
+Per model and backend: **status** (``pass``; ``fail_accuracy``: it ran, the answer is wrong; ``fail_to_run``: it
+raised, the reason is its exception; ``unavailable``: its phase is not written here), **accuracy** (the rule below),
+**wall-time speed-up** against eager, Inductor's default mode and ``mode="reduce-overhead"`` (interleaved in one
+process with the lesson's timing loop: ratios, never absolute claims), **compile time** (the first call) and **peak
+memory** (the lesson's measurement). Models come from :mod:`fusion.bench.suite_models`; a model whose package is
+missing is a ``skipped`` row with the fix, and one model's failure never stops the others.
+
+The accuracy rule is Inductor's: :mod:`fusion.bench.accuracy`.
+
+Run it:   uv run python -m fusion.benchmark --suite [--models resnet18,bert] [--backends eager,fusion] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from fusion.bench.accuracy import accuracy, tolerance
+from fusion.bench.counting import flat_tensors
+from fusion.bench.profile import device_name, sync_for
+from fusion.bench.suite_models import MODELS, SUITE, ModelSkipped, SuiteModel, scalar_loss
+from fusion.bench.workloads import VariantUnavailable, load_phase
+from fusion.common import is_todo
+
+SCHEMA = "suite-1"
+BACKENDS = ("eager", "fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead")
+CPU_DEFAULT_BACKENDS = ("eager", "fusion", "fusion+cudagraphs")  # Inductor on CPU builds C++: ~10 s per graph
+INTERPRETER = "not timed: on CPU its kernels run in Triton's interpreter (correctness only)"
+CUDAGRAPHS = ("fusion+cudagraphs", "inductor+reduce-overhead")  # outputs live in a graph's pool: clone them
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Backends by name
+
+
+def compile_with(backend: str, model: nn.Module) -> Callable:
+    """``model`` as ``backend`` runs it; VariantUnavailable where its phase is not written here."""
+    if backend == "eager":
+        return model
+    if backend.startswith("fusion"):
+        load_phase("backend", 9)  # importing it registers "fusion" (machinery never imports a lesson statically)
+        from torch._dynamo.backends.registry import list_backends
+
+        if "fusion" not in list_backends(exclude_tags=()):
+            raise VariantUnavailable("phase 9 not available (importing fusion.backend registers no 'fusion' backend)")
+        options = {"cudagraphs": True} if backend == "fusion+cudagraphs" else None
+        return torch.compile(model, backend="fusion", options=options)
+    if backend == "inductor":
+        return torch.compile(model)
+    if backend == "inductor+reduce-overhead":
+        return torch.compile(model, mode="reduce-overhead")
+    raise ValueError(f"unknown backend {backend!r}. Fix: pick from {', '.join(BACKENDS)}")
+
+
+def _first_line(e: BaseException) -> str:
+    """``Type: first line`` of ``e``, and of its root cause where Dynamo wrapped it (BackendCompilerFailed: ...)."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        parts.append(f"{type(e).__name__}: {lines[0][:160] if lines else ''}")
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return parts[0] if len(parts) == 1 else f"{parts[0].split(':')[0]}: {parts[-1]}"
+
+
+def _raise_todo(e: BaseException | None) -> None:
+    """An unsolved exercise (a practice workspace) is not a backend failure: re-raise it for the lesson runner."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if is_todo(e):
+            raise e
+        e = getattr(e, "inner_exception", None) or e.__cause__
+
+
+def _snapshot(out: object) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in flat_tensors(out)]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One model
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    device: str = "cpu"
+    sizes: str = "tiny"  # "tiny" | "full" (suite_models)
+    rounds: int = 3  # interleaved timing rounds; 0: check accuracy only, time nothing
+    min_run_time: float = 0.1
+    threads: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.device == "cuda" else torch.float32
+
+
+def _to_device(x: torch.Tensor, cfg: SuiteConfig, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    x = x.to(cfg.device, dtype) if x.is_floating_point() else x.to(cfg.device)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
+
+
+def _runner(spec: SuiteModel, model32: nn.Module, inputs32: tuple, cfg: SuiteConfig, backend: str | None, dtype):
+    """A no-argument function that runs one call (inference) or one training step of ``model32`` in ``dtype`` as
+    ``backend`` runs it (None: the float64 reference, eager). Each gets its own copy: never the caller's model."""
+    cl = spec.image and cfg.device == "cuda" and dtype != torch.float64
+    train_dtype = torch.float32 if spec.train and dtype != torch.float64 else dtype  # training: fp32 weights + AMP
+    model = copy.deepcopy(model32).to(cfg.device, train_dtype)
+    model = model.to(memory_format=torch.channels_last) if cl else model
+    inputs = tuple(_to_device(x, cfg, train_dtype if spec.train else dtype, cl) for x in inputs32)
+    fn = compile_with(backend or "eager", model)
+    if not spec.train:
+        model.eval().requires_grad_(False)
+
+        def call():
+            with torch.no_grad():
+                return fn(*inputs)
+
+        return call
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.01)
+    amp = cfg.device == "cuda" and dtype in (torch.bfloat16, torch.float16)
+
+    def step():  # forward, backward, optimizer: the loss and every gradient are the step's outputs
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(cfg.device, dtype=dtype, enabled=amp):
+            out = fn(*inputs)
+        loss = scalar_loss(out)
+        loss.backward()
+        opt.step()
+        return (loss.detach(), *[p.grad for p in params])
+
+    return step
+
+
+def run_model(
+    spec: SuiteModel, backends: Sequence[str], cfg: SuiteConfig, lesson, log: Callable[[str], None] = print
+) -> dict:
+    """Every backend on one model: status, accuracy, speed-ups, compile time, peak memory. Never raises for a
+    backend's failure (its row says why)."""
+    row: dict = {"model": spec.name, "title": spec.title, "train": spec.train, "status": "ok", "reason": ""}
+    row["backends"] = {}
+    try:
+        model32, inputs32 = spec.build(cfg.sizes)
+    except ModelSkipped as e:
+        row["status"], row["reason"] = "skipped", str(e)
+        return row
+    row["inputs"] = [list(x.shape) for x in inputs32]
+    sync, dtype, tol = sync_for(cfg.device), cfg.dtype, tolerance(cfg.dtype)
+    torch.manual_seed(0)
+    try:  # the float64 reference (CPU float64 where the device cannot): what "wrong" is measured against
+        fp64 = _snapshot(_runner(spec, model32, inputs32, cfg, None, torch.float64)())
+    except Exception as e:
+        fp64, row["fp64_reason"] = None, _first_line(e)
+    fns: dict[str, Callable] = {}
+    ref = None
+    for name in ("eager", *[b for b in backends if b != "eager"]):
+        r: dict = {"status": "pass", "reason": ""}
+        row["backends"][name] = r
+        torch.manual_seed(0)
+        try:
+            fn = _runner(spec, model32, inputs32, cfg, name, dtype)
+            t0 = time.perf_counter()
+            first = _snapshot(fn())
+            sync()
+            r["first_call_s"] = time.perf_counter() - t0  # for a compiled backend: its compile time
+            if not spec.train:  # later calls too: CUDA graphs record on the 2nd call and replay from the 3rd
+                fn()
+                sync()
+                later = _snapshot(fn())
+        except VariantUnavailable as e:
+            r["status"], r["reason"] = "unavailable", str(e)
+            continue
+        except Exception as e:  # a backend that raises (an option it lacks, an op it cannot take) is a row
+            _raise_todo(e)
+            r["status"], r["reason"] = "fail_to_run", _first_line(e)
+            if name == "eager":
+                row["status"], row["reason"] = "eager_fail_to_run", r["reason"]
+                return row
+            log(f"    {name}: fail_to_run: {r['reason']}")
+            continue
+        if name == "eager":
+            ref = first
+        else:
+            acc = accuracy(ref, first, fp64, tol)
+            if acc.ok and not spec.train:
+                acc = accuracy(ref, later, fp64, tol)
+            r.update(res_rmse=acc.res_rmse, eager_rmse=acc.eager_rmse, multiplier=acc.multiplier)
+            if not acc.ok:
+                r["status"], r["reason"] = "fail_accuracy", acc.reason
+        r["accuracy"] = "pass" if r["status"] == "pass" else "fail"
+        if name.startswith("fusion") and cfg.device != "cuda":
+            r["note"] = INTERPRETER  # timing it would time the interpreter
+        else:
+            fns[name] = _timed(fn, name, cfg)
+    _measure(row, fns, cfg, lesson, sync)
+    return row
+
+
+def _timed(fn: Callable, name: str, cfg: SuiteConfig) -> Callable:
+    if name in CUDAGRAPHS and cfg.device == "cuda":
+
+        def step():
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last one's outputs may be overwritten
+            return fn()
+
+        return step
+    return fn
+
+
+def _measure(row: dict, fns: dict, cfg: SuiteConfig, lesson, sync) -> None:
+    """Time every backend that ran, interleaved (the lesson's loop), then peak memory; the ratios per row."""
+    if cfg.rounds <= 0 or "eager" not in fns:
+        return
+    timings = lesson.time_variants(
+        fns,
+        rounds=cfg.rounds,
+        min_run_time=cfg.min_run_time,
+        warmup=3,
+        sync=sync,
+        threads=cfg.threads or torch.get_num_threads(),
+    )
+    for name, fn in fns.items():
+        r = row["backends"][name]
+        r["median_s"] = timings[name].median_s
+        if cfg.device == "cuda" or name == "eager":  # CPU: compiled code allocates below the dispatcher's view
+            r["peak_memory_bytes"] = lesson.peak_memory(fn, cfg.device)
+    b = row["backends"]
+    for r in b.values():
+        if r.get("median_s"):
+            for key, base in (("eager", "eager"), ("inductor", "inductor"), ("reduce_overhead", CUDAGRAPHS[1])):
+                other = b.get(base, {}).get("median_s")
+                r[f"speedup_vs_{key}"] = other / r["median_s"] if other else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The suite
+
+
+def geomean(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
+
+
+def summarize(rows: Sequence[dict], backends: Sequence[str]) -> dict:
+    """Per backend: pass rate over the models that ran, geomean speed-ups over its passing rows, mean compile time."""
+    out = {}
+    ran = [r for r in rows if r["status"] not in ("skipped",)]
+    for name in backends:
+        if name == "eager":
+            continue
+        # a model that crashed or timed out (scripts/gpu_suite.py) counts as a failure of every backend
+        failed = {"status": "fail_to_run"}
+        mine = [r["backends"].get(name) or (failed if r["status"] != "ok" else None) for r in ran]
+        mine = [m for m in mine if m and m["status"] != "unavailable"]
+        passed = [m for m in mine if m["status"] == "pass"]
+        out[name] = {
+            "models": len(mine),
+            "passed": len(passed),
+            "pass_rate": len(passed) / len(mine) if mine else None,
+            "geomean_vs_eager": geomean([m.get("speedup_vs_eager") for m in passed]),
+            "geomean_vs_inductor": geomean([m.get("speedup_vs_inductor") for m in passed]),
+            "geomean_vs_reduce_overhead": geomean([m.get("speedup_vs_reduce_overhead") for m in passed]),
+            "mean_compile_s": statistics.fmean([m["first_call_s"] for m in passed]) if passed else None,
+        }
+    return out
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def summary_lines(summary: dict) -> list[str]:
+    lines = []
+    for name, s in summary.items():
+        rate = "-" if s["pass_rate"] is None else f"{100 * s['pass_rate']:.0f}%"
+        comp = "-" if s["mean_compile_s"] is None else f"{s['mean_compile_s']:.1f} s"
+        lines.append(
+            f"  {name}: pass {s['passed']}/{s['models']} ({rate}), geomean {_x(s['geomean_vs_eager'])} eager, "
+            f"{_x(s['geomean_vs_inductor'])} inductor, {_x(s['geomean_vs_reduce_overhead'])} reduce-overhead, "
+            f"compile {comp} (mean first call)"
+        )
+    return lines
+
+
+def row_lines(row: dict) -> list[str]:
+    """The table rows of one model, as they are printed while the suite runs (each fits in 120 columns)."""
+    if row["status"] != "ok" or not row.get("backends"):  # skipped, eager_fail_to_run, timeout, crashed
+        return [f"  {row['model']:<16} {row['status']}: {row['reason']}"[:120]]
+    out = []
+    for name, r in row["backends"].items():
+        t = r.get("median_s")
+        mem = r.get("peak_memory_bytes")
+        cells = (
+            f"  {row['model']:<16} {name:<24} {r['status']:<13} {'-' if t is None else f'{t * 1e3:9.3f} ms':>12} "
+            f"{_x(r.get('speedup_vs_eager')):>7} {_x(r.get('speedup_vs_inductor')):>7} "
+            f"{_x(r.get('speedup_vs_reduce_overhead')):>7} {r.get('first_call_s', 0):7.1f} s "
+            f"{'-' if mem is None else f'{mem / 1e6:.3g}':>7}"
+        )
+        why = r["reason"] or r.get("note", "")
+        out.append((cells + (f"  {why}" if why else ""))[:120])
+    return out
+
+
+HEADER = (
+    f"  {'model':<16} {'backend':<24} {'status':<13} {'median':>12} {'eager':>7} {'ind.':>7} {'r-o':>7} "
+    f"{'compile':>9} {'peak MB':>7}"
+)
+
+
+def run_suite(
+    lesson,
+    *,
+    models: Sequence[str] = (),
+    backends: Sequence[str] = (),
+    device: str | None = None,
+    sizes: str | None = None,
+    rounds: int | None = None,
+    json_path: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run the suite (default: every model, every backend; on CPU tiny shapes without the Inductor backends)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown model/backend {unknown}. Fix: models {', '.join(MODELS)}; backends {BACKENDS}")
+    backends = tuple(backends) or (BACKENDS if device == "cuda" else CPU_DEFAULT_BACKENDS)
+    sizes = sizes or ("full" if device == "cuda" else "tiny")
+    cfg = SuiteConfig(device, sizes, 3 if rounds is None else rounds, 0.1 if device == "cuda" else 0.02)
+    result = {
+        "schema": SCHEMA,
+        "meta": {
+            "device": device,
+            "device_name": device_name(device),
+            "torch_version": torch.__version__,
+            "transformers_version": _version("transformers"),
+            "torchvision_version": _version("torchvision"),
+            "python_version": platform.python_version(),
+            "dtype": str(cfg.dtype).removeprefix("torch."),
+            "sizes": sizes,
+            "backends": list(backends),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        },
+        "models": [],
+    }
+    if device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    log(f"model suite on {device} ({result['meta']['dtype']}, {sizes} shapes): {', '.join(backends)}")
+    log(HEADER)
+    for spec in [MODELS[m] for m in models] if models else SUITE:
+        row = run_model(spec, backends, cfg, lesson, log)
+        result["models"].append(row)
+        for line in row_lines(row):
+            log(line)
+        _free(device)
+        if json_path:
+            save(result, json_path)
+    result["summary"] = summarize(result["models"], backends)
+    log("summary:")
+    for line in summary_lines(result["summary"]):
+        log(line)
+    if json_path:
+        save(result, json_path)
+    return result
+
+
+def _version(package: str) -> str | None:
+    try:
+        return __import__(package).__version__
+    except ImportError:
+        return None
+
+
+def _free(device: str) -> None:
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()  # Dynamo's caches: the next model's classes share code objects with this one's
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def save(result: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1, allow_nan=True)
+    os.replace(tmp, path)

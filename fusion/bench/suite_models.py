@@ -1,0 +1,211 @@
+"""The models of Phase 4's model suite: torchvision architectures and HuggingFace transformers built from configs
+with random weights (nothing is downloaded), at two sizes: ``tiny`` (CPU, correctness, seconds) and ``full`` (the
+GPU shapes of issue 23: batch 32×3×224×224 for vision, 8×512 tokens for text).
+
+Every builder returns a float32 CPU model and its CPU inputs; :mod:`fusion.bench.suite` moves them to the device and
+dtype. A model whose package is not installed raises :class:`ModelSkipped` with the fix; the suite records the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from fusion import models
+from fusion.bench.counting import flat_tensors
+
+SEED = 0
+
+
+class ModelSkipped(Exception):
+    """This model cannot be built here (its package is missing); the message names the fix."""
+
+
+@dataclass(frozen=True)
+class SuiteModel:
+    name: str  # the key on the command line and in the JSON
+    title: str
+    package: str  # "torchvision" | "transformers": the suite skips the model when it is missing
+    build: Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]  # sizes -> (fp32 CPU model, CPU inputs)
+    train: bool = False  # a training step (forward, backward, optimizer) instead of inference
+    image: bool = False  # an image model: channels_last on CUDA
+
+
+def _need(package: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        extra = " (uv sync --extra models)" if package == "transformers" else ""
+        raise ModelSkipped(f"{package} is not installed. Fix: install it{extra}")
+
+
+def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return make()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# torchvision
+
+
+def _vision_inputs(sizes: str) -> tuple[torch.Tensor]:
+    batch, size = (32, 224) if sizes == "full" else (2, 32)
+    return models.conv_inputs(batch, 3, size, seed=SEED + 1)  # x: (batch, 3, size, size)
+
+
+def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    def build(sizes: str):
+        _need("torchvision")
+        import torchvision
+
+        if arch == "vit_b_16" and sizes != "full":  # ViT-B/16's architecture, a tiny config: 2 layers, d 32
+            make = lambda: torchvision.models.VisionTransformer(  # noqa: E731
+                image_size=32, patch_size=16, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64
+            )
+        else:
+            make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
+        model = models.randomize_batchnorm_(_seeded(make).eval(), SEED)  # random BN statistics: folding is tested
+        if arch == "vit_b_16":  # torchvision zero-initialises ViT's head: every output would be 0, any answer right
+            with torch.no_grad():
+                g = torch.Generator().manual_seed(SEED + 2)
+                model.heads.head.weight.copy_(0.02 * torch.randn(model.heads.head.weight.shape, generator=g))
+        return model, _vision_inputs(sizes)
+
+    return build
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# HuggingFace transformers, from configs (random weights, nothing downloaded)
+
+
+class TensorOutputs(nn.Module):
+    """A HuggingFace model called on token ids, its output (a ModelOutput) as a tuple of tensors."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:  # input_ids: (batch, seq)
+        return tuple(flat_tensors(self.model(input_ids=input_ids).to_tuple()))
+
+
+TINY_TEXT = dict(hidden=32, layers=2, heads=4, intermediate=64, vocab=128, positions=64)
+
+
+def _text_inputs(sizes: str, vocab: int) -> tuple[torch.Tensor]:
+    batch, seq = (8, 512) if sizes == "full" else (2, 8)
+    g = torch.Generator().manual_seed(SEED + 1)
+    return (torch.randint(0, vocab, (batch, seq), generator=g),)
+
+
+def _bert_config(sizes: str):
+    from transformers import BertConfig
+
+    common = dict(attn_implementation="sdpa", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if sizes == "full":
+        return BertConfig(**common)  # bert-base: d 768, 12 layers, 12 heads
+    t = TINY_TEXT
+    return BertConfig(
+        hidden_size=t["hidden"],
+        num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"],
+        intermediate_size=t["intermediate"],
+        vocab_size=t["vocab"],
+        max_position_embeddings=t["positions"],
+        **common,
+    )
+
+
+def _gpt2_config(sizes: str):
+    from transformers import GPT2Config
+
+    common = dict(attn_implementation="sdpa", use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if sizes == "full":
+        return GPT2Config(**common)  # gpt2 (124M): d 768, 12 layers, 12 heads
+    t = TINY_TEXT
+    return GPT2Config(
+        n_embd=t["hidden"],
+        n_layer=t["layers"],
+        n_head=t["heads"],
+        vocab_size=t["vocab"],
+        n_positions=t["positions"],
+        bos_token_id=0,
+        eos_token_id=0,
+        **common,
+    )
+
+
+def _llama_config(sizes: str):
+    from transformers import LlamaConfig
+
+    common = dict(attn_implementation="sdpa", use_cache=False)
+    if sizes == "full":  # a small Llama: 8 layers, d 1024, 16 heads (8 key/value heads), SwiGLU 2816
+        return LlamaConfig(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            **common,
+        )
+    t = TINY_TEXT
+    return LlamaConfig(
+        hidden_size=t["hidden"],
+        intermediate_size=t["intermediate"],
+        num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"],
+        num_key_value_heads=t["heads"] // 2,
+        vocab_size=t["vocab"],
+        max_position_embeddings=t["positions"],
+        **common,
+    )
+
+
+def hf(model_class: str, make_config: Callable[[str], object]):
+    def build(sizes: str):
+        _need("transformers")
+        import transformers
+
+        config = make_config(sizes)
+        model = _seeded(lambda: getattr(transformers, model_class)(config)).eval()
+        return TensorOutputs(model), _text_inputs(sizes, config.vocab_size)
+
+    return build
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The suite
+
+
+SUITE: tuple[SuiteModel, ...] = (
+    *(
+        SuiteModel(arch, f"torchvision {arch}", "torchvision", vision(arch), image=True)
+        for arch in (
+            "resnet18",
+            "resnet50",
+            "mobilenet_v2",
+            "mobilenet_v3_large",
+            "efficientnet_b0",
+            "convnext_tiny",
+            "vit_b_16",
+        )
+    ),
+    SuiteModel("bert", "HF BertModel (bert-base config)", "transformers", hf("BertModel", _bert_config)),
+    SuiteModel("gpt2", "HF GPT2Model (gpt2 config)", "transformers", hf("GPT2Model", _gpt2_config)),
+    SuiteModel("llama", "HF LlamaModel (8 layers, d 1024)", "transformers", hf("LlamaModel", _llama_config)),
+    SuiteModel("resnet50_train", "torchvision resnet50, training step", "torchvision", vision("resnet50"), True, True),
+    SuiteModel("bert_train", "HF BertModel, training step", "transformers", hf("BertModel", _bert_config), True),
+)
+MODELS = {m.name: m for m in SUITE}
+
+
+def scalar_loss(out: object) -> torch.Tensor:
+    """The training steps' loss: the mean of every output tensor, summed (as Inductor's dashboard reduces outputs)."""
+    return sum(
+        (t if t.dtype == torch.float64 else t.float()).mean() for t in flat_tensors(out) if t.is_floating_point()
+    )
