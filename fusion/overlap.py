@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from fusion.common import heading, lesson_cli, table
 from fusion.comms import bucket, gloo, inductor, passes
 from fusion.comms.capture import capture_step
 from fusion.comms.cost import CostModel
 from fusion.comms.units import OverlapGraph, ScheduleError, Timeline, Unit, apply_order, check_regions, check_schedule
-from fusion.common import heading, lesson_cli, table
 from fusion.regions import build_fusion_regions
 
 __all__ = [  # the lesson's API, and what it re-exports from its machinery in fusion/comms/
@@ -188,13 +188,23 @@ def run(quick: bool = False) -> None:
             print(f"bucketing: {plan.summary()}")
         scheduled = apply_order(gm, graph, order)
         check_regions(scheduled, region_of)
-        ours = inductor.compare(capture_step(kind, layers=layers, dim=dim, batch=batch), cost, graph)
-        print(ours.text(after))
-    if kind == "tp":
-        print("Tensor parallelism: each block needs the all-reduced sum before the next can start; no independent\n"
-              "compute exists in one micro-batch, so nothing can hide it. Megatron splits the batch to make some.")  # fmt: skip
+        if kind == "tp":
+            print("Tensor parallelism: each block needs the all-reduced sum before the next can start; one micro-batch\n"
+                  "has no independent compute to hide it. (Megatron splits the batch into micro-batches to make some.)")  # fmt: skip
+        if not quick:  # importing Inductor's scheduler takes seconds: --quick leaves it out
+            print(inductor.compare(capture_step(kind, layers=layers, dim=dim, batch=batch), cost, graph).text(after))
+    if not quick:
+        print(
+            "\nWhy the two orders differ when both see the same costs: Inductor ranks ready nodes by the compute node\n"
+            "they precede (domination index) and prefetches a collective only within its limits (max_compute_pre_fetch,\n"
+            "max_in_flight_gb, a memory increase cap); ours starts every collective as soon as the budget allows and\n"
+            "runs work that feeds a collective first. Inductor also builds its own regions, not Phase 6's."
+        )
 
     heading("Run it for real: gloo, 2 processes, CPU", "-")
+    if quick:
+        print("left out in --quick (two processes take ~20 s): uv run python -m fusion.overlap, or pytest -m phase10")
+        return
     result = gloo.run_on_gloo(schedule_overlap, build_fusion_regions)
     print(str(result).replace("; ", "\n"))
 

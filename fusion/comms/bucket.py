@@ -42,6 +42,7 @@ class BucketPlan:
 def plan_buckets(graph: OverlapGraph, order: list[Unit], kinds: tuple[str, ...] = ("all_reduce",)) -> BucketPlan:
     """Groups of back-to-back starts of the same collective that, sent together, expose no more time."""
     runs: list[list[Unit]] = []
+    prev = None
     for u in order:
         if u.kind == "start" and short(u.nodes[0]) in kinds:
             if runs and runs[-1] and runs[-1][-1] is prev and _key(runs[-1][-1]) == _key(u):
@@ -59,5 +60,7 @@ def plan_buckets(graph: OverlapGraph, order: list[Unit], kinds: tuple[str, ...] 
             plan.groups.append(run)
             plan.exposed_after_ms = trial
         else:
-            plan.refused.append(([u.name for u in run], f"exposed would grow by {(trial - plan.exposed_after_ms) * 1e3:.1f} µs"))
+            plan.refused.append(
+                ([u.name for u in run], f"exposed would grow by {(trial - plan.exposed_after_ms) * 1e3:.1f} µs")
+            )
     return plan

@@ -56,7 +56,9 @@ def check_same_collectives(mine: list[str], everyone: list[list[str]], rank: int
     for other, theirs in enumerate(everyone):
         if theirs == mine:
             continue
-        pos = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
+        pos = next(
+            (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs))
+        )
         a = mine[pos] if pos < len(mine) else "nothing (ends)"
         b = theirs[pos] if pos < len(theirs) else "nothing (ends)"
         raise CollectiveMismatch(
@@ -94,7 +96,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
             want, got = plain(*inputs), gm(*inputs)
             eager = STEP_FUNCTIONS[kind](*inputs)
             bitwise = all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-            diff = max(float((a - e).abs().max()) for a, e in zip(want, eager, strict=True))
+            diff = max(float((a - e.detach()).abs().max()) for a, e in zip(want, eager, strict=True))
             moved = sum(a is not b for a, b in zip(graph.original, order, strict=True))
             results[kind] = {"bitwise": bitwise, "max_diff_vs_eager": diff, "collectives": len(mine),
                              "units_moved": moved}  # fmt: skip

@@ -9,6 +9,7 @@ on our timeline. Where the signature lacks what we need, the comparison is skipp
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -77,7 +78,13 @@ def inductor_schedule(gm: fx.GraphModule, cost: CostModel) -> fx.GraphModule:
         return cost.node(node).ms
 
     kwargs = {k: v for k, v in WANTED.items() if k in params}
-    return schedule_overlap_bucketing(gm, custom_runtime_estimation=estimate, **kwargs)
+    quiet = logging.getLogger("torch._inductor.utils")  # "No accelerator available for … estimation", per node
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return schedule_overlap_bucketing(gm, custom_runtime_estimation=estimate, **kwargs)
+    finally:
+        quiet.setLevel(level)
 
 
 def compare(gm: fx.GraphModule, cost: CostModel, graph: OverlapGraph) -> Comparison:

@@ -94,7 +94,9 @@ class OverlapGraph:
         self.units: list[Unit] = []
         for old in order:
             ns, region = unit_nodes[old]
-            self.units.append(self._make_unit(renumber[old], ns, region, tuple(sorted(renumber[p] for p in preds[old]))))
+            self.units.append(
+                self._make_unit(renumber[old], ns, region, tuple(sorted(renumber[p] for p in preds[old])))
+            )
         succs: list[list[int]] = [[] for _ in self.units]
         for u in self.units:
             for p in u.preds:
@@ -141,6 +143,7 @@ class OverlapGraph:
 
     def _memory_plan(self, graph: fx.Graph) -> None:
         """For each unit: bytes it allocates, and the storages whose use count it lowers."""
+
         def base(n: fx.Node) -> fx.Node:  # the node owning n's storage (views and waits alias their input)
             while n.op == "call_function" and (is_wait(n) or _is_view(n)) and isinstance(n.args[0], fx.Node):
                 n = n.args[0]
