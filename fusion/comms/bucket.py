@@ -42,14 +42,16 @@ class BucketPlan:
 def plan_buckets(graph: OverlapGraph, order: list[Unit], kinds: tuple[str, ...] = ("all_reduce",)) -> BucketPlan:
     """Groups of back-to-back starts of the same collective that, sent together, expose no more time."""
     runs: list[list[Unit]] = []
-    prev = None
+    back_to_back = False  # no work and no wait since the last start: free units (inputs, views) do not count
     for u in order:
         if u.kind == "start" and short(u.nodes[0]) in kinds:
-            if runs and runs[-1] and runs[-1][-1] is prev and _key(runs[-1][-1]) == _key(u):
+            if back_to_back and _key(runs[-1][-1]) == _key(u):
                 runs[-1].append(u)
             else:
                 runs.append([u])
-        prev = u
+            back_to_back = True
+        elif u.kind == "wait" or u.cost.ms > 0:
+            back_to_back = False
     base = graph.timeline(order).exposed_ms
     plan = BucketPlan(exposed_before_ms=base, exposed_after_ms=base)
     for run in runs:

@@ -13,7 +13,6 @@ trace shows it as two nodes, the collective (``_c10d_functional.all_reduce`` …
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -152,22 +151,29 @@ def capture_step(kind: str = "dp", layers: int = 3, dim: int = 64, batch: int = 
     Starts the fake process group of ``world_size`` if none exists (a real group, e.g. gloo, is used as it is).
     ``decompose`` applies Inductor's decompositions (gelu, layer_norm → pointwise ops and reductions), as Phase 6.
     """
+    if kind not in STEPS:
+        raise ValueError(f"unknown step {kind!r}: use one of {STEPS}")
+    ensure_fake_group(world_size)
+    real = step_inputs(kind, layers, dim, batch, torch.distributed.get_world_size(), dtype=dtype)
+    gm = capture_fn(STEP_FUNCTIONS[kind], real, decompose=decompose)
+    gm.meta["step"] = dict(kind=kind, layers=layers, dim=dim, batch=batch, world_size=world_size)
+    return gm
+
+
+def capture_fn(fn: Callable[..., object], inputs: list[torch.Tensor], decompose: bool = True) -> fx.GraphModule:
+    """Any function of tensors that calls funcol collectives, traced on fake tensors (the fake group must exist,
+    or a real one: :func:`ensure_fake_group`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from fusion.aten.capture import decomposition_table
 
-    if kind not in STEPS:
-        raise ValueError(f"unknown step {kind!r}: use one of {STEPS}")
-    ensure_fake_group(world_size)
-    world_size = torch.distributed.get_world_size()
-    real = step_inputs(kind, layers, dim, batch, world_size, dtype=dtype)
+    if not torch.distributed.is_initialized():
+        raise RuntimeError("no process group: call fusion.comms.capture.ensure_fake_group(world_size) first")
     mode = FakeTensorMode()
-    fake = [mode.from_tensor(t) for t in real]
-    fn = functools.partial(STEP_FUNCTIONS[kind])
+    fake = [mode.from_tensor(t) for t in inputs]
     with mode:
         gm = make_fx(fn, decomposition_table=decomposition_table(decompose))(*fake)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    gm.meta["step"] = dict(kind=kind, layers=layers, dim=dim, batch=batch, world_size=world_size)
     return gm

@@ -27,6 +27,10 @@ from fusion.comms.capture import STEP_FUNCTIONS, capture_step, is_collective, sh
 class CollectiveMismatch(RuntimeError):
     """Ranks would call different collectives in the same position: the job would hang or compute garbage."""
 
+    def __init__(self, message: str, per_rank: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.per_rank = per_rank or []  # what each rank had found before the mismatch
+
 
 @dataclass(frozen=True)
 class GlooConfig:
@@ -36,7 +40,7 @@ class GlooConfig:
     dim: int = 16
     batch: int = 8
     timeout_s: float = 60.0
-    mismatch: bool = False  # test hook: the last rank captures one layer more, so its collectives differ
+    mismatch: bool = False  # test hook: after the steps, one more round where the last rank has one layer more
 
 
 def collective_signature(gm: torch.fx.GraphModule) -> list[str]:
@@ -78,8 +82,10 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
                             timeout=timedelta(seconds=cfg.timeout_s))  # fmt: skip
     results: dict[str, object] = {}
     try:
-        for kind in cfg.kinds:
-            layers = cfg.layers + (1 if cfg.mismatch and rank == cfg.world_size - 1 else 0)
+        rounds = [(kind, cfg.layers) for kind in cfg.kinds]
+        if cfg.mismatch:  # the last rank traces one layer more: one collective more than the others
+            rounds.append(("dp", cfg.layers + (1 if rank == cfg.world_size - 1 else 0)))
+        for kind, layers in rounds:
             shape = dict(layers=layers, dim=cfg.dim, batch=cfg.batch, world_size=cfg.world_size)
             plain, gm = capture_step(kind, **shape), capture_step(kind, **shape)
             region_of = regions(gm) if regions is not None else {}
@@ -148,7 +154,8 @@ def run_on_gloo(schedule: Callable, regions: Callable | None = None, cfg: GlooCo
             per_rank = _read(outdir, cfg.world_size)
             errors = [r["error"] for r in per_rank if "error" in r]
             if any("CollectiveMismatch" in err for err in errors):
-                raise CollectiveMismatch(next(err for err in errors if "CollectiveMismatch" in err)) from None
+                message = next(err for err in errors if "CollectiveMismatch" in err)
+                raise CollectiveMismatch(message, per_rank) from None
             if isinstance(e, TimeoutError):
                 raise
             raise RuntimeError(f"a gloo rank failed: {errors or e}") from None
