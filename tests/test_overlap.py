@@ -326,7 +326,7 @@ def test_lesson_runs_quick(capsys):
 
 
 def test_gloo_scheduled_equals_unscheduled_bit_for_bit_and_a_mismatch_is_caught():
-    cfg = gloo.GlooConfig(kinds=("dp", "fsdp"), mismatch=True, timeout_s=60)
+    cfg = gloo.GlooConfig(kinds=("dp", "fsdp"), mismatch=True, timeout_s=60, decompose=False)
     with pytest.raises(gloo.CollectiveMismatch, match="disagree at collective #2") as caught:
         gloo.run_on_gloo(overlap.schedule_overlap, build_fusion_regions, cfg)
     per_rank = caught.value.per_rank

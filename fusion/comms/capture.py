@@ -145,7 +145,7 @@ STEP_FUNCTIONS: dict[str, Callable[..., tuple]] = {"dp": dp_step, "fsdp": fsdp_s
 
 
 def capture_step(kind: str = "dp", layers: int = 3, dim: int = 64, batch: int = 16, world_size: int = 2,
-                 dtype: torch.dtype = torch.float32, decompose: bool = True) -> fx.GraphModule:  # fmt: skip
+                 dtype: torch.dtype = torch.float32, decompose: bool = True, device: str = "cpu") -> fx.GraphModule:  # fmt: skip
     """The step ``kind`` ("dp", "fsdp", "tp") as an aten graph on fake tensors (``meta["val"]`` on every node).
 
     Starts the fake process group of ``world_size`` if none exists (a real group, e.g. gloo, is used as it is).
@@ -154,7 +154,7 @@ def capture_step(kind: str = "dp", layers: int = 3, dim: int = 64, batch: int = 
     if kind not in STEPS:
         raise ValueError(f"unknown step {kind!r}: use one of {STEPS}")
     ensure_fake_group(world_size)
-    real = step_inputs(kind, layers, dim, batch, torch.distributed.get_world_size(), dtype=dtype)
+    real = step_inputs(kind, layers, dim, batch, torch.distributed.get_world_size(), dtype=dtype, device=device)
     gm = capture_fn(STEP_FUNCTIONS[kind], real, decompose=decompose)
     gm.meta["step"] = dict(kind=kind, layers=layers, dim=dim, batch=batch, world_size=world_size)
     return gm

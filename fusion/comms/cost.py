@@ -52,12 +52,22 @@ class CostModel:
     latency_us: float = 10.0  # per collective
     source: str = "stated defaults: H100 SXM, NVLink 4"
 
+    def bus_factor(self, name: str) -> float:
+        """nccl-tests' busbw = algbw × this: 2(n−1)/n for all_reduce, (n−1)/n for all_gather / reduce_scatter."""
+        n = self.world_size
+        return 2 * (n - 1) / n if name == "all_reduce" else (n - 1) / n
+
     def collective(self, node: fx.Node, size: int | None = None) -> Cost:
         """latency + size · factor / bus bandwidth; ``size`` overrides the node's own bytes (for buckets)."""
-        n, name = self.world_size, short(node)
+        name = short(node)
         if size is None:
             full = node if name == "all_gather_into_tensor" else node.args[0]  # the full buffer
             size = node_bytes(full) if isinstance(full, fx.Node) else 0
+        return self.collective_of(name, size)
+
+    def collective_of(self, name: str, size: int) -> Cost:
+        """``name``: all_reduce, all_gather_into_tensor or reduce_scatter_tensor; ``size``: the full buffer's bytes."""
+        n = self.world_size
         if name == "all_reduce":
             factor, fstr = 2 * (n - 1) / n, f"2·({n}−1)/{n}"
         else:

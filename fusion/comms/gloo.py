@@ -40,6 +40,7 @@ class GlooConfig:
     dim: int = 16
     batch: int = 8
     timeout_s: float = 60.0
+    decompose: bool = True  # Inductor's decompositions (more regions); False skips importing them (faster start)
     mismatch: bool = False  # test hook: after the steps, one more round where the last rank has one layer more
 
 
@@ -87,7 +88,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
             rounds.append(("dp", cfg.layers + (1 if rank == cfg.world_size - 1 else 0)))
         for kind, layers in rounds:
             shape = dict(layers=layers, dim=cfg.dim, batch=cfg.batch, world_size=cfg.world_size)
-            plain, gm = capture_step(kind, **shape), capture_step(kind, **shape)
+            plain, gm = (capture_step(kind, **shape, decompose=cfg.decompose) for _ in range(2))
             region_of = regions(gm) if regions is not None else {}
             graph = OverlapGraph(gm, CostModel(world_size=cfg.world_size), region_of)
             budget = int(graph.peak_memory(graph.original) * 1.1)
