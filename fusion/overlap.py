@@ -61,43 +61,6 @@ def memory_budget(graph: OverlapGraph, slack: float = 0.10) -> int:
 # The scheduler
 
 
-def pick_next(graph: OverlapGraph, ready: list[Unit], state, done: set[int], budget: int) -> Unit:
-    """Which ready unit runs next. ``state`` is the memory so far, ``done`` the indices scheduled.
-
-    In order of preference, taking only a unit after which the rest still fits the budget
-    (``graph.projected_peak(state, unit, done) <= budget``), ties broken by original position (``unit.index``):
-
-    1. a collective start (``kind == "start"``): start communication as early as its inputs allow;
-    2. work that a collective still to start depends on (``unit.index in graph.feeds_collective``, not a wait):
-       it brings the next start closer;
-    3. any other work that is not a wait (``"compute"``, ``"input"``): it needs no result still in flight;
-    4. a wait: only when nothing else can run, so it is reached as late as its users allow.
-
-    If no unit fits, the ready unit earliest in the original order: it always fits (see the tests), because the
-    rest in the original order is what the budget was measured on.
-    """
-    # TODO(human): choose the next unit: a fitting collective start first, then fitting non-wait work that feeds a collective, then any fitting non-wait work, then a fitting wait, each time the earliest in original order; else the earliest ready unit. Hint: sort ready by unit.index once; graph.projected_peak(state, unit, done) <= budget says a unit fits. More: four passes over the sorted list (kind == "start"; kind != "wait" and index in graph.feeds_collective; kind != "wait"; kind == "wait"), each returning the first unit that fits; the final fallback is the first of the sorted list
-    # BEGIN SOLUTION
-    ready = sorted(ready, key=lambda u: u.index)
-
-    def fits(unit: Unit) -> bool:
-        return graph.projected_peak(state, unit, done) <= budget
-
-    feeds = graph.feeds_collective
-    preferences = (
-        lambda u: u.kind == "start",
-        lambda u: u.kind != "wait" and u.index in feeds,
-        lambda u: u.kind != "wait",
-        lambda u: u.kind == "wait",
-    )
-    for wanted in preferences:
-        for unit in ready:
-            if wanted(unit) and fits(unit):
-                return unit
-    return ready[0]
-    # END SOLUTION
-
-
 def schedule_overlap(graph: OverlapGraph, budget: int | None = None) -> list[Unit]:
     """A list scheduler: repeatedly run the unit :func:`pick_next` chooses among those whose inputs have all run.
 
@@ -127,6 +90,43 @@ def schedule_overlap(graph: OverlapGraph, budget: int | None = None) -> list[Uni
             if left[i] == 0:
                 ready.append(graph.units[i])
     return order
+    # END SOLUTION
+
+
+def pick_next(graph: OverlapGraph, ready: list[Unit], state, done: set[int], budget: int) -> Unit:
+    """Which ready unit runs next. ``state`` is the memory so far, ``done`` the indices scheduled.
+
+    In order of preference, taking only a unit after which the rest still fits the budget
+    (``graph.projected_peak(state, unit, done) <= budget``), ties broken by original position (``unit.index``):
+
+    1. a collective start (``kind == "start"``): start communication as early as its inputs allow;
+    2. work that a collective still to start depends on (``unit.index in graph.feeds_collective``, not a wait):
+       it brings the next start closer;
+    3. any other work that is not a wait (``"compute"``, ``"input"``): it needs no result still in flight;
+    4. a wait: only when nothing else can run, so it is reached as late as its users allow.
+
+    If no unit fits, the ready unit earliest in the original order: it always fits (see the tests), because the
+    rest in the original order is what the budget was measured on.
+    """
+    # TODO(human): choose the next unit: a fitting collective start first, then fitting non-wait work that feeds a collective, then any fitting non-wait work, then a fitting wait, each time the earliest in original order; else the earliest ready unit. Hint: sort ready by unit.index once; graph.projected_peak(state, unit, done) <= budget says a unit fits. More: four passes over the sorted list (the start kind; a non-wait unit whose index is in graph.feeds_collective; any non-wait unit; the wait kind), each returning the first unit that fits; the final fallback is the first of the sorted list
+    # BEGIN SOLUTION
+    ready = sorted(ready, key=lambda u: u.index)
+
+    def fits(unit: Unit) -> bool:
+        return graph.projected_peak(state, unit, done) <= budget
+
+    feeds = graph.feeds_collective
+    preferences = (
+        lambda u: u.kind == "start",
+        lambda u: u.kind != "wait" and u.index in feeds,
+        lambda u: u.kind != "wait",
+        lambda u: u.kind == "wait",
+    )
+    for wanted in preferences:
+        for unit in ready:
+            if wanted(unit) and fits(unit):
+                return unit
+    return ready[0]
     # END SOLUTION
 
 
