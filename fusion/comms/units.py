@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from fusion.comms.capture import is_collective, is_wait, short
+from fusion.comms.capture import is_collective, is_wait
 from fusion.comms.cost import Cost, CostModel, node_bytes
 
 
@@ -377,7 +377,3 @@ def apply_order(gm: fx.GraphModule, graph: OverlapGraph, order: list[Unit]) -> f
     fx_graph.lint()
     gm.recompile()
     return gm
-
-
-def describe(u: Unit) -> str:
-    return f"{u.name} ({short(u.nodes[0]) if not u.region else 'region'})"
