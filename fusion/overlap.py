@@ -183,9 +183,12 @@ def run(quick: bool = False) -> None:
         before = show_timeline("unscheduled", graph, graph.original)
         after = show_timeline("scheduled  ", graph, order)
         print(hiding_table(before, after))
+        tight = schedule_overlap(graph, graph.peak_memory(graph.original))  # no memory to spare at all
+        t = graph.timeline(tight)
+        print(f"with a budget of exactly the unscheduled peak: exposed {t.exposed_ms * 1e3:.1f} µs, "
+              f"peak {graph.peak_memory(tight) / 2**20:.2f} MiB")  # fmt: skip
         plan = bucket.plan_buckets(graph, order)
-        if plan.groups:
-            print(f"bucketing: {plan.summary()}")
+        print(f"bucketing: {plan.summary() if plan.groups else 'no all_reduces start back to back: nothing to merge'}")
         scheduled = apply_order(gm, graph, order)
         check_regions(scheduled, region_of)
         if kind == "tp":
