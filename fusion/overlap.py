@@ -151,7 +151,7 @@ def show_timeline(title: str, graph: OverlapGraph, order: list[Unit]) -> Timelin
 def hiding_table(before: Timeline, after: Timeline) -> str:
     rows = []
     for b, a in zip(before.collectives, after.collectives, strict=True):
-        hidden = sorted(a.hidden_by, key=lambda h: -h[1])
+        hidden = sorted((h for h in a.hidden_by if h[1] >= 5e-5), key=lambda h: -h[1])  # >= 0.05 µs
         who = ", ".join(f"{name} {ms * 1e3:.1f}" for name, ms in hidden[:3]) + (" …" if len(hidden) > 3 else "")
         rows.append((a.start.name, f"{a.start.cost.ms * 1e3:.1f}", f"{b.exposed_ms * 1e3:.1f}",
                      f"{a.exposed_ms * 1e3:.1f}", who or "-"))  # fmt: skip
@@ -185,8 +185,9 @@ def run(quick: bool = False) -> None:
         print(hiding_table(before, after))
         tight = schedule_overlap(graph, graph.peak_memory(graph.original))  # no memory to spare at all
         t = graph.timeline(tight)
+        same = " (the same order: early starts add nothing at the peak)" if tight == order else ""
         print(f"with a budget of exactly the unscheduled peak: exposed {t.exposed_ms * 1e3:.1f} µs, "
-              f"peak {graph.peak_memory(tight) / 2**20:.2f} MiB")  # fmt: skip
+              f"peak {graph.peak_memory(tight) / 2**20:.2f} MiB{same}")  # fmt: skip
         plan = bucket.plan_buckets(graph, order)
         print(f"bucketing: {plan.summary() if plan.groups else 'no all_reduces start back to back: nothing to merge'}")
         scheduled = apply_order(gm, graph, order)
