@@ -255,6 +255,11 @@ def test_a_budget_below_the_unscheduled_peak_is_refused(tiny):
         overlap.schedule_overlap(graph, budget=graph.peak_memory(graph.original) - 1)
 
 
+def test_regions_of_another_graph_are_refused(steps, tiny):
+    with pytest.raises(ScheduleError, match="not in this graph. Fix: pass the region_of"):
+        OverlapGraph(tiny, CostModel(), build_fusion_regions(steps["dp"]))
+
+
 def late_gather(x, shard):
     t1 = x @ x  # [64, 64]: 16 KiB each
     t2 = t1 @ t1

@@ -74,9 +74,13 @@ class OverlapGraph:
         groups: dict[int, list[fx.Node]] = {}  # id(region) -> members in graph order
         region_obj: dict[int, object] = {}
         for n, r in (region_of or {}).items():
-            if n in position:
-                groups.setdefault(id(r), []).append(n)
-                region_obj[id(r)] = r
+            if n not in position:
+                raise ScheduleError(
+                    f"region_of names node {getattr(n, 'name', n)!r}, which is not in this graph. Fix: pass the "
+                    "region_of that Phase 6's build_fusion_regions returned for this same graph"
+                )
+            groups.setdefault(id(r), []).append(n)
+            region_obj[id(r)] = r
         unit_nodes: list[tuple[list[fx.Node], object]] = []
         seen: set[int] = set()
         for n in nodes:
