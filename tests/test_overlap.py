@@ -305,6 +305,14 @@ def test_inductor_scheduler_on_the_same_graph_or_a_clear_skip(steps):
     assert "Inductor" in result.text(ours) and result.timeline.exposed_ms >= 0
 
 
+def test_a_torch_without_the_inductor_scheduler_gives_a_reason_not_a_crash(steps, monkeypatch):
+    monkeypatch.setattr(inductor, "NEEDED", ("custom_runtime_estimation", "an_argument_this_torch_lacks"))
+    graph, _ = graph_of(steps["dp"])
+    result = inductor.compare(capture_step("dp", **SMALL), CostModel(), graph)
+    assert result.skipped and ("an_argument_this_torch_lacks" in result.skipped or "not importable" in result.skipped)
+    assert "skipped" in result.text(graph.timeline(graph.original))
+
+
 def test_overlap_pass_reorders_in_place_and_notes_every_collective():
     gm = capture_step("dp", **SMALL)
     before = [n.name for n in gm.graph.nodes]
