@@ -141,6 +141,14 @@ def step_inputs(kind: str, layers: int, dim: int, batch: int, world_size: int, s
     return [t.to(device=device, dtype=dtype) for t in [*ws, x]]
 
 
+def step_shapes(kind: str, layers: int, dim: int, batch: int, world_size: int) -> list[tuple[int, int]]:
+    """The shapes :func:`step_inputs` returns: this rank's weights (whole, or its shard), then the batch."""
+    n = world_size
+    weights = {"dp": [(dim, dim)] * layers, "fsdp": [(dim // n, dim)] * layers,
+               "tp": [(dim, dim // n), (dim // n, dim)] * layers}[kind]  # fmt: skip
+    return [*weights, (batch, dim)]
+
+
 STEP_FUNCTIONS: dict[str, Callable[..., tuple]] = {"dp": dp_step, "fsdp": fsdp_step, "tp": tp_step}
 
 
@@ -154,13 +162,22 @@ def capture_step(kind: str = "dp", layers: int = 3, dim: int = 64, batch: int = 
     if kind not in STEPS:
         raise ValueError(f"unknown step {kind!r}: use one of {STEPS}")
     ensure_fake_group(world_size)
-    real = step_inputs(kind, layers, dim, batch, torch.distributed.get_world_size(), dtype=dtype, device=device)
-    gm = capture_fn(STEP_FUNCTIONS[kind], real, decompose=decompose)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if dim % torch.distributed.get_world_size():
+        raise ValueError(
+            f"dim={dim} must divide by world_size={torch.distributed.get_world_size()} (weights are split)"
+        )
+    shapes = step_shapes(kind, layers, dim, batch, torch.distributed.get_world_size())
+    with FakeTensorMode() as mode:  # shapes only: a 2 GB weight stack costs nothing to trace
+        fake = [torch.empty(s, dtype=dtype, device=device) for s in shapes]
+    gm = capture_fn(STEP_FUNCTIONS[kind], fake, decompose=decompose, mode=mode)
     gm.meta["step"] = dict(kind=kind, layers=layers, dim=dim, batch=batch, world_size=world_size)
     return gm
 
 
-def capture_fn(fn: Callable[..., object], inputs: list[torch.Tensor], decompose: bool = True) -> fx.GraphModule:
+def capture_fn(fn: Callable[..., object], inputs: list[torch.Tensor], decompose: bool = True,
+               mode: object = None) -> fx.GraphModule:  # fmt: skip
     """Any function of tensors that calls funcol collectives, traced on fake tensors (the fake group must exist,
     or a real one: :func:`ensure_fake_group`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -170,8 +187,10 @@ def capture_fn(fn: Callable[..., object], inputs: list[torch.Tensor], decompose:
 
     if not torch.distributed.is_initialized():
         raise RuntimeError("no process group: call fusion.comms.capture.ensure_fake_group(world_size) first")
-    mode = FakeTensorMode()
-    fake = [mode.from_tensor(t) for t in inputs]
+    if mode is None:  # real inputs: trace on fake copies of them
+        mode = FakeTensorMode()
+        inputs = [mode.from_tensor(t) for t in inputs]
+    fake = inputs
     with mode:
         gm = make_fx(fn, decomposition_table=decomposition_table(decompose))(*fake)
     gm.graph.eliminate_dead_code()
