@@ -190,7 +190,7 @@ def run(quick: bool = False) -> None:
               f"peak {graph.peak_memory(tight) / 2**20:.2f} MiB{same}")  # fmt: skip
         plan = bucket.plan_buckets(graph, order)
         print(f"bucketing: {plan.summary() if plan.groups else 'no all_reduces start back to back: nothing to merge'}")
-        scheduled = apply_order(gm, graph, order)
+        scheduled = bucket.apply_buckets(apply_order(gm, graph, order), plan)
         check_regions(scheduled, region_of)
         if kind == "tp":
             print("Tensor parallelism: each block needs the all-reduced sum before the next can start; one micro-batch\n"

@@ -5,12 +5,16 @@ one but one latency sent together (DDP's 25 MiB gradient buckets, Inductor's ``o
 catch: a bucket ends when its *last* member's bytes have arrived, so a member that used to finish early and be
 hidden may now be waited on too soon. The rule here: merge all_reduces that the schedule starts back to back (no
 compute between them, same group, op and dtype), and keep a merge only if the simulated exposed time does not grow.
-The plan is simulated on the timeline; the graph itself keeps one collective per tensor.
+:func:`plan_buckets` simulates the merge on the timeline; :func:`apply_buckets` rewrites the graph.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
 
 from fusion.comms.capture import short
 from fusion.comms.units import OverlapGraph, Unit
@@ -66,3 +70,39 @@ def plan_buckets(graph: OverlapGraph, order: list[Unit], kinds: tuple[str, ...] 
                 ([u.name for u in run], f"exposed would grow by {(trial - plan.exposed_after_ms) * 1e3:.1f} µs")
             )
     return plan
+
+
+def apply_buckets(gm: fx.GraphModule, plan: BucketPlan) -> fx.GraphModule:
+    """Rewrite ``gm`` in place: each planned group of all_reduces becomes one all_reduce of their flattened inputs
+    concatenated, waited where the first member was waited, and split back into the members' shapes.
+
+    The sum of a concatenation is the concatenation of the sums, element by element: the results are bit for bit
+    those of the separate collectives. Run it after :func:`~fusion.comms.units.apply_order` (it keeps that order).
+    """
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    graph = gm.graph
+    for group in plan.groups:
+        starts = [u.nodes[0] for u in group]
+        waits = [next(iter(s.users)) for s in starts]
+        if any(len(s.users) != 1 or short(w) != "wait_tensor" for s, w in zip(starts, waits, strict=True)):
+            continue  # a start read by something other than its one wait: leave the group as it is
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        inputs = [s.args[0] for s in starts]
+        shapes = [list(x.meta["val"].shape) for x in inputs]
+        sizes = [x.meta["val"].numel() for x in inputs]
+        with graph.inserting_before(starts[-1]):
+            flat = [graph.call_function(aten.reshape.default, (x, [-1])) for x in inputs]
+            cat = graph.call_function(aten.cat.default, (flat,))
+            bucket = graph.call_function(c10d.all_reduce.default, (cat, *starts[0].args[1:]))
+        with graph.inserting_before(min(waits, key=position.__getitem__)):
+            done = graph.call_function(c10d.wait_tensor.default, (bucket,))
+            parts = graph.call_function(aten.split_with_sizes.default, (done, sizes))
+            for i, (w, shape) in enumerate(zip(waits, shapes, strict=True)):
+                piece = graph.call_function(operator.getitem, (parts, i))
+                w.replace_all_uses_with(graph.call_function(aten.reshape.default, (piece, shape)))
+        for w, s in zip(waits, starts, strict=True):
+            graph.erase_node(w)
+            graph.erase_node(s)
+    graph.lint()
+    gm.recompile()
+    return gm

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch.fx as fx
 
+from fusion.comms.bucket import apply_buckets, plan_buckets
 from fusion.comms.capture import is_collective
 from fusion.comms.cost import CostModel
 from fusion.comms.units import OverlapGraph, ScheduleError, apply_order, check_regions, check_schedule
@@ -43,6 +44,11 @@ def overlap_pass(gm: fx.GraphModule, note: Callable[[str, list[str], str, str], 
     before, after = graph.timeline(graph.original), graph.timeline(order)
     apply_order(gm, graph, order)
     check_regions(gm, region_of)
+    plan = plan_buckets(graph, order)
+    apply_buckets(gm, plan)
+    for group in plan.groups:
+        note(PASS, [u.name for u in group], "bucketed", "started back to back: one latency instead of "
+             f"{len(group)}, exposed time not increased")  # fmt: skip
     for b, a in zip(before.collectives, after.collectives, strict=True):
         hiders = ", ".join(name for name, _ in sorted(a.hidden_by, key=lambda h: -h[1])[:3]) or "nothing"
         why = (f"exposed {b.exposed_ms * 1e3:.1f} -> {a.exposed_ms * 1e3:.1f} µs (cost {a.start.cost.ms * 1e3:.1f} µs);"
