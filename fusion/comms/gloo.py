@@ -75,6 +75,7 @@ def check_same_collectives(mine: list[str], everyone: list[list[str]], rank: int
 def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | None, outdir: str) -> None:
     import torch.distributed as dist
 
+    from fusion.comms.bucket import apply_buckets, plan_buckets
     from fusion.comms.cost import CostModel
     from fusion.comms.units import OverlapGraph, apply_order, check_schedule
 
@@ -94,7 +95,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
             budget = int(graph.peak_memory(graph.original) * 1.1)
             order = schedule(graph, budget)
             check_schedule(graph, order, budget)
-            apply_order(gm, graph, order)
+            apply_buckets(apply_order(gm, graph, order), plan_buckets(graph, order))
             mine = collective_signature(gm)
             everyone: list[list[str]] = [[] for _ in range(cfg.world_size)]
             dist.all_gather_object(everyone, mine)
