@@ -247,6 +247,16 @@ def single(args) -> dict:
             "calibration": calibrate(device, args.dry_run)}  # fmt: skip
 
 
+def device_tag(dry: bool) -> str:
+    """'h200', 'h100', … for file names (as scripts/results/ names its files); 'cpu' for a dry run."""
+    import re
+
+    if dry or not torch.cuda.is_available():
+        return "cpu"
+    found = re.search(r"\b([A-Z]\d{2,3})\b", torch.cuda.get_device_name(0))
+    return found.group(1).lower() if found else "gpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="gloo on CPU, 2 processes, toy sizes (checks the steps)")
@@ -270,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.inductor is None:
         args.inductor = not args.dry_run
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    stamp = f"{'cpu' if args.dry_run else 'gpu'}-{datetime.date.today().isoformat()}"
+    stamp = f"{device_tag(args.dry_run)}-{datetime.date.today().isoformat()}"
     if args.single:
         result = single(args)
-        path = Path(args.out, f"overlap-single-{stamp}.json")
+        path = Path(args.out, f"{stamp}-overlap-single.json")
         path.write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1), f"\nwrote {path}")
         return 0
@@ -288,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out = tmp
         mp.start_processes(worker, args=(args, f"{tmp}/store"), nprocs=args.world, start_method="spawn")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.world)]
-    path = Path(outdir, f"overlap-{stamp}-x{args.world}.json")
+    path = Path(outdir, f"{stamp}-overlap-x{args.world}.json")
     path.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "out"}, "ranks": ranks}, indent=1))
     errors = [r["error"] for r in ranks if "error" in r]
     print(f"wrote {path}" + (f"; errors: {errors}" if errors else ""))
