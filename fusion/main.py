@@ -35,6 +35,7 @@ PHASES: tuple[Phase, ...] = (
     Phase(7, "horizontal_fusion", "horizontal fusion: sibling Linears/Convs that read one input become one wide op"),
     Phase(8, "codegen", "code generation: every fusion region becomes one generated Triton kernel"),
     Phase(9, "backend", 'your compiler: torch.compile(model, backend="fusion")'),
+    Phase(10, "overlap", "overlap scheduling: compute hides the collectives of distributed training"),
 )
 
 

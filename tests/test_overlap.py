@@ -1,0 +1,356 @@
+"""Phase 10: overlap scheduling of collectives (fusion.overlap and its machinery in fusion/comms/).
+
+The rules every schedule keeps (a topological order: every wait after its collective and before its users, no
+collective before its input; regions whole; peak memory within the budget; deterministic), the exposed-time
+formula on hand-computed cases, the scheduler's choices (start early, wait late, the budget binds), Inductor's
+scheduler on the same graph, the backend pass, and gloo: scheduled == unscheduled bit for bit in 2 processes.
+"""
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusion import overlap
+from fusion.comms import bucket, gloo, inductor, passes
+from fusion.comms.capture import capture_fn, capture_step, ensure_fake_group, is_collective, is_wait, short
+from fusion.comms.cost import Cost, CostModel
+from fusion.comms.units import OverlapGraph, ScheduleError, apply_order, check_regions, check_schedule
+from fusion.regions import build_fusion_regions
+
+pytestmark = pytest.mark.phase10
+
+SMALL = dict(layers=2, dim=32, batch=16)
+GATHER = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor  # renamed in torch 2.12+
+SCATTER = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_group():
+    ensure_fake_group(2)
+
+
+@pytest.fixture(scope="module")
+def steps(fake_group):
+    return {kind: capture_step(kind, **SMALL) for kind in ("dp", "fsdp", "tp")}
+
+
+def group():
+    return torch.distributed.group.WORLD
+
+
+def graph_of(gm, cost=None):
+    region_of = build_fusion_regions(gm)
+    return OverlapGraph(gm, cost or CostModel(), region_of), region_of
+
+
+def set_costs(graph, **ms):
+    """Hand-set unit costs by unit name (e.g. mm=2.0); every other unit costs 0."""
+    for u in graph.units:
+        u.cost = Cost(ms.get(u.name, 0.0), "hand")
+
+
+def by_name(order):
+    return [u.name for u in order]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Capture and cost model
+
+
+@pytest.mark.parametrize(
+    "kind, ops",
+    [("dp", {"all_reduce"}), ("fsdp", {"all_gather_into_tensor", "reduce_scatter_tensor"}), ("tp", {"all_reduce"})],
+)
+def test_capture_shows_collectives_and_their_waits(steps, kind, ops):
+    gm = steps[kind]
+    starts = [n for n in gm.graph.nodes if is_collective(n)]
+    waits = [n for n in gm.graph.nodes if is_wait(n)]
+    assert {short(n) for n in starts} == ops
+    assert len(starts) == len(waits) >= 2
+    assert all(w.args[0] in starts for w in waits)
+    assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in starts)  # fake tensors: shapes, no storage
+
+
+def test_collective_formula_is_latency_plus_ring_bytes_over_bus_bandwidth(steps):
+    for n in (2, 4, 8):
+        cost = CostModel(world_size=n, bus_gbps=100.0, latency_us=5.0)
+        for node in (x for x in steps["fsdp"].graph.nodes if is_collective(x)):
+            full = node if short(node) == "all_gather_into_tensor" else node.args[0]
+            size = full.meta["val"].numel() * 4
+            want = 5e-3 + size * (n - 1) / n / 100e9 * 1e3
+            assert cost.collective(node).ms == pytest.approx(want)
+            assert f"({n}−1)/{n}" in cost.collective(node).formula and str(size) in cost.collective(node).formula
+        ar = next(x for x in steps["dp"].graph.nodes if is_collective(x))
+        size = ar.args[0].meta["val"].numel() * 4
+        assert cost.collective(ar).ms == pytest.approx(5e-3 + size * 2 * (n - 1) / n / 100e9 * 1e3)
+
+
+def test_matmul_cost_is_the_roofline(steps):
+    cost = CostModel(matmul_tflops=1.0, bandwidth_gbps=1e6)  # compute-bound: FLOPs / peak
+    mm = next(n for n in steps["dp"].graph.nodes if n.op == "call_function" and short(n) == "mm")
+    (m, k), (_, n) = mm.args[0].meta["val"].shape, mm.args[1].meta["val"].shape
+    assert cost.node(mm).ms == pytest.approx(2 * m * n * k / 1e12 * 1e3)
+    slow_memory = CostModel(matmul_tflops=1e9, bandwidth_gbps=1.0)  # memory-bound: bytes / bandwidth
+    assert cost.node(mm).ms < slow_memory.node(mm).ms and "memory-bound" in slow_memory.node(mm).formula
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The timeline: exposed communication on hand-computed cases
+
+
+def one_collective(x, w1, w2):
+    a = x @ w1
+    r = funcol.all_reduce(a, "sum", group())  # traced: all_reduce, then wait_tensor at once
+    b = x @ w2  # independent of the collective
+    return r + b
+
+
+@pytest.fixture(scope="module")
+def tiny(fake_group):
+    gm = capture_fn(one_collective, [torch.randn(8, 8) for _ in range(3)], decompose=False)
+    return gm
+
+
+def test_exposed_time_by_hand(tiny):
+    graph, _ = graph_of(tiny)
+    assert by_name(u for u in graph.units if u.kind != "input") == ["mm", "all_reduce", "wait_tensor", "mm_1", "add"]
+    set_costs(graph, mm=2.0, all_reduce=5.0, mm_1=4.0, add=1.0)
+    t = graph.timeline(graph.original)  # mm 0-2 | ar 2-7, waited at 2: 5 exposed | mm_1 7-11 | add 11-12
+    assert (t.step_ms, t.exposed_ms) == (12.0, 5.0)
+    order = overlap.schedule_overlap(graph, budget=10**9)
+    assert by_name(u for u in order if u.kind != "input") == ["mm", "all_reduce", "mm_1", "wait_tensor", "add"]
+    t = graph.timeline(order)  # mm 0-2 | ar 2-7 while mm_1 2-6 | wait at 6: 1 exposed | add 7-8
+    assert (t.step_ms, t.exposed_ms) == (8.0, 1.0)
+    assert t.collectives[0].hidden_by == [("mm_1", 4.0)]
+    set_costs(graph, mm=2.0, all_reduce=5.0, mm_1=6.0, add=1.0)
+    t = graph.timeline(order)  # mm_1 2-8 covers the whole collective
+    assert t.exposed_ms == 0.0 and t.step_ms == 9.0
+
+
+def two_collectives(x, w1, w2, w3):
+    r1 = funcol.all_reduce(x @ w1, "sum", group())
+    r2 = funcol.all_reduce(x @ w2, "sum", group())
+    return r1 + r2 + x @ w3
+
+
+def test_collectives_share_one_network(fake_group):
+    gm = capture_fn(two_collectives, [torch.randn(8, 8) for _ in range(4)], decompose=False)
+    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9))  # 3 ms per collective, bytes free
+    set_costs(graph, all_reduce=3.0, all_reduce_1=3.0)
+    t = graph.timeline(overlap.schedule_overlap(graph, budget=10**9))
+    assert [(c.began_ms, c.ended_ms) for c in t.collectives] == [(0.0, 3.0), (3.0, 6.0)]  # one after the other
+    assert t.exposed_ms == 6.0 and t.step_ms == 6.0
+
+
+def two_inputs_reduced(x, y):
+    return funcol.all_reduce(x, "sum", group()) + funcol.all_reduce(y, "sum", group())
+
+
+def test_back_to_back_all_reduces_are_bucketed_when_that_saves_latency(fake_group):
+    gm = capture_fn(two_inputs_reduced, [torch.randn(8, 8), torch.randn(8, 8)], decompose=False)
+    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9))  # 3 ms latency, bytes free
+    order = overlap.schedule_overlap(graph, budget=10**9)
+    plan = bucket.plan_buckets(graph, order)
+    assert [by_name(g) for g in plan.groups] == [["all_reduce", "all_reduce_1"]]
+    assert plan.exposed_before_ms == pytest.approx(6.0) and plan.exposed_after_ms == pytest.approx(3.0)
+    unscheduled = bucket.plan_buckets(graph, graph.original)  # each start followed by its wait: nothing to merge
+    assert unscheduled.groups == []
+    apply_order(gm, graph, order)
+    bucket.apply_buckets(gm, plan)
+    assert [short(n) for n in gm.graph.nodes if is_collective(n)] == ["all_reduce"]  # one collective for both
+    x, y = torch.randn(8, 8), torch.randn(8, 16)[:, ::2]  # y not contiguous
+    plain = capture_fn(two_inputs_reduced, [x, y], decompose=False)
+    torch.testing.assert_close(gm(x, y), plain(x, y), rtol=0, atol=0)  # the fake group sums nothing: plumbing only
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The rules: each one broken on purpose must be caught, with a message naming it
+
+
+def test_check_schedule_names_each_broken_rule(tiny):
+    graph, _ = graph_of(tiny)
+    units = {u.name: u for u in graph.units}
+    inputs = [u for u in graph.units if u.kind == "input"]
+    mm, ar, wait, mm_1, add = (units[k] for k in ("mm", "all_reduce", "wait_tensor", "mm_1", "add"))
+    check_schedule(graph, [*inputs, mm, ar, mm_1, wait, add])
+    cases = {
+        "a wait sunk past its first user": [*inputs, mm, ar, mm_1, add, wait],
+        "a wait before its collective starts": [*inputs, mm, wait, ar, mm_1, add],
+        "a collective started before its input": [*inputs, ar, mm, wait, mm_1, add],
+        "scheduled twice": [*inputs, mm, ar, wait, mm_1, add, add],
+        "never scheduled": [*inputs, mm, ar, wait, add],
+    }
+    for why, order in cases.items():
+        with pytest.raises(ScheduleError, match=why):
+            check_schedule(graph, order)
+    with pytest.raises(ScheduleError, match="exceeds the budget"):
+        check_schedule(graph, graph.original, budget=graph.peak_memory(graph.original) - 1)
+
+
+def test_check_regions_catches_a_split_region():
+    gm = capture_step("dp", **SMALL)
+    graph, region_of = graph_of(gm)
+    apply_order(gm, graph, overlap.schedule_overlap(graph))
+    check_regions(gm, region_of)  # scheduled by units: every region whole
+    region = next(r for r in region_of.values() if len(r.nodes) >= 3)
+    outsider = gm.graph.call_function(torch.ops.aten.clone.default, (next(iter(gm.graph.nodes)),))
+    region.nodes[0].append(outsider)  # an unrelated node inside the region: one kernel cut in two
+    with pytest.raises(ScheduleError, match="is split"):
+        check_regions(gm, region_of)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The scheduler: properties over random graphs
+
+
+@st.composite
+def programs(draw):
+    """A random program: ops on [8, 8] tensors, some collectives, some pointwise chains (fusion regions)."""
+    n = draw(st.integers(3, 9))
+    ops = []
+    for i in range(n):
+        op = draw(st.sampled_from(["mm", "chain", "all_reduce", "all_gather", "reduce_scatter"]))
+        ops.append((op, draw(st.integers(0, i)), draw(st.integers(2, 4))))
+    return ops
+
+
+def run_program(ops):
+    def fn(x, w):
+        values = [x]
+        for op, src, k in ops:
+            v = values[src]
+            if op == "mm":
+                v = v[:8] @ w
+            elif op == "chain":
+                for _ in range(k):
+                    v = torch.relu(v * 1.5 + 1)
+            elif op == "all_reduce":
+                v = funcol.all_reduce(v, "sum", group())
+            elif op == "all_gather":
+                v = GATHER(v, 0, group())[:8]
+            else:
+                v = SCATTER(torch.cat([v, v]), "sum", 0, group())
+            values.append(v)
+        return tuple(values[1:])
+
+    return fn
+
+
+@given(programs(), st.floats(1.0, 1.5))
+def test_schedules_keep_every_rule_on_random_graphs(ops, slack):
+    inputs = [torch.randn(8, 8), torch.randn(8, 8)]
+    gm = capture_fn(run_program(ops), inputs, decompose=False)
+    graph, region_of = graph_of(gm)
+    budget = int(graph.peak_memory(graph.original) * slack)
+    order = overlap.schedule_overlap(graph, budget)
+    check_schedule(graph, order, budget)  # topological (waits after starts, before users), all once, within budget
+    again, _ = graph_of(capture_fn(run_program(ops), inputs, decompose=False))
+    assert by_name(overlap.schedule_overlap(again, budget)) == by_name(order)  # deterministic: every rank agrees
+    apply_order(gm, graph, order)
+    check_regions(gm, region_of)
+    assert [n.name for n in gm.graph.nodes if n.op != "placeholder"][-1] == "output"
+    t = graph.timeline(order)  # exposed time never exceeds the communication itself
+    assert 0 <= t.exposed_ms <= sum(u.cost.ms for u in graph.units if u.kind == "start") + 1e-12
+
+
+def test_a_budget_below_the_unscheduled_peak_is_refused(tiny):
+    graph, _ = graph_of(tiny)
+    with pytest.raises(ValueError, match="below the unscheduled order's own peak"):
+        overlap.schedule_overlap(graph, budget=graph.peak_memory(graph.original) - 1)
+
+
+def test_regions_of_another_graph_are_refused(steps, tiny):
+    with pytest.raises(ScheduleError, match="not in this graph. Fix: pass the region_of"):
+        OverlapGraph(tiny, CostModel(), build_fusion_regions(steps["dp"]))
+
+
+def late_gather(x, shard):
+    t1 = x @ x  # [64, 64]: 16 KiB each
+    t2 = t1 @ t1
+    t3 = t2.sum()
+    g = GATHER(shard, 0, group())  # [32, 64] -> [64, 64], 16 KiB
+    return t3 + g.sum()
+
+
+def test_the_budget_stops_an_early_start(fake_group):
+    gm = capture_fn(late_gather, [torch.randn(64, 64), torch.randn(32, 64)], decompose=False)
+    graph, _ = graph_of(gm)
+    floor = graph.peak_memory(graph.original)
+    roomy = overlap.schedule_overlap(graph, budget=10 * floor)
+    assert by_name(roomy).index("all_gather_into_tensor") < by_name(roomy).index("mm")  # raised to the start
+    assert graph.peak_memory(roomy) > floor  # ... which holds 16 KiB more while t1 and t2 are alive
+    tight = overlap.schedule_overlap(graph, budget=floor)
+    assert graph.peak_memory(tight) <= floor
+    assert by_name(tight).index("all_gather_into_tensor") > by_name(tight).index("mm_1")
+
+
+def test_scheduling_hides_communication_in_data_parallel_and_fsdp(steps):
+    for kind in ("dp", "fsdp"):
+        graph, _ = graph_of(steps[kind])
+        order = overlap.schedule_overlap(graph)
+        before, after = graph.timeline(graph.original), graph.timeline(order)
+        assert after.exposed_ms < before.exposed_ms and after.step_ms < before.step_ms
+        assert any(c.hidden_by for c in after.collectives)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Inductor, the backend pass, the lesson
+
+
+def test_inductor_scheduler_on_the_same_graph_or_a_clear_skip(steps):
+    why = inductor.unavailable()
+    if why:
+        pytest.skip(why)
+    graph, _ = graph_of(steps["dp"])
+    ours = graph.timeline(overlap.schedule_overlap(graph))
+    result = inductor.compare(capture_step("dp", **SMALL), CostModel(), graph)
+    assert not result.skipped, result.skipped
+    assert sorted(result.collective_order) == sorted(u.name for u in graph.units if u.kind == "start")
+    assert "Inductor" in result.text(ours) and result.timeline.exposed_ms >= 0
+
+
+def test_a_torch_without_the_inductor_scheduler_gives_a_reason_not_a_crash(steps, monkeypatch):
+    monkeypatch.setattr(inductor, "NEEDED", ("custom_runtime_estimation", "an_argument_this_torch_lacks"))
+    graph, _ = graph_of(steps["dp"])
+    result = inductor.compare(capture_step("dp", **SMALL), CostModel(), graph)
+    assert result.skipped and ("an_argument_this_torch_lacks" in result.skipped or "not importable" in result.skipped)
+    assert "skipped" in result.text(graph.timeline(graph.original))
+
+
+def test_overlap_pass_reorders_in_place_and_notes_every_collective():
+    gm = capture_step("dp", **SMALL)
+    before = [n.name for n in gm.graph.nodes]
+    notes = []
+    overlap.overlap_pass(gm, lambda *a: notes.append(a))
+    after = [n.name for n in gm.graph.nodes]
+    assert sorted(after) == sorted(before) and after != before
+    assert [n[0] for n in notes] == ["overlap", "overlap"] and all(len(n[1]) == 2 for n in notes)
+    check_regions(gm, build_fusion_regions(gm))
+    plain = capture_fn(lambda x: (x * 2,), [torch.randn(4)])
+    notes.clear()
+    passes.overlap_pass(plain, lambda *a: notes.append(a), schedule=overlap.schedule_overlap)
+    assert notes[0][2] == "skipped" and "no collectives" in notes[0][3]
+
+
+def test_lesson_runs_quick(capsys):
+    overlap.run(quick=True)
+    out = capsys.readouterr().out
+    assert "exposed communication" in out and "hidden by" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# For real: gloo, 2 processes
+
+
+def test_gloo_scheduled_equals_unscheduled_bit_for_bit_and_a_mismatch_is_caught():
+    cfg = gloo.GlooConfig(kinds=("dp", "fsdp"), mismatch=True, timeout_s=60, decompose=False)
+    with pytest.raises(gloo.CollectiveMismatch, match="disagree at collective #2") as caught:
+        gloo.run_on_gloo(overlap.schedule_overlap, build_fusion_regions, cfg)
+    per_rank = caught.value.per_rank
+    assert len(per_rank) == 2
+    for rank in per_rank:
+        for kind in ("dp", "fsdp"):
+            assert rank[kind]["bitwise"], (kind, rank)
+            assert rank[kind]["units_moved"] > 0 and rank[kind]["max_diff_vs_eager"] < 1e-4
