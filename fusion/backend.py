@@ -43,7 +43,7 @@ import torch.nn as nn
 from fusion import models
 from fusion.aten.capture import decomposition_table
 from fusion.common import fallback_reason, heading, lesson_cli, max_abs_diff, table
-from fusion.compiler import aot, aten_passes, passes
+from fusion.compiler import aot, aten_passes, cudagraphs, partition, passes
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from, summary
 from fusion.conv_bn_fusion import fold_conv_bn_weights
 from fusion.kernels.cublaslt import launched_kernels
@@ -155,7 +155,8 @@ PASSES = [
 
 class Options(passes.Options):
     """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
-    ``codegen`` (regions -> generated Triton kernels; False runs the aten graph as it is)."""
+    ``codegen`` (regions -> generated Triton kernels; False runs the aten graph as it is) and ``cudagraphs``
+    (off by default: each inference graph replayed as one CUDA graph, ``fusion.compiler.cudagraphs``)."""
 
     @classmethod
     def parse(cls, options: dict | None) -> Options:
@@ -167,6 +168,14 @@ class Options(passes.Options):
 
 
 def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
+    """:func:`_kernels`, replayed as one CUDA graph under ``options={"cudagraphs": True}``."""
+    run = _kernels(gm, part, opts)
+    if opts.cudagraphs:
+        run = cudagraphs.maybe_wrap(run, gm, part.kind, part.note_pass)
+    return run
+
+
+def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
     """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
     part.count_folds(gm)
     why = ""
@@ -190,11 +199,18 @@ def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
                 part.fallbacks += fallbacks_from(compiled.report)
                 part.count_library_calls(gm, part.kernels)
                 compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
+                _note_prims(part, compiled.graph_module.meta.get("prims_to_aten", []))
                 return compiled.forward
     part.compiled = False
     part.fallback("the whole graph", why)
     part.count_library_calls(gm, [])
+    _note_prims(part, partition.prims_to_aten(gm))
     return gm.forward
+
+
+def _note_prims(part: PartReport, changed: list[str]) -> None:
+    if changed:  # a prims op run eagerly is a Python reference implementation: ~10-20 µs of CPU each
+        part.note_pass("prims to aten", [f"{len(changed)} prims call(s)"], "mapped", "outside kernels: aten ops")
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):

@@ -57,7 +57,10 @@ class CompiledGraph(torch.nn.Module):
     @property
     def library_calls(self) -> int:
         """aten calls per call that are not generated kernels (matmul, conv, ops of fallback regions, lone ops)."""
-        return sum(n.op == "call_function" and not is_view_node(n) for n in self.graph_module.graph.nodes)
+        return sum(
+            n.op == "call_function" and not isinstance(n.target, rt.Launcher) and not is_view_node(n)
+            for n in self.graph_module.graph.nodes
+        )
 
     @property
     def code(self) -> str:
@@ -86,8 +89,8 @@ class CompiledGraph(torch.nn.Module):
             name, shape, stride, dtype = spec
             if t.shape != shape or t.dtype != dtype or (t.stride() != stride and not rt._same_layout(t, stride)):
                 raise rt.ShapeMismatchError(
-                    f"compiled graph input {name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, but it was "
-                    f"compiled for {shape} stride {stride} {dtype}. Fix: compile again with example inputs of the "
+                    f"compiled graph input {name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, but its kernels "
+                    f"were generated for {shape} stride {stride} {dtype}. Fix: compile again with example inputs of the "
                     "shapes (and memory layout) you call it with"
                 )
 

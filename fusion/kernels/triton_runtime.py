@@ -265,7 +265,9 @@ class Launcher:
         return self.results(inputs, outs)
 
 
-def direct_launcher(fn, compiled, grid: int, n_tensors: int, constexprs: dict[str, int], device: torch.device):
+def direct_launcher(
+    fn, compiled, grid: int, n_tensors: int, constexprs: dict[str, int], device: torch.device, get_stream=None
+):
     """``launch(*tensors)``: the compiled kernel's own launcher, skipping the JIT's dispatch (CUDA only).
 
     ``compiled`` is what ``fn[grid](...)`` returned (Triton's ``CompiledKernel``). Its launcher takes every bound
@@ -281,15 +283,20 @@ def direct_launcher(fn, compiled, grid: int, n_tensors: int, constexprs: dict[st
     if len(names) != n_tensors + len(tail):
         raise TypeError(f"{fn.arg_names} is not (tensors..., constexprs...)")
     index = device.index if device.index is not None else torch.cuda.current_device()
-    get_stream = torch._C._cuda_getCurrentRawStream
+    get_stream = get_stream or torch._C._cuda_getCurrentRawStream  # (device index) -> the current stream, an int
     runtime = knobs.runtime
 
     def launch(*tensors: torch.Tensor) -> None:
-        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             raise RuntimeError("a Triton launch hook is set: the JIT call gives it its metadata")
         run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
 
     return launch
+
+
+def _hooked(hook) -> bool:
+    """Is a launch hook set? Triton 3.6 keeps a function or None; 3.9 a ``HookChain`` whose ``calls`` may be empty."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
