@@ -533,7 +533,10 @@ def test_a_failing_direct_launch_falls_back_to_the_jit_once_with_the_right_answe
         tries.append(len(tensors))
         raise RuntimeError("launch failed")
 
-    launcher.direct = broken
+    launcher.direct, launcher._aligned = broken, [0]
+    unaligned = torch.randn(25)[1:].view(4, 6)  # 4 bytes past an aligned allocation: another Triton specialisation
+    torch.testing.assert_close(launcher(unaligned)[0], f(unaligned))
+    assert tries == []  # the JIT took that call
     for _ in range(2):
         torch.testing.assert_close(g(x), f(x))
     assert tries == [2] and launcher.direct is None and "launch failed" in launcher.fallback

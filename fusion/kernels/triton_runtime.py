@@ -196,6 +196,8 @@ class Launcher:
       ``CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter_hook,
       exit_hook, *args)`` (Triton 3.4-3.9). Any failure of that path falls back to the JIT call for good, recorded
       in :attr:`fallback` (a kernel only writes its outputs, so launching again is safe): never a wrong answer.
+    * Triton specialises a kernel on which pointers are 16-byte aligned: a call whose input lost the alignment it
+      was compiled with (a slice of a user's tensor) goes through the JIT, which compiles that variant.
     * In Triton's CPU interpreter everything stays the JIT call (the kernel's own Python dominates there).
     """
 
@@ -215,6 +217,7 @@ class Launcher:
         self._picks = None if None in picks else picks  # None: an escaping view is rebuilt in Python
         self._device: torch.device | None = None
         self._specs: list[tuple] = []
+        self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
 
     def results(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> tuple:
         """The region's external outputs from the call's inputs and the kernel's stored tensors."""
@@ -230,8 +233,8 @@ class Launcher:
         if self.spy is not None:
             self.spy(inputs)
         direct = self.direct
-        if direct is None:
-            return self._first(inputs)
+        if direct is None or any(inputs[i].data_ptr() & 15 for i in self._aligned):
+            return self._first(inputs)  # Triton specialised the kernel on 16-byte aligned pointers: not this call
         outs = [torch.empty_strided(s, st, dtype=dt, device=self._device) for s, st, dt in self._specs]
         try:
             direct(*inputs, *outs)
@@ -259,6 +262,7 @@ class Launcher:
             compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.plan.num_warps, **constexprs)
             if device.type == "cuda" and not self.fallback:
                 try:
+                    self._aligned = [i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0]
                     self.direct = direct_launcher(fn, compiled, grid, len(inputs) + len(outs), constexprs, device)
                 except Exception as e:  # noqa: BLE001 - an older/newer Triton: keep the JIT call
                     self.fallback = f"no direct launcher ({type(e).__name__}: {str(e)[:120]})"
