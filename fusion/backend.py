@@ -20,6 +20,10 @@ What you learn
   inputs that an optimizer step or ``load_state_dict`` may change. Inductor folds only under its opt-in
   ``freezing`` flag (the user promises they won't change). We fold only in inference graphs (no autograd), and
   keep the promise ourselves: the folded weights are recomputed whenever a source tensor's version counter moves.
+* What a call runs: the fx graph's generated Python (``print(gm.code)``), one line per library call or kernel
+  launch, each launch a light :class:`~fusion.kernels.triton_runtime.Launcher` (Triton's compiled launcher after
+  the first call, not its JIT dispatch). ``options={"cudagraphs": True}`` (off by default) records each inference
+  graph once and replays it as one CUDA graph: see :mod:`fusion.compiler.cudagraphs` for what that promises.
 * ``fusion.backend.reports`` says what became of every graph: regions, generated kernels, library calls,
   fallbacks with their reasons; :func:`summary` adds the graph breaks. To see what Dynamo captured yourself:
   ``torch._dynamo.explain(fn)(*inputs)``, or ``TORCH_LOGS=graph_breaks,graph_code,aot_graphs`` before running.
