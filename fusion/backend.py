@@ -202,6 +202,7 @@ def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
                 part.kernels = list(compiled.kernels)
                 part.fallbacks += fallbacks_from(compiled.report)
                 part.count_library_calls(gm, part.kernels)
+                part.graph = compiled
                 compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
                 _note_prims(part, compiled.graph_module.meta.get("prims_to_aten", []))
                 return compiled.forward
@@ -326,6 +327,11 @@ def _compare(title: str, model: nn.Module, inputs: tuple, *, inductor: bool, sho
             launches = len(launched_kernels(model, *inputs))
             t = Timer("f(*x)", globals={"f": model, "x": inputs}).blocked_autorange(min_run_time=0.5).median
         rows.append(("eager", "-", 0, "-", "0", launches, f"{t * 1e6:.1f}"))
+        from fusion.kernels.timing import launch_us
+
+        cost = launch_us([lch for r in mine for p in r.parts for lch in p.launchers()], lambda: ours(*inputs))
+        print(f"CPU per generated-kernel launch: {cost['direct']:.1f} µs through Triton's compiled launcher, "
+              f"{cost['jit']:.1f} µs through its JIT dispatch ({cost['kernels']} kernels)")  # fmt: skip
     headers = ["backend", "graphs", "generated kernels", "library calls", "rel. max |Δ|"]
     headers += ["CUDA kernels / call", "µs / call (wall)"] if want.is_cuda else []
     print(f"\n{table(rows, headers)}")
