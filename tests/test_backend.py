@@ -6,6 +6,7 @@ Small shapes (the generated kernels run in Triton's interpreter on CPU); every t
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 
 import pytest
@@ -697,3 +698,69 @@ def test_cuda_launch_cost_is_measured():
     cost = launch_us(compiled.launchers, lambda: compiled(x), calls=50)
     print(f"per launch: direct {cost['direct']:.1f} us, Triton's JIT {cost['jit']:.1f} us")
     assert cost["kernels"] >= 1 and cost["fallbacks"] == 0  # no timing assert: the number is printed
+
+
+class _ReplayByRunning:
+    """torch.cuda as CudaGraphRunner uses it, on a CPU: "recording" runs the function, a replay runs it again on
+    the recorded input tensors and writes the results into the recorded outputs (a CUDA graph's address rules)."""
+
+    device_type = "cpu"
+    runner = None
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @staticmethod
+    def current_stream():
+        return _ReplayByRunning.Stream()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def stream(s):
+        yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(g):
+        yield
+
+    class CUDAGraph:
+        def replay(self):
+            r = _ReplayByRunning.runner
+            for out, new in zip(r.outputs, r.run(*r.inputs), strict=True):
+                out.copy_(new)
+
+
+def test_cuda_graph_runner_address_rules_on_a_stand_in():
+    from fusion.compiler.cudagraphs import CudaGraphRunner
+
+    def run(x, w, t):  # w: a parameter (read in place); t: an input the graph writes (functionalized: a copy_)
+        t.copy_(t + 1.0)
+        return (x @ w + 1.0,)
+
+    r = _ReplayByRunning.runner = CudaGraphRunner(run, static={1}, mutated=[2], cuda=_ReplayByRunning)
+    x1, x2, w, t = torch.randn(2, 3), torch.randn(2, 3), torch.randn(3, 4), torch.zeros(2)
+    (a,) = r(x1, w, t)
+    torch.testing.assert_close(a, x1 @ w + 1.0)
+    (b,) = r(x2, w, t)  # a new input: copied into the graph's buffer
+    torch.testing.assert_close(b, x2 @ w + 1.0)
+    torch.testing.assert_close(a, x1 @ w + 1.0)  # handed-out outputs are never the buffers a replay overwrites
+    x2.mul_(3.0)  # same tensor, new contents
+    torch.testing.assert_close(r(x2, w, t)[0], x2 @ w + 1.0)
+    w.mul_(0.5)  # a parameter updated in place: the replay reads it at its address
+    torch.testing.assert_close(r(x1, w, t)[0], x1 @ w + 1.0)
+    assert r.recordings == 1
+    w2 = torch.randn(3, 4)  # a parameter replaced: a new address, recorded again
+    torch.testing.assert_close(r(x1, w2, t)[0], x1 @ w2 + 1.0)
+    assert r.recordings == 2 and r.replays == 5 and not r.error
+    torch.testing.assert_close(t, torch.full((2,), 5.0))  # five calls, each wrote the caller's tensor once
+
+
+def test_cuda_graphs_refuse_an_output_aliasing_an_input():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion.compiler.cudagraphs import _outputs_aliasing_inputs
+
+    gm = make_fx(lambda x, y: (x[1:].t(), x * 2.0, y))(torch.randn(3, 2), torch.randn(2))
+    assert len(_outputs_aliasing_inputs(gm)) == 2, gm.code  # the view of x, and y itself

@@ -70,7 +70,25 @@ def refusal(gm: fx.GraphModule, kind: str) -> str:
     if any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape))
            for v in vals):  # fmt: skip
         return "dynamic shapes: a recording is of fixed sizes"
+    aliased = _outputs_aliasing_inputs(gm)
+    if aliased:  # AOTAutograd rebuilds such an output from the caller's input and our output's view metadata
+        return f"output(s) {', '.join(aliased)} alias a graph input: a copied-in buffer would be a wrong base"
     return ""
+
+
+def _outputs_aliasing_inputs(gm: fx.GraphModule) -> list[str]:
+    from fusion.aten.nodes import is_view_node
+
+    (output,) = gm.graph.find_nodes(op="output")
+    outputs, aliased = [], []
+    fx.node.map_arg(output.args, outputs.append)
+    for node in outputs:
+        base = node
+        while isinstance(base, fx.Node) and base.op == "call_function" and is_view_node(base) and base.args:
+            base = base.args[0]
+        if isinstance(base, fx.Node) and base.op == "placeholder":
+            aliased.append(node.name)
+    return aliased
 
 
 class CudaGraphRunner:
@@ -78,31 +96,33 @@ class CudaGraphRunner:
     input moves). ``recordings``: how many times it recorded; ``error``: why it stopped recording ("" if it did not).
     """
 
-    def __init__(self, run: Callable, static: set[int], mutated: Sequence[int]) -> None:
+    def __init__(self, run: Callable, static: set[int], mutated: Sequence[int], cuda=torch.cuda) -> None:
+        self.cuda = cuda  # torch.cuda; the CPU tests pass a stand-in that replays by running again
         self.run = run
         self.static = set(static)
         self.mutated = list(mutated)
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph = None  # a torch.cuda.CUDAGraph once recorded
         self.recordings = 0
         self.replays = 0
         self.error = ""
 
     def _record(self, args: Sequence[object]) -> None:
+        cuda = self.cuda
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if any(not t.is_cuda for t in tensors):
+        if any(t.device.type != getattr(cuda, "device_type", "cuda") for t in tensors):
             raise RuntimeError("a CPU tensor input: a CUDA graph reads CUDA memory only")
         # Our own buffers for what is copied in; static inputs are recorded at their own address.
         self.inputs = [a if (i in self.static or not isinstance(a, torch.Tensor)) else _buffer_like(a)
                        for i, a in enumerate(args)]  # fmt: skip
         self.pointers = {i: args[i].data_ptr() for i in self.static if isinstance(args[i], torch.Tensor)}
         self._copy_in(args)  # the warm-up runs on the real values (token ids index tables: never garbage)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles kernels, initialises cuBLAS workspaces
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):  # warm-up: compiles kernels, initialises cuBLAS workspaces
             self.run(*self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
             outputs = self.run(*self.inputs)
         self.graph, self.outputs = graph, outputs
         self.recordings += 1
