@@ -17,6 +17,7 @@ The graph around the launches is built by ``fusion.compiler.partition``; GPU tim
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -286,6 +287,8 @@ def direct_launcher(
     tail = [constexprs[name] for name in names[n_tensors:]]  # KeyError: a parameter we do not pass: no fast path
     if len(names) != n_tensors + len(tail):
         raise TypeError(f"{fn.arg_names} is not (tensors..., constexprs...)")
+    if not _launcher_takes_constexprs(type(fn)):  # Triton 3.2-3.3 passed the non-constexpr arguments only
+        tail = []
     index = device.index if device.index is not None else torch.cuda.current_device()
     get_stream = get_stream or torch._C._cuda_getCurrentRawStream  # (device index) -> the current stream, an int
     runtime = knobs.runtime
@@ -296,6 +299,15 @@ def direct_launcher(
         run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
 
     return launch
+
+
+@functools.cache
+def _launcher_takes_constexprs(jit_class: type) -> bool:
+    """Does this Triton's ``JITFunction.run`` hand the compiled launcher every bound argument, constexprs included
+    (3.4 and later: ``*bound_args.values()``), or only the others (``*non_constexpr_vals``)? Read from its source."""
+    import inspect
+
+    return "non_constexpr_vals" not in inspect.getsource(jit_class.run)
 
 
 def _hooked(hook) -> bool:
