@@ -234,7 +234,7 @@ class Launcher:
         if self.spy is not None:
             self.spy(inputs)
         direct = self.direct
-        if direct is None or any(inputs[i].data_ptr() & 15 for i in self._aligned):
+        if direct is None or (self._aligned and any(inputs[i].data_ptr() & 15 for i in self._aligned)):
             return self._first(inputs)  # Triton specialised the kernel on 16-byte aligned pointers: not this call
         outs = [torch.empty_strided(s, st, dtype=dt, device=self._device) for s, st, dt in self._specs]
         try:
