@@ -491,10 +491,9 @@ def _fake_compiled_kernel(calls):
 
 def test_direct_launcher_passes_what_tritons_compiled_launcher_takes():
     from triton import knobs
+    from triton.runtime.jit import JITFunction
 
     from fusion.kernels.triton_runtime import direct_launcher
-
-    from triton.runtime.jit import JITFunction
 
     class Jit:
         arg_names = ["in_ptr0", "out_ptr0", "xnumel_unused", "XBLOCK"]
