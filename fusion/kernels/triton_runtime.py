@@ -206,10 +206,10 @@ class Launcher:
         self.owner = owner
         self.__name__ = self.__qualname__ = owner.kernel.name  # how the compiled graph's code names it
         self.checked = False
-        self.direct: Callable | None = None  # (stream, *inputs, *outs) -> None once the compiled kernel is known
+        self.direct: Callable | None = None  # (*inputs, *outs) -> None once the compiled kernel is known (CUDA)
         self.fallback = ""  # why the direct path is off ("" while it is on, or untried)
         self.launches = 0  # calls through the direct path
-        self.spy: Callable | None = None  # timing.kernel_gpu_us records a call's inputs through this
+        self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
         plan = owner.plan
         where: dict[fx.Node, tuple[int, int]] = {n: (1, i) for i, n in enumerate(plan.stored)}
         for i, n in enumerate(plan.inputs):
