@@ -609,6 +609,13 @@ def test_cudagraphs_option_is_a_noop_on_cpu_with_a_note():
     torch.testing.assert_close(f(x), torch.relu(x * 2.0) + 1.0)
     notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "cudagraphs"]
     assert notes and notes[0][2] == "skipped" and "CPU" in notes[0][3], backend.reports[0].table()
+    backend.reset()
+    w = torch.randn(4, requires_grad=True)
+    g = torch.compile(lambda x: torch.relu(x * w).sum(), backend="fusion", options={"cudagraphs": True})
+    g(x).backward()  # a training graph: forward and backward run as they are, with the reason
+    torch.testing.assert_close(w.grad, (x * (x * w > 0)).sum(0))
+    notes = [(part.kind, p) for part in backend.reports[0].parts for p in part.passes if p[0] == "cudagraphs"]
+    assert {k for k, _ in notes} == {"forward", "backward"} and all("inference" in p[3] for _, p in notes), notes
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
