@@ -115,6 +115,7 @@ class CudaGraphRunner:
         self.inputs = [a if (i in self.static or not isinstance(a, torch.Tensor)) else _buffer_like(a)
                        for i, a in enumerate(args)]  # fmt: skip
         self.pointers = {i: args[i].data_ptr() for i in self.static if isinstance(args[i], torch.Tensor)}
+        self._recorded = list(self.pointers.values())
         self._copy_in(args)  # the warm-up runs on the real values (token ids index tables: never garbage)
         side = cuda.Stream()
         side.wait_stream(cuda.current_stream())
@@ -131,7 +132,7 @@ class CudaGraphRunner:
         if self.error:
             return self.run(*args)
         graph = self.graph
-        if graph is None or any(args[i].data_ptr() != p for i, p in self.pointers.items()):
+        if graph is None or [args[i].data_ptr() for i in self.pointers] != self._recorded:  # ~0.1 µs per input
             try:
                 self.graph = None
                 self._record(args)
