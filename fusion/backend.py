@@ -20,6 +20,10 @@ What you learn
   inputs that an optimizer step or ``load_state_dict`` may change. Inductor folds only under its opt-in
   ``freezing`` flag (the user promises they won't change). We fold only in inference graphs (no autograd), and
   keep the promise ourselves: the folded weights are recomputed whenever a source tensor's version counter moves.
+* What a call runs: the fx graph's generated Python (``print(gm.code)``), one line per library call or kernel
+  launch, each launch a light :class:`~fusion.kernels.triton_runtime.Launcher` (Triton's compiled launcher after
+  the first call, not its JIT dispatch). ``options={"cudagraphs": True}`` (off by default) records each inference
+  graph once and replays it as one CUDA graph: see :mod:`fusion.compiler.cudagraphs` for what that promises.
 * ``fusion.backend.reports`` says what became of every graph: regions, generated kernels, library calls,
   fallbacks with their reasons; :func:`summary` adds the graph breaks. To see what Dynamo captured yourself:
   ``torch._dynamo.explain(fn)(*inputs)``, or ``TORCH_LOGS=graph_breaks,graph_code,aot_graphs`` before running.
@@ -43,7 +47,7 @@ import torch.nn as nn
 from fusion import models
 from fusion.aten.capture import decomposition_table
 from fusion.common import fallback_reason, heading, lesson_cli, max_abs_diff, table
-from fusion.compiler import aot, aten_passes, passes
+from fusion.compiler import aot, aten_passes, cudagraphs, partition, passes
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from, summary
 from fusion.conv_bn_fusion import fold_conv_bn_weights
 from fusion.kernels.cublaslt import launched_kernels
@@ -155,7 +159,8 @@ PASSES = [
 
 class Options(passes.Options):
     """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
-    ``codegen`` (regions -> generated Triton kernels; False runs the aten graph as it is)."""
+    ``codegen`` (regions -> generated Triton kernels; False runs the aten graph as it is) and ``cudagraphs``
+    (off by default: each inference graph replayed as one CUDA graph, ``fusion.compiler.cudagraphs``)."""
 
     @classmethod
     def parse(cls, options: dict | None) -> Options:
@@ -167,6 +172,14 @@ class Options(passes.Options):
 
 
 def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
+    """:func:`_kernels`, replayed as one CUDA graph under ``options={"cudagraphs": True}``."""
+    run = _kernels(gm, part, opts)
+    if opts.cudagraphs:
+        run = cudagraphs.maybe_wrap(run, gm, part.kind, part.note_pass)
+    return run
+
+
+def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
     """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
     part.count_folds(gm)
     why = ""
@@ -189,11 +202,20 @@ def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
                 part.kernels = list(compiled.kernels)
                 part.fallbacks += fallbacks_from(compiled.report)
                 part.count_library_calls(gm, part.kernels)
-                return compiled
+                part.graph = compiled
+                compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
+                _note_prims(part, compiled.graph_module.meta.get("prims_to_aten", []))
+                return compiled.forward
     part.compiled = False
     part.fallback("the whole graph", why)
     part.count_library_calls(gm, [])
+    _note_prims(part, partition.prims_to_aten(gm))
     return gm.forward
+
+
+def _note_prims(part: PartReport, changed: list[str]) -> None:
+    if changed:  # a prims op run eagerly is a Python reference implementation: ~10-20 µs of CPU each
+        part.note_pass("prims to aten", [f"{len(changed)} prims call(s)"], "mapped", "outside kernels: aten ops")
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):
@@ -305,6 +327,11 @@ def _compare(title: str, model: nn.Module, inputs: tuple, *, inductor: bool, sho
             launches = len(launched_kernels(model, *inputs))
             t = Timer("f(*x)", globals={"f": model, "x": inputs}).blocked_autorange(min_run_time=0.5).median
         rows.append(("eager", "-", 0, "-", "0", launches, f"{t * 1e6:.1f}"))
+        from fusion.kernels.timing import launch_us
+
+        cost = launch_us([lch for r in mine for p in r.parts for lch in p.launchers()], lambda: ours(*inputs))
+        print(f"CPU per generated-kernel launch: {cost['direct']:.1f} µs through Triton's compiled launcher, "
+              f"{cost['jit']:.1f} µs through its JIT dispatch ({cost['kernels']} kernels)")  # fmt: skip
     headers = ["backend", "graphs", "generated kernels", "library calls", "rel. max |Δ|"]
     headers += ["CUDA kernels / call", "µs / call (wall)"] if want.is_cuda else []
     print(f"\n{table(rows, headers)}")

@@ -5,6 +5,8 @@ Small shapes (the generated kernels run in Triton's interpreter on CPU); every t
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib
 
 import pytest
@@ -434,3 +436,340 @@ def test_cuda_conv_bn_net_uses_the_epilogue():
     epilogue = [p for p in report.parts[0].passes if p[0] == "cudnn epilogue"]
     assert sum(p[2] == "fused" for p in epilogue) == 2, report.table()  # stem and conv1; conv2 is depthwise
     assert any(p[2] == "skipped" and "grouped" in p[3] for p in epilogue)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 23: the launch path, no slow fallbacks, CUDA graphs
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Every graph the partition stage builds (the generated wrapper a compiled call runs), in order."""
+    from fusion.compiler import partition
+
+    graphs = []
+    original = partition.build_compiled_graph
+
+    def spy(gm, plans):
+        graphs.append(original(gm, plans))
+        return graphs[-1]
+
+    monkeypatch.setattr(partition, "build_compiled_graph", spy)
+    return graphs
+
+
+def test_compiled_graph_calls_launchers_checked_on_the_first_call_only(built):
+    from fusion.kernels.triton_runtime import Launcher, ShapeMismatchError
+
+    def f(x, y):
+        h = torch.relu(x * y + 1.0)
+        return h.sum(-1), torch.tanh(h) - y
+
+    x, y = torch.randn(3, 5), torch.randn(5)
+    g = torch.compile(f, backend="fusion", dynamic=False)
+    for _ in range(2):
+        torch.testing.assert_close(g(x, y), f(x, y))
+    (gm,) = built
+    assert not [n for n in gm.graph.nodes if n.op == "call_module"], gm.code
+    launchers = [n.target for n in gm.graph.nodes if isinstance(n.target, Launcher)]
+    assert len(launchers) == len(backend.reports[0].kernels) >= 1
+    assert all(lch.checked and not lch.fallback for lch in launchers)
+    assert launchers[0].__name__ in gm.code  # the wrapper names each kernel it launches
+    with pytest.raises(ShapeMismatchError, match="generated for"):  # the per-call check of the module still holds
+        launchers[0].owner(*[torch.zeros(7, 7) for _ in launchers[0].owner.plan.inputs])
+
+
+def _fake_compiled_kernel(calls):
+    class Compiled:  # what fn[grid](...) returns on a GPU: Triton's CompiledKernel, as far as the launcher reads it
+        function, packed_metadata = "fn-handle", ("packed",)
+
+        def run(self, *args):
+            calls.append(args)
+
+    return Compiled()
+
+
+def test_direct_launcher_passes_what_tritons_compiled_launcher_takes():
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    from fusion.kernels.triton_runtime import direct_launcher
+
+    class Jit:
+        arg_names = ["in_ptr0", "out_ptr0", "xnumel_unused", "XBLOCK"]
+        run = JITFunction.run  # this Triton's: does it pass constexprs on to the compiled launcher?
+
+    calls = []
+    a, b = torch.zeros(2), torch.zeros(2)
+    with pytest.raises(KeyError):  # a parameter we would not pass: no direct path
+        direct_launcher(Jit(), _fake_compiled_kernel(calls), 3, 2, {"XBLOCK": 8}, torch.device("cuda", 0))
+    Jit.arg_names = ["in_ptr0", "out_ptr0", "XBLOCK"]
+    launch = direct_launcher(Jit(), _fake_compiled_kernel(calls), 3, 2, {"XBLOCK": 8}, torch.device("cuda", 0),
+                             get_stream=lambda index: 1000 + index)  # fmt: skip
+    launch(a, b)
+    assert calls == [(3, 1, 1, 1000, "fn-handle", ("packed",), None, None, None, a, b, 8)]
+    old, hook = knobs.runtime.launch_enter_hook, lambda *args: None
+    if hasattr(old, "add"):  # Triton 3.9: a chain of hooks
+        old.add(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
+    try:
+        with pytest.raises(RuntimeError, match="hook"):  # a profiler's hook: the JIT call gives it its metadata
+            launch(a, b)
+    finally:
+        if hasattr(old, "remove"):
+            old.remove(hook)
+        knobs.runtime.launch_enter_hook = old
+
+
+def test_a_failing_direct_launch_falls_back_to_the_jit_once_with_the_right_answer(built):
+    def f(x):
+        return torch.sigmoid(x * 3.0) + x
+
+    x = torch.randn(4, 6)
+    g = torch.compile(f, backend="fusion", dynamic=False)
+    torch.testing.assert_close(g(x), f(x))
+    (launcher,) = [n.target for n in built[0].graph.nodes if type(n.target).__name__ == "Launcher"]
+    tries = []
+
+    def broken(*tensors):
+        tries.append(len(tensors))
+        raise RuntimeError("launch failed")
+
+    launcher.direct, launcher._aligned = broken, [0]
+    unaligned = torch.randn(25)[1:].view(4, 6)  # 4 bytes past an aligned allocation: another Triton specialisation
+    torch.testing.assert_close(launcher(unaligned)[0], f(unaligned))
+    assert tries == []  # the JIT took that call
+    for _ in range(2):
+        torch.testing.assert_close(g(x), f(x))
+    assert tries == [2] and launcher.direct is None and "launch failed" in launcher.fallback
+
+
+def _prims_calls(gm) -> list[str]:
+    return [
+        n.name for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "prims"
+    ]
+
+
+@pytest.mark.parametrize("codegen", [True, False])
+def test_no_prims_call_runs_outside_generated_kernels(built, codegen):
+    def f(x, w):  # a lone dtype cast before a matmul (prims.convert_element_type), an arange (prims.iota)
+        h = x.to(torch.float64) @ w
+        return h + torch.arange(h.shape[-1], dtype=torch.float64), x.to(torch.float16)
+
+    x, w = torch.randn(3, 4), torch.randn(4, 5, dtype=torch.float64)
+    opts = {"codegen": codegen}
+    g = torch.compile(f, backend="fusion", dynamic=False, options=opts)
+    torch.testing.assert_close(g(x, w), f(x, w))
+    (report,) = backend.reports
+    assert any(p[0] == "prims to aten" for p in report.parts[0].passes), report.table()
+    assert not any("prims" in op for op in report.parts[0].library_calls), report.table()
+    if codegen:
+        (gm,) = built
+        assert not _prims_calls(gm), gm.code
+
+
+def test_attention_stays_one_library_call(built):
+    class Attention(nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0 + q
+
+    q, mask = torch.randn(2, 3, 5, 4), torch.randn(2, 1, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            torch.compile(Attention(), backend="fusion")(q, q, q, mask), Attention()(q, q, q, mask)
+        )
+    calls = backend.reports[0].parts[0].library_calls
+    assert sum(c for op, c in calls.items() if "scaled_dot_product" in op) == 1, calls
+    assert not {"bmm", "_safe_softmax", "_softmax", "mm"} & set(calls), calls
+
+
+def test_tiny_bert_has_one_attention_call_no_prims_no_copies(built):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=100, max_position_embeddings=64)  # fmt: skip
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 10:] = 0  # padding: the attention mask is a real input
+    with torch.no_grad():
+        got = torch.compile(model, backend="fusion")(ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(got, model(ids, attention_mask=mask).last_hidden_state)
+    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    assert sum(c for op, c in calls.items() if "scaled_dot_product" in op) == 1, calls
+    assert not {"bmm", "_safe_softmax", "clone", "copy_", "copy"} & set(calls), calls
+    assert built and not any(_prims_calls(gm) for gm in built)
+
+
+def test_cudagraphs_option_is_a_noop_on_cpu_with_a_note():
+    if torch.cuda.is_available():
+        pytest.skip("the CPU behaviour")
+    f = torch.compile(lambda x: torch.relu(x * 2.0) + 1.0, backend="fusion", options={"cudagraphs": True})
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(f(x), torch.relu(x * 2.0) + 1.0)
+    notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "cudagraphs"]
+    assert notes and notes[0][2] == "skipped" and "CPU" in notes[0][3], backend.reports[0].table()
+    backend.reset()
+    w = torch.randn(4, requires_grad=True)
+    g = torch.compile(lambda x: torch.relu(x * w).sum(), backend="fusion", options={"cudagraphs": True})
+    g(x).backward()  # a training graph: forward and backward run as they are, with the reason
+    torch.testing.assert_close(w.grad, (x * (x * w > 0)).sum(0))
+    notes = [(part.kind, p) for part in backend.reports[0].parts for p in part.passes if p[0] == "cudagraphs"]
+    assert {k for k, _ in notes} == {"forward", "backward"} and all("inference" in p[3] for _, p in notes), notes
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+
+
+def _graph_runner():
+    from fusion.compiler.cudagraphs import CudaGraphRunner
+
+    runners = [p for r in backend.reports for part in r.parts for p in part.passes if p[0] == "cudagraphs"]
+    assert runners and runners[0][2].startswith("recorded"), backend.reports[0].table()
+    return CudaGraphRunner
+
+
+@cuda
+def test_cudagraphs_replay_follows_inputs_and_parameters():
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16)).cuda().eval()
+    g = torch.compile(model, backend="fusion", options={"cudagraphs": True})
+    with torch.no_grad():
+        x1, x2 = torch.randn(4, 8, device="cuda"), torch.randn(4, 8, device="cuda")
+        a = g(x1)
+        torch.testing.assert_close(a, model(x1))
+        b = g(x2)  # a new input, at another address: copied into the graph's buffer
+        torch.testing.assert_close(b, model(x2))
+        torch.testing.assert_close(a, model(x1))  # the first output was not overwritten by the replay
+        assert a.data_ptr() != b.data_ptr()
+        x2.mul_(3.0)  # same address, new contents
+        torch.testing.assert_close(g(x2), model(x2))
+        model[0].weight.mul_(0.5)  # an in-place parameter update: the replay reads it
+        torch.testing.assert_close(g(x1), model(x1))
+        model[2].weight = nn.Parameter(torch.randn(16, device="cuda"))  # replaced: a new address
+        torch.testing.assert_close(g(x1), model(x1))
+    _graph_runner()
+
+
+@cuda
+def test_cudagraphs_refreshes_folded_batch_norm_and_copies_back_mutated_inputs():
+    net = models.ConvBNNet(width=8).cuda().eval()
+    (x,) = models.conv_inputs(batch=2, size=8)
+    x = x.cuda()
+    g = torch.compile(net, backend="fusion", options={"cudagraphs": True})
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), net(x), rtol=1e-3, atol=1e-3)
+        net.bn1.running_var.mul_(4.0)  # a refold: new folded weights at a new address
+        torch.testing.assert_close(g(x), net(x), rtol=1e-3, atol=1e-3)
+        assert backend.reports[0].parts[0].folded
+
+    def bump(t, y):
+        t.add_(1.0)
+        return t * y
+
+    backend.reset()
+    h = torch.compile(bump, backend="fusion", options={"cudagraphs": True})
+    t, y = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+    with torch.no_grad():
+        h(t, y)
+        out = h(t, y)
+    torch.testing.assert_close(t, torch.full_like(t, 2.0))  # each call bumped the caller's tensor once
+    torch.testing.assert_close(out, torch.full_like(t, 2.0))
+
+
+@cuda
+def test_cuda_attention_is_one_fused_kernel_call():
+    class Attention(nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q = torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.bfloat16)
+    mask = torch.zeros(2, 1, 64, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(Attention(), backend="fusion")(q, q, q, mask),
+                                   Attention()(q, q, q, mask), rtol=2e-2, atol=2e-2)  # fmt: skip
+    calls = backend.reports[0].parts[0].library_calls
+    fused = {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention"}  # fmt: skip
+    assert sum(c for op, c in calls.items() if op in fused) == 1, calls
+    assert not {"bmm", "_safe_softmax", "_to_copy"} & set(calls), calls
+
+
+@cuda
+def test_cuda_launch_cost_is_measured():
+    from fusion.codegen import compile_graph
+    from fusion.kernels.timing import launch_us
+
+    def f(x):
+        return torch.relu(x * 2.0) + 1.0, torch.softmax(x, -1)
+
+    x = torch.randn(64, 256, device="cuda")
+    compiled = compile_graph(torch.fx.experimental.proxy_tensor.make_fx(f)(x), [x])
+    cost = launch_us(compiled.launchers, lambda: compiled(x), calls=50)
+    print(f"per launch: direct {cost['direct']:.1f} us, Triton's JIT {cost['jit']:.1f} us")
+    assert cost["kernels"] >= 1 and cost["fallbacks"] == 0  # no timing assert: the number is printed
+
+
+class _ReplayByRunning:
+    """torch.cuda as CudaGraphRunner uses it, on a CPU: "recording" runs the function, a replay runs it again on
+    the recorded input tensors and writes the results into the recorded outputs (a CUDA graph's address rules)."""
+
+    device_type = "cpu"
+    runner = None
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @staticmethod
+    def current_stream():
+        return _ReplayByRunning.Stream()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def stream(s):
+        yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(g):
+        yield
+
+    class CUDAGraph:
+        def replay(self):
+            r = _ReplayByRunning.runner
+            for out, new in zip(r.outputs, r.run(*r.inputs), strict=True):
+                out.copy_(new)
+
+
+def test_cuda_graph_runner_address_rules_on_a_stand_in():
+    from fusion.compiler.cudagraphs import CudaGraphRunner
+
+    def run(x, w, t):  # w: a parameter (read in place); t: an input the graph writes (functionalized: a copy_)
+        t.copy_(t + 1.0)
+        return (x @ w + 1.0,)
+
+    r = _ReplayByRunning.runner = CudaGraphRunner(run, static={1}, mutated=[2], cuda=_ReplayByRunning)
+    x1, x2, w, t = torch.randn(2, 3), torch.randn(2, 3), torch.randn(3, 4), torch.zeros(2)
+    (a,) = r(x1, w, t)
+    torch.testing.assert_close(a, x1 @ w + 1.0)
+    (b,) = r(x2, w, t)  # a new input: copied into the graph's buffer
+    torch.testing.assert_close(b, x2 @ w + 1.0)
+    torch.testing.assert_close(a, x1 @ w + 1.0)  # handed-out outputs are never the buffers a replay overwrites
+    x2.mul_(3.0)  # same tensor, new contents
+    torch.testing.assert_close(r(x2, w, t)[0], x2 @ w + 1.0)
+    w.mul_(0.5)  # a parameter updated in place: the replay reads it at its address
+    torch.testing.assert_close(r(x1, w, t)[0], x1 @ w + 1.0)
+    assert r.recordings == 1
+    w2 = torch.randn(3, 4)  # a parameter replaced: a new address, recorded again
+    torch.testing.assert_close(r(x1, w2, t)[0], x1 @ w2 + 1.0)
+    assert r.recordings == 2 and r.replays == 5 and not r.error
+    torch.testing.assert_close(t, torch.full((2,), 5.0))  # five calls, each wrote the caller's tensor once
+
+
+def test_cuda_graphs_refuse_an_output_aliasing_an_input():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion.compiler.cudagraphs import _outputs_aliasing_inputs
+
+    gm = make_fx(lambda x, y: (x[1:].t(), x * 2.0, y))(torch.randn(3, 2), torch.randn(2))
+    assert len(_outputs_aliasing_inputs(gm)) == 2, gm.code  # the view of x, and y itself

@@ -45,6 +45,12 @@ def _with_lowering(decomposition: Callable) -> Callable:
     return run
 
 
+# Attention stays one library call without an entry here: Inductor's table "decomposes" the CompositeImplicit
+# aten.scaled_dot_product_attention by running torch's own dispatch (op.decompose), which picks the fused kernel for
+# the (fake) inputs' device, dtype and mask: _scaled_dot_product_flash_attention / _efficient_attention /
+# _cudnn_attention on CUDA, _scaled_dot_product_flash_attention_for_cpu on a CPU; none of those is in the table
+# (Inductor drops the _for_cpu math decomposition), so the graph keeps that one call. Only where torch itself would
+# run the math path (no fused kernel takes the inputs) does the graph show bmm + softmax.
 # The ops the course leaves whole although Inductor's table decomposes them: none today. A pass that wants to match
 # an op before it is decomposed passes it as ``keep`` for its own capture (the backend keeps eval-mode batch norm for
 # the fold, then decomposes what the fold left with the full table); an op listed here would be kept everywhere.

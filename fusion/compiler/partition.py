@@ -13,8 +13,12 @@
   A region the generator refuses (:class:`~fusion.compiler.ir.Unsupported`) at one of its nodes is cut there: that
   node runs as an aten call and the pieces around it come back into the loop. Any other exception is a generator
   bug: raised in tests and practice workspaces (``fusion.common.fallback_reason``), a fallback reason otherwise.
-* :func:`build_compiled_graph` — the original graph with every kernel's region replaced by one ``call_module`` of
-  its :class:`~fusion.kernels.triton_runtime.RegionKernel`; everything else (matmul, conv, fallbacks) stays aten.
+* :func:`build_compiled_graph` — the original graph with every kernel's region replaced by one call of its
+  :class:`~fusion.kernels.triton_runtime.Launcher` (the :class:`~fusion.kernels.triton_runtime.RegionKernel` stays a
+  submodule, to inspect); everything else (matmul, conv, fallbacks) stays aten, with ``prims`` ops outside kernels
+  mapped to their aten ops (:func:`prims_to_aten`). The GraphModule's generated ``forward`` is the wrapper a call
+  runs: straight-line Python, one line per launch or library call, intermediates freed after their last use (what
+  Inductor's ``call(args)`` is, written by fx's code generator instead of ours).
 * :class:`CompiledGraph` / :class:`CompiledModel` — what Phase 8 and Phase 9 run.
 """
 
@@ -53,14 +57,51 @@ class CompiledGraph(torch.nn.Module):
     @property
     def library_calls(self) -> int:
         """aten calls per call that are not generated kernels (matmul, conv, ops of fallback regions, lone ops)."""
-        return sum(n.op == "call_function" and not is_view_node(n) for n in self.graph_module.graph.nodes)
+        return sum(
+            n.op == "call_function" and not isinstance(n.target, rt.Launcher) and not is_view_node(n)
+            for n in self.graph_module.graph.nodes
+        )
 
     @property
     def code(self) -> str:
         return self.graph_module.code
 
+    check_inputs = True  # the backend turns it off: Dynamo's guards already pin every input's shape and strides
+
+    @property
+    def input_specs(self) -> list[tuple[str, tuple, tuple, torch.dtype] | None]:
+        """(name, shape, stride, dtype) per graph input the call is checked against (None: not a static tensor)."""
+        specs = self.__dict__.get("_input_specs")
+        if specs is None:
+            specs = []
+            for node in self.graph_module.graph.find_nodes(op="placeholder"):
+                v = node.meta.get("val")
+                static = isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in (*v.shape, *v.stride()))
+                specs.append((node.name, tuple(v.shape), tuple(v.stride()), v.dtype) if static else None)
+            self.__dict__["_input_specs"] = specs
+        return specs
+
+    def check(self, args: Sequence[object]) -> None:
+        """Once per call, at the entry: every input as the kernels were generated for (they trust it after)."""
+        for spec, t in zip(self.input_specs, args, strict=False):
+            if spec is None or not isinstance(t, torch.Tensor):
+                continue
+            name, shape, stride, dtype = spec
+            if t.shape != shape or t.dtype != dtype or (t.stride() != stride and not rt._same_layout(t, stride)):
+                raise rt.ShapeMismatchError(
+                    f"compiled graph input {name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, but its kernels "
+                    f"were generated for {shape} stride {stride} {dtype}. Fix: compile again with example inputs of the "
+                    "shapes (and memory layout) you call it with"
+                )
+
     def forward(self, *args):
+        if self.check_inputs and self.kernels:
+            self.check(args)
         return self.graph_module.forward(*args)  # forward itself: no second Module.__call__ per call
+
+    @property
+    def launchers(self) -> list[rt.Launcher]:
+        return [m.launch for m in self.graph_module.modules() if isinstance(m, rt.RegionKernel)]
 
 
 def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str = "compile_graph") -> None:
@@ -155,16 +196,74 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
         if id(plan) in done:
             continue
         done.add(id(plan))
-        root.add_module(plan.kernel.name, rt.RegionKernel(plan))
-        call = graph.call_module(plan.kernel.name, tuple(env[n] for n in plan.inputs))
+        kernel = rt.RegionKernel(plan)
+        root.add_module(plan.kernel.name, kernel)  # kept to inspect; the graph calls its launcher, not the module
+        call = graph.call_function(kernel.launch, tuple(env[n] for n in plan.inputs))
+        call.meta["kernel"] = plan.kernel.name
         for i, out in enumerate(plan.outputs):
             item = graph.call_function(operator.getitem, (call, i))
             item.meta = copy.copy(out.meta)
             env[out] = item
     new = fx.GraphModule(root, graph, class_name="CompiledGraph")
+    new.meta["prims_to_aten"] = prims_to_aten(new)
     new.graph.lint()
     new.recompile()
     return new
+
+
+prims = torch.ops.prims
+aten = torch.ops.aten
+
+
+def _iota(length, *, start, step, dtype, device, requires_grad):
+    return aten.arange.start_step(start, start + length * step, step, dtype=dtype, device=device)
+
+
+# prims ops that Inductor's decompositions emit and Inductor lowers itself: run eagerly, each is a Python reference
+# implementation (~10-20 µs of CPU per call). Outside a generated kernel they become the aten op that does the same:
+# prims.convert_element_type(x, dtype) -> aten._to_copy(x, dtype=dtype) (below), and these.
+PRIMS_TO_ATEN = {prims.iota.default: _iota}
+
+
+def _same_strides_as_input(node: fx.Node) -> bool:
+    """aten._to_copy keeps a dense input's strides; the graph was traced with prims' strides: they must agree."""
+    x, out = node.args[0], node.meta.get("val")
+    xv = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return _dense(xv) and tuple(xv.stride()) == tuple(out.stride())
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims may have any stride)."""
+    expected = 1
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def prims_to_aten(gm: fx.GraphModule) -> list[str]:
+    """Replace every ``prims`` call of ``gm`` (outside generated kernels: they are launcher calls by now) by its aten
+    op. Returns the nodes changed; a prims op without an entry in :data:`PRIMS_TO_ATEN` is left as it is."""
+    changed = []
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target.namespace != "prims":
+            continue
+        if target is prims.convert_element_type.default and _same_strides_as_input(node):
+            x, dtype = node.args
+            node.target, node.args, node.kwargs = aten._to_copy.default, (x,), {"dtype": dtype}
+        elif target in PRIMS_TO_ATEN:
+            node.target = PRIMS_TO_ATEN[target]
+        else:
+            continue
+        changed.append(f"{node.name}: {target}")
+    if changed:
+        gm.recompile()
+    return changed
 
 
 class CompiledModel(torch.nn.Module):

@@ -33,7 +33,9 @@ class Pass:
 class Options:
     """``options={...}`` of ``torch.compile(..., backend="fusion")``: one switch per pass, plus ``codegen``."""
 
-    STAGES = {"codegen": True}  # switches that are stages of the pipeline, not passes
+    # Switches that are stages of the pipeline, not passes: codegen (regions -> generated Triton kernels) and
+    # cudagraphs (replay each inference graph as one CUDA graph: fusion.compiler.cudagraphs; a no-op on a CPU).
+    STAGES = {"codegen": True, "cudagraphs": False}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, bool] | None = None) -> None:
         self.passes = list(passes)

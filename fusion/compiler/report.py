@@ -41,6 +41,10 @@ class PartReport:
     folded: int = 0  # convolutions reading weights folded at run time (graph inputs marked by install_folds)
     # Functions args -> list of tensors, appended to each call's args in order (a pass's new inputs: folded weights)
     extra_inputs: list[Callable] = field(default_factory=list)
+    graph: object = None  # the CompiledGraph a call runs (None: not compiled); .launchers, .code
+
+    def launchers(self) -> list:
+        return list(getattr(self.graph, "launchers", ()))
 
     def note_pass(self, name: str, nodes: Iterable[str], action: str, note: str = "") -> None:
         self.passes.append((name, " → ".join(nodes), action, note))

@@ -3,12 +3,13 @@ events, and each kernel beside Phase 6's prediction (external bytes ÷ copy band
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from fusion.compiler.partition import CompiledGraph, CompiledModel
-from fusion.kernels.triton_runtime import RegionKernel
+from fusion.kernels.triton_runtime import Launcher, RegionKernel
 
 
 def wall_us(fn: Callable[..., object], *args: object) -> float:
@@ -25,13 +26,14 @@ def kernel_gpu_us(compiled: CompiledGraph, flat_inputs: Sequence[torch.Tensor], 
     back-to-back launches of that kernel alone, on the inputs it received in that call (outputs preallocated)."""
     captured: dict[RegionKernel, tuple] = {}
     kernels = [m for m in compiled.graph_module.modules() if isinstance(m, RegionKernel)]
-    hooks = [m.register_forward_pre_hook(lambda mod, args: captured.setdefault(mod, args)) for m in kernels]
+    for m in kernels:  # the graph calls each kernel's launcher: record the inputs of its first call
+        m.launch.spy = lambda args, m=m: captured.setdefault(m, tuple(args))
     try:
         with torch.no_grad():
             compiled(*flat_inputs)
     finally:
-        for h in hooks:
-            h.remove()
+        for m in kernels:
+            m.launch.spy = None
     rows = []
     for mod, args in captured.items():
         launch, _ = mod._launcher(args)
@@ -45,6 +47,39 @@ def kernel_gpu_us(compiled: CompiledGraph, flat_inputs: Sequence[torch.Tensor], 
         end.synchronize()
         rows.append((mod.kernel, start.elapsed_time(end) * 1e3 / launches))
     return rows
+
+
+def launch_us(launchers: Sequence[Launcher], call: Callable[[], object], calls: int = 200) -> dict[str, float]:
+    """CPU cost of one launch, in µs, averaged over ``launchers`` (e.g. ``CompiledGraph.launchers``): ``call()``
+    runs the compiled code twice (the second goes through the direct launchers) while recording each kernel's inputs,
+    then each kernel is launched ``calls`` times back to back, host time only. ``direct``: what a compiled graph
+    does after its first call (Triton's compiled launcher, outputs allocated); ``jit``: Triton's JIT dispatch, what
+    it did before. Target: direct <= 10 µs. CUDA only."""
+    captured: dict[Launcher, tuple] = {}
+    for lch in launchers:
+        lch.spy = lambda args, lch=lch: captured.setdefault(lch, tuple(args))
+    try:
+        with torch.no_grad():
+            call()
+            call()
+    finally:
+        for lch in launchers:
+            lch.spy = None
+    total = {"direct": 0.0, "jit": 0.0}
+    for lch, args in captured.items():
+        jit, _ = lch.owner._launcher(args)
+        for name, fn in (("direct", lambda lch=lch, args=args: lch(*args)), ("jit", jit)):
+            fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            total[name] += (time.perf_counter() - start) / calls
+            torch.cuda.synchronize()
+    n = max(len(captured), 1)
+    fallbacks = sum(bool(lch.fallback) for lch in captured)
+    return {"kernels": len(captured), "direct": total["direct"] / n * 1e6, "jit": total["jit"] / n * 1e6,
+            "fallbacks": fallbacks}  # fmt: skip
 
 
 def gpu_cases(quick: bool) -> list[tuple[str, torch.nn.Module, tuple]]:

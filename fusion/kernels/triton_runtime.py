@@ -7,7 +7,9 @@
   Triton's interpreter; kernels for CUDA tensors are compiled by Triton.
 * :class:`RegionKernel` — one :class:`~fusion.compiler.ir.KernelPlan` as a module: check the inputs against what
   the source was specialised for, allocate the outputs, launch on the grid, rebuild escaping views.
-  ``_launcher(inputs)`` returns the bare launch (a cached launcher or a CUDA graph would replace that closure).
+  ``_launcher(inputs)`` returns the bare launch (the timing module launches it alone).
+* :class:`Launcher` — the call a compiled graph makes per kernel: inputs checked on the first call only, outputs
+  from precomputed specs, and on CUDA the compiled kernel's own launcher instead of the JIT's dispatch.
 
 The graph around the launches is built by ``fusion.compiler.partition``; GPU timings live in ``fusion.kernels.timing``.
 """
@@ -15,6 +17,7 @@ The graph around the launches is built by ``fusion.compiler.partition``; GPU tim
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -28,7 +31,7 @@ import torch.fx as fx
 
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
 
-__all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "RegionKernel", "ShapeMismatchError", "load_kernel"]
+__all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
 __all__ += ["cache_dir", "triton_status"]
 
 # Kept for tests/test_codegen.py's fixture (monkeypatch.setattr(rt, "STRICT", True)); strictness itself is
@@ -117,7 +120,11 @@ class ShapeMismatchError(ValueError):
 
 
 class RegionKernel(torch.nn.Module):
-    """One region = one launch. Called with the region's external inputs, returns its external outputs (a tuple)."""
+    """One region = one launch. Called with the region's external inputs, returns its external outputs (a tuple).
+
+    ``forward`` checks the inputs at every call (Phase 8's lesson calls it directly); a compiled graph calls
+    :attr:`launch` (a :class:`Launcher`) instead: no ``Module.__call__``, the check on its first call only.
+    """
 
     def __init__(self, plan: KernelPlan) -> None:
         super().__init__()
@@ -127,6 +134,7 @@ class RegionKernel(torch.nn.Module):
         vals = [node.meta["val"] for node in plan.stored]
         self._out_specs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in vals]
         self._configs: dict[str, tuple[int, dict[str, int]]] = {}  # device type -> (programs, constexprs)
+        self.launch = Launcher(self)
 
     @property
     def kernel(self) -> GeneratedKernel:
@@ -138,25 +146,32 @@ class RegionKernel(torch.nn.Module):
             fn = self._compiled[interpret] = load_kernel(self.kernel.source, self.kernel.name, interpret=interpret)
         return fn
 
-    def _launcher(self, inputs: Sequence[torch.Tensor]) -> tuple[Callable[[], None], list[torch.Tensor]]:
-        """Check the inputs, allocate the outputs; return (launch once, the outputs it writes)."""
-        plan = self.plan
-        for node, t, want in zip(plan.inputs, inputs, plan.input_meta, strict=True):
+    def check(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Raise :class:`ShapeMismatchError` unless every input has the shape, strides and dtype generated for."""
+        for node, t, want in zip(self.plan.inputs, inputs, self.plan.input_meta, strict=True):
             if t.shape != want[0] or t.dtype != want[2] or (t.stride() != want[1] and not _same_layout(t, want[1])):
                 raise ShapeMismatchError(
                     f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
                     f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "
                     "with example inputs of the shapes (and memory layout) you call it with"
                 )
+
+    def config(self, device: torch.device) -> tuple[int, dict[str, int]]:
+        config = self._configs.get(device.type)
+        if config is None:
+            config = self._configs[device.type] = self.plan.launch_config(device)
+        return config
+
+    def _launcher(self, inputs: Sequence[torch.Tensor]) -> tuple[Callable[[], None], list[torch.Tensor]]:
+        """Check the inputs, allocate the outputs; return (launch once through Triton's JIT, the outputs it writes)."""
+        plan = self.plan
+        self.check(inputs)
         device = inputs[0].device if inputs else torch.device("cpu")
         outs = [
             torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self._out_specs
         ]
         fn = self._function(interpret=device.type != "cuda")
-        config = self._configs.get(device.type)
-        if config is None:
-            config = self._configs[device.type] = plan.launch_config(device)
-        grid, constexprs = config
+        grid, constexprs = self.config(device)
 
         def launch() -> None:
             if grid > 0:
@@ -167,9 +182,137 @@ class RegionKernel(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> tuple:
         launch, outs = self._launcher(inputs)
         launch()
-        values: dict[fx.Node, object] = dict(zip(self.plan.stored, outs, strict=True))
-        values.update(zip(self.plan.inputs, inputs, strict=True))
-        return tuple(_rebuild(node, values) for node in self.plan.outputs)
+        return self.launch.results(inputs, outs)
+
+
+class Launcher:
+    """A kernel's launch as a compiled graph calls it: ``launch(*inputs) -> outputs``, the least Python per call.
+
+    * The first call checks the inputs (:meth:`RegionKernel.check`) and launches through Triton's JIT (which
+      compiles). Later calls trust them: the graph's entry is checked (Dynamo's guards in the backend,
+      ``CompiledGraph.check_inputs`` otherwise) and every tensor inside the graph follows from it.
+    * Outputs come from precomputed (shape, stride, dtype, device).
+    * On CUDA, later calls skip the JIT's dispatch (argument binding, specialisation key, cache lookup: ~20-30 µs)
+      and call the compiled kernel's launcher directly, as Inductor's ``CachingAutotuner`` does:
+      ``CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter_hook,
+      exit_hook, *args)`` (Triton 3.4-3.9). Any failure of that path falls back to the JIT call for good, recorded
+      in :attr:`fallback` (a kernel only writes its outputs, so launching again is safe): never a wrong answer.
+    * Triton specialises a kernel on which pointers are 16-byte aligned: a call whose input lost the alignment it
+      was compiled with (a slice of a user's tensor) goes through the JIT, which compiles that variant.
+    * In Triton's CPU interpreter everything stays the JIT call (the kernel's own Python dominates there).
+    """
+
+    def __init__(self, owner: RegionKernel) -> None:
+        self.owner = owner
+        self.__name__ = self.__qualname__ = owner.kernel.name  # how the compiled graph's code names it
+        self.checked = False
+        self.direct: Callable | None = None  # (*inputs, *outs) -> None once the compiled kernel is known (CUDA)
+        self.fallback = ""  # why the direct path is off ("" while it is on, or untried)
+        self.launches = 0  # calls through the direct path
+        self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
+        plan = owner.plan
+        where: dict[fx.Node, tuple[int, int]] = {n: (1, i) for i, n in enumerate(plan.stored)}
+        for i, n in enumerate(plan.inputs):
+            where.setdefault(n, (0, i))
+        picks = [where.get(n) for n in plan.outputs]
+        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt in Python
+        self._device: torch.device | None = None
+        self._specs: list[tuple] = []
+        self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
+
+    def results(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> tuple:
+        """The region's external outputs from the call's inputs and the kernel's stored tensors."""
+        if self._picks is not None:
+            both = (inputs, outs)
+            return tuple(both[k][i] for k, i in self._picks)
+        plan = self.owner.plan
+        values: dict[fx.Node, object] = dict(zip(plan.stored, outs, strict=True))
+        values.update(zip(plan.inputs, inputs, strict=True))
+        return tuple(_rebuild(node, values) for node in plan.outputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        if self.spy is not None:
+            self.spy(inputs)
+        direct = self.direct
+        if direct is None or (self._aligned and any(inputs[i].data_ptr() & 15 for i in self._aligned)):
+            return self._first(inputs)  # Triton specialised the kernel on 16-byte aligned pointers: not this call
+        outs = [torch.empty_strided(s, st, dtype=dt, device=self._device) for s, st, dt in self._specs]
+        try:
+            direct(*inputs, *outs)
+        except Exception as e:  # noqa: BLE001 - any failure: the JIT call, from now on
+            self.direct = None
+            self.fallback = f"direct launch failed ({type(e).__name__}: {str(e)[:120]}); Triton's JIT call from now on"
+            self.checked = True
+            return self._first(inputs)
+        self.launches += 1
+        return self.results(inputs, outs)
+
+    def _first(self, inputs: Sequence[torch.Tensor]) -> tuple:
+        """Check (once), allocate, launch through the JIT; on CUDA keep the compiled kernel's launcher."""
+        owner = self.owner
+        if not self.checked:
+            owner.check(inputs)
+            self.checked = True
+        device = inputs[0].device if inputs else torch.device("cpu")
+        self._device = device
+        self._specs = owner._out_specs
+        outs = [torch.empty_strided(s, st, dtype=dt, device=device) for s, st, dt in self._specs]
+        fn = owner._function(interpret=device.type != "cuda")
+        grid, constexprs = owner.config(device)
+        if grid > 0:
+            compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.plan.num_warps, **constexprs)
+            if device.type == "cuda" and not self.fallback:
+                try:
+                    self._aligned = [i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0]
+                    self.direct = direct_launcher(fn, compiled, grid, len(inputs) + len(outs), constexprs, device)
+                except Exception as e:  # noqa: BLE001 - an older/newer Triton: keep the JIT call
+                    self.fallback = f"no direct launcher ({type(e).__name__}: {str(e)[:120]})"
+        return self.results(inputs, outs)
+
+
+def direct_launcher(
+    fn, compiled, grid: int, n_tensors: int, constexprs: dict[str, int], device: torch.device, get_stream=None
+):
+    """``launch(*tensors)``: the compiled kernel's own launcher, skipping the JIT's dispatch (CUDA only).
+
+    ``compiled`` is what ``fn[grid](...)`` returned (Triton's ``CompiledKernel``). Its launcher takes every bound
+    argument of the JIT function in order, constexprs included (they are ignored), after the grid, stream,
+    function handle and metadata. A profiling hook (``triton.knobs.runtime.launch_enter_hook``) set later still
+    gets its call: with a hook set, the launch goes through the JIT.
+    """
+    from triton import knobs
+
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    names = list(fn.arg_names)
+    tail = [constexprs[name] for name in names[n_tensors:]]  # KeyError: a parameter we do not pass: no fast path
+    if len(names) != n_tensors + len(tail):
+        raise TypeError(f"{fn.arg_names} is not (tensors..., constexprs...)")
+    if not _launcher_takes_constexprs(type(fn)):  # Triton 3.2-3.3 passed the non-constexpr arguments only
+        tail = []
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    get_stream = get_stream or torch._C._cuda_getCurrentRawStream  # (device index) -> the current stream, an int
+    runtime = knobs.runtime
+
+    def launch(*tensors: torch.Tensor) -> None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+            raise RuntimeError("a Triton launch hook is set: the JIT call gives it its metadata")
+        run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
+
+    return launch
+
+
+@functools.cache
+def _launcher_takes_constexprs(jit_class: type) -> bool:
+    """Does this Triton's ``JITFunction.run`` hand the compiled launcher every bound argument, constexprs included
+    (3.4 and later: ``*bound_args.values()``), or only the others (``*non_constexpr_vals``)? Read from its source."""
+    import inspect
+
+    return "non_constexpr_vals" not in inspect.getsource(jit_class.run)
+
+
+def _hooked(hook) -> bool:
+    """Is a launch hook set? Triton 3.6 keeps a function or None; 3.9 a ``HookChain`` whose ``calls`` may be empty."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
