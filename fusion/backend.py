@@ -154,7 +154,15 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", lambda gm, part: aten_passes.split_conv_bias(gm, part.note_pass), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
+    passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
+                doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
 ]  # fmt: skip
+
+
+def _overlap(gm: fx.GraphModule, part: PartReport) -> None:
+    from fusion.overlap import overlap_pass  # Phase 10's scheduler (imported only when the option is on)
+
+    overlap_pass(gm, part.note_pass)
 
 
 class Options(passes.Options):

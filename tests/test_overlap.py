@@ -354,3 +354,29 @@ def test_gloo_scheduled_equals_unscheduled_bit_for_bit_and_a_mismatch_is_caught(
         for kind in ("dp", "fsdp"):
             assert rank[kind]["bitwise"], (kind, rank)
             assert rank[kind]["units_moved"] > 0 and rank[kind]["max_diff_vs_eager"] < 1e-4
+
+
+def test_backend_option_overlap_schedules_a_compiled_distributed_function():
+    """torch.compile(fn, backend="fusion", options={"overlap": True}): the pass runs on Dynamo's graph, notes every
+    collective, and the answers equal the unscheduled compile."""
+    import torch.distributed._functional_collectives as funcol
+
+    from fusion import backend
+    from fusion.comms.capture import _group, ensure_fake_group
+
+    ensure_fake_group(2)
+
+    def fn(a, b, w):
+        r = funcol.all_reduce(a, "sum", _group())  # the collective ...
+        h = torch.relu(b @ w) * 2.0 + 1.0  # ... and compute that does not need it
+        return r * 0.5 + h.sum()
+
+    args = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    outs, notes = [], []
+    for opts in ({}, {"overlap": True}):
+        torch._dynamo.reset()
+        backend.reset()
+        outs.append(torch.compile(fn, backend="fusion", options=opts)(*args))
+        notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
+    torch.testing.assert_close(outs[1], outs[0])
+    assert not notes[0] and notes[1] and all(n[2] != "skipped" for n in notes[1]), notes
