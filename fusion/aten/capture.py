@@ -116,10 +116,21 @@ def capture_aten(
     modes = {t.fake_mode for t in inputs if isinstance(t, FakeTensor)}
     fake_mode = modes.pop() if len(modes) == 1 else FakeTensorMode(allow_non_fake_inputs=False)
     fake = [t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t) for t in [*named.values(), *inputs]]
-    with fake_mode:
-        gm = make_fx(
-            functionalize(flat_forward, remove="mutations"), decomposition_table=decomposition_table(decompose)
-        )(*fake)
+    try:
+        with fake_mode:
+            gm = make_fx(
+                functionalize(flat_forward, remove="mutations"), decomposition_table=decomposition_table(decompose)
+            )(*fake)
+    except Exception as e:  # a branch on a tensor's value has no single graph: say so and name the fix
+        data_dependent = "DataDependent" in type(e).__name__ or "data-dependent" in str(e).lower()
+        if not data_dependent:
+            raise
+        raise ValueError(
+            f"capture_aten: {type(model).__name__}.forward reads a tensor's value ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120]}), e.g. `if x.sum() > 0`: data-dependent control flow has no single "
+            'graph to capture. Fix: torch.compile(model, backend="fusion") (Dynamo breaks the graph there and '
+            "compiles each piece), or remove the branch from forward()"
+        ) from None
     gm.graph.eliminate_dead_code()  # decompositions leave dead helpers (empty, full, alias); copy_ is impure and stays
 
     # Readable placeholder names: p_fc1_weight instead of arg2_1.

@@ -95,7 +95,7 @@ class CompiledGraph(torch.nn.Module):
                 )
 
     def forward(self, *args):
-        if self.check_inputs and self.kernels:
+        if self.check_inputs:  # the graph is specialised to the example shapes, with or without kernels in it
             self.check(args)
         return self.graph_module.forward(*args)  # forward itself: no second Module.__call__ per call
 

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -79,30 +80,35 @@ def cache_dir() -> Path:
 
 
 _LOADED: dict[tuple[str, bool], object] = {}
+_LOAD_LOCK = threading.Lock()  # one compiled module called from several threads loads each kernel once
 
 
 def load_kernel(source: str, name: str, *, interpret: bool) -> object:
     """Write ``source`` to ``<cache_dir>/<name>_<hash>.py``, import it, return its function ``name``.
 
     One module per (source, interpret): loading the same source twice returns the same (already compiled) kernel.
+    Thread-safe: the import (and TRITON_INTERPRET, which it reads from the environment) happens under a lock.
     """
     key = (source, interpret)
-    if key in _LOADED:
-        return _LOADED[key]
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = cache_dir() / f"{name}_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)  # atomic: a parallel test worker never imports half a file
-    module_name = f"fusion_kernels.{path.stem}{'_interp' if interpret else ''}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # inspect.getsource finds the file through the module
-    with _interpret(interpret):
-        spec.loader.exec_module(module)
-    kernel = getattr(module, name)
-    _LOADED[key] = kernel
+    kernel = _LOADED.get(key)
+    if kernel is not None:
+        return kernel
+    with _LOAD_LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        path = cache_dir() / f"{name}_{digest}.py"
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)  # atomic: a parallel test worker never imports half a file
+        module_name = f"fusion_kernels.{path.stem}{'_interp' if interpret else ''}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # inspect.getsource finds the file through the module
+        with _interpret(interpret):
+            spec.loader.exec_module(module)
+        kernel = _LOADED[key] = getattr(module, name)
     return kernel
 
 
