@@ -31,6 +31,9 @@ def fresh():
     backend.reset()
 
 
+FOLD = {"fold_bn": True}  # the opt-in fold (the freezing promise: no writes through p.data)
+
+
 def folded(report) -> int:
     """Folds that happened, whatever the pass notes are called: the convolutions reading folded weights."""
     return sum(part.folded for part in report.parts)
@@ -126,7 +129,7 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
     model = models.ConvBNNet(width=4).eval()
     (x,) = models.conv_inputs(batch=2, size=6)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    compiled = torch.compile(model, backend="fusion")
+    compiled = torch.compile(model, backend="fusion", options=FOLD)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)  # the fold never edits the model
@@ -206,7 +209,7 @@ def test_fold_legality_and_transposed_grouped_fold():
     model = FoldCases().double().eval()
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10)
     (report,) = backend.reports
     assert folded(report) == 1, report.table()
     # The learner's notes, under any pass name: everything but the machinery's own epilogue notes.
@@ -245,7 +248,7 @@ def test_fold_refuses_every_source_computed_in_the_graph(computed):
     model = ComputedSource(computed).eval()
     x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10)
     (report,) = backend.reports
     assert not report.error and all(p.compiled for p in report.parts), report.table()
     assert folded(report) == (1 if computed is None else 0), report.table()
@@ -262,12 +265,12 @@ def test_an_exception_in_a_pass_surfaces_naming_where(monkeypatch):
     model = models.ConvBNNet(width=4).eval()
     (x,) = models.conv_inputs(batch=1, size=5)
     with torch.no_grad(), pytest.raises(Exception, match="KeyError") as info:
-        torch.compile(model, backend="fusion")(x)
+        torch.compile(model, backend="fusion", options=FOLD)(x)
     assert "fusion/backend.py" in str(info.value) and "fold_batch_norm" in str(info.value)  # the lesson's caller
     backend.reset()
     monkeypatch.setenv("FUSION_STRICT", "0")  # a user's run: never a crash, the reason in the report
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-5, atol=1e-5)
     assert "KeyError" in (backend.reports[0].error or ""), backend.reports[0]
 
 
@@ -291,7 +294,7 @@ def test_training_mode_batch_norm_is_not_folded_and_updates_stats():
     mine = models.ConvBNNet(width=4).train()
     (x,) = models.conv_inputs(batch=2, size=6)
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(mine, backend="fusion")(x), eager(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.compile(mine, backend="fusion", options=FOLD)(x), eager(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mine.bn1.running_mean, eager.bn1.running_mean)
     torch.testing.assert_close(mine.bn1.running_var, eager.bn1.running_var)
     assert not any(folded(r) for r in backend.reports)
@@ -301,7 +304,7 @@ def test_eval_model_with_gradients_is_not_folded():
     """Eval-mode BatchNorm, but grad enabled: a forward+backward graph, where a fold would change the gradients."""
     eager, mine = models.ConvBNNet(width=4).eval(), models.ConvBNNet(width=4).eval()
     (x,) = models.conv_inputs(batch=2, size=5)
-    torch.compile(mine, backend="fusion")(x).square().sum().backward()
+    torch.compile(mine, backend="fusion", options=FOLD)(x).square().sum().backward()
     eager(x).square().sum().backward()
     for (name, p), q in zip(mine.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
@@ -655,7 +658,7 @@ def test_cudagraphs_refreshes_folded_batch_norm_and_copies_back_mutated_inputs()
     net = models.ConvBNNet(width=8).cuda().eval()
     (x,) = models.conv_inputs(batch=2, size=8)
     x = x.cuda()
-    g = torch.compile(net, backend="fusion", options={"cudagraphs": True})
+    g = torch.compile(net, backend="fusion", options={"cudagraphs": True, **FOLD})
     with torch.no_grad():
         torch.testing.assert_close(g(x), net(x), rtol=1e-3, atol=1e-3)
         net.bn1.running_var.mul_(4.0)  # a refold: new folded weights at a new address
@@ -773,3 +776,17 @@ def test_cuda_graphs_refuse_an_output_aliasing_an_input():
 
     gm = make_fx(lambda x, y: (x[1:].t(), x * 2.0, y))(torch.randn(3, 2), torch.randn(2))
     assert len(_outputs_aliasing_inputs(gm)) == 2, gm.code  # the view of x, and y itself
+
+
+def test_batch_norm_is_not_folded_by_default_so_a_write_through_data_is_seen():
+    """The fold bakes values in; a write through ``p.data`` moves no version counter, so only the opt-in
+    ``options={"fold_bn": True}`` folds (the promise). The default keeps BatchNorm in the graph: always right."""
+    model = models.ConvBNNet(width=4).eval()
+    (x,) = models.conv_inputs(batch=2, size=6)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="fusion")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        assert not any(folded(r) for r in backend.reports)
+        model.bn1.running_var.data.mul_(4.0)
+        model.conv1.weight.data.mul_(-2.0)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

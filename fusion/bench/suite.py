@@ -38,10 +38,22 @@ from fusion.bench.workloads import VariantUnavailable, load_phase
 from fusion.common import is_todo
 
 SCHEMA = "suite-1"
-BACKENDS = ("eager", "fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead")
+BACKENDS = (
+    "eager",
+    "fusion",
+    "fusion+cudagraphs",
+    "fusion+fold",
+    "fusion+fold+cudagraphs",
+    "inductor",
+    "inductor+reduce-overhead",
+)
 CPU_DEFAULT_BACKENDS = ("eager", "fusion", "fusion+cudagraphs")  # Inductor on CPU builds C++: ~10 s per graph
 INTERPRETER = "not timed: on CPU its kernels run in Triton's interpreter (correctness only)"
-CUDAGRAPHS = ("fusion+cudagraphs", "inductor+reduce-overhead")  # outputs live in a graph's pool: clone them
+CUDAGRAPHS = (
+    "fusion+cudagraphs",
+    "fusion+fold+cudagraphs",
+    "inductor+reduce-overhead",
+)  # outputs live in a graph's pool: clone them
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Backends by name
@@ -57,8 +69,10 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
 
         if "fusion" not in list_backends(exclude_tags=()):
             raise VariantUnavailable("phase 9 not available (importing fusion.backend registers no 'fusion' backend)")
-        options = {"cudagraphs": True} if backend == "fusion+cudagraphs" else None
-        return torch.compile(model, backend="fusion", options=options)
+        # fusion+fold: the opt-in BatchNorm fold (Phase 9's freezing-like promise); +cudagraphs: one CUDA graph
+        flags = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}
+        options = {flags[f]: True for f in backend.split("+")[1:]}
+        return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
         return torch.compile(model)
     if backend == "inductor+reduce-overhead":
