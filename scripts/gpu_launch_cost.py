@@ -1,0 +1,62 @@
+"""CPU cost of a generated-kernel launch, and what CUDA graphs buy, on a launch-bound model (issue 23).
+
+    PYTHONPATH=. python3 scripts/gpu_launch_cost.py      (on the lent GPU; part of scripts/gpu_session.sh a)
+
+An 8-block MLP (Linear, GELU, LayerNorm) at a small batch: eager vs backend="fusion" vs options={"cudagraphs": True}
+vs Inductor's default and reduce-overhead, median wall time per call (torch.utils.benchmark, interleaved); then
+fusion.kernels.timing.launch_us: µs of CPU per launch through our direct launcher and through Triton's JIT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch.utils.benchmark import Timer
+
+from fusion import backend
+from fusion.kernels.timing import launch_us
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.LayerNorm(256)) for _ in range(8)
+    ]
+    m = torch.nn.Sequential(*blocks).cuda().bfloat16().eval()
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    variants = {"eager": m}
+    for name, opts in (("fusion", {}), ("fusion+cudagraphs", {"cudagraphs": True})):
+        variants[name] = torch.compile(m, backend="fusion", options=opts)
+    variants["inductor"] = torch.compile(m)
+    variants["inductor+reduce-overhead"] = torch.compile(m, mode="reduce-overhead")
+    rows = {}
+    with torch.no_grad():
+        want = m(x)
+        for f in variants.values():
+            for _ in range(3):
+                got = f(x)
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+        for name, f in variants.items():
+            t = Timer("f(x); torch.cuda.synchronize()", globals={"f": f, "x": x, "torch": torch})
+            rows[name] = t.blocked_autorange(min_run_time=0.3).median * 1e6
+    for name, us in rows.items():
+        print(f"{name:26s} {us:8.1f} µs/call   {rows['eager'] / us:5.2f}× eager")
+    backend.reset()
+    f = torch.compile(m, backend="fusion")
+    with torch.no_grad():
+        f(x)
+    launchers = [lch for r in backend.reports for p in r.parts for lch in p.launchers()]
+    cost = launch_us(launchers, lambda: f(x))
+    print(f"per launch: {cost['direct']:.1f} µs direct, {cost['jit']:.1f} µs through Triton's JIT "
+          f"({cost['kernels']} kernels, {cost['fallbacks']} fell back to the JIT)")  # fmt: skip
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "launch_cost.json"), "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "us_per_call": rows,
+                       "per_launch": cost}, fh, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
