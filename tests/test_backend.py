@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusion import backend, models
+from fusion.common import is_todo
 from fusion.compiler import aten_passes
 
 pytestmark = pytest.mark.phase9
@@ -209,7 +210,9 @@ def test_fold_legality_and_transposed_grouped_fold():
     model = FoldCases().double().eval()
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10
+        )
     (report,) = backend.reports
     assert folded(report) == 1, report.table()
     # The learner's notes, under any pass name: everything but the machinery's own epilogue notes.
@@ -248,7 +251,9 @@ def test_fold_refuses_every_source_computed_in_the_graph(computed):
     model = ComputedSource(computed).eval()
     x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-10, atol=1e-10
+        )
     (report,) = backend.reports
     assert not report.error and all(p.compiled for p in report.parts), report.table()
     assert folded(report) == (1 if computed is None else 0), report.table()
@@ -264,13 +269,18 @@ def test_an_exception_in_a_pass_surfaces_naming_where(monkeypatch):
     monkeypatch.setattr(backend, "find_conv_bn_folds", broken)
     model = models.ConvBNNet(width=4).eval()
     (x,) = models.conv_inputs(batch=1, size=5)
-    with torch.no_grad(), pytest.raises(Exception, match="KeyError") as info:
+    with torch.no_grad(), pytest.raises(Exception) as info:
         torch.compile(model, backend="fusion", options=FOLD)(x)
+    if is_todo(info.value):  # a practice workspace where fold_batch_norm itself is still a TODO
+        raise info.value
+    assert "KeyError" in str(info.value), info.value
     assert "fusion/backend.py" in str(info.value) and "fold_batch_norm" in str(info.value)  # the lesson's caller
     backend.reset()
     monkeypatch.setenv("FUSION_STRICT", "0")  # a user's run: never a crash, the reason in the report
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-5, atol=1e-5
+        )
     assert "KeyError" in (backend.reports[0].error or ""), backend.reports[0]
 
 
@@ -294,7 +304,9 @@ def test_training_mode_batch_norm_is_not_folded_and_updates_stats():
     mine = models.ConvBNNet(width=4).train()
     (x,) = models.conv_inputs(batch=2, size=6)
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(mine, backend="fusion", options=FOLD)(x), eager(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            torch.compile(mine, backend="fusion", options=FOLD)(x), eager(x), rtol=1e-5, atol=1e-5
+        )
     torch.testing.assert_close(mine.bn1.running_mean, eager.bn1.running_mean)
     torch.testing.assert_close(mine.bn1.running_var, eager.bn1.running_var)
     assert not any(folded(r) for r in backend.reports)

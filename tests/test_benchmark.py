@@ -1017,5 +1017,7 @@ def test_gpu_suite_script_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((tmp_path / "suite.json").read_text())
     rows = {row["model"]: row for row in r["models"]}
+    if "TODO(human)" in rows["gpt2"]["reason"]:  # a practice workspace: the phase it waits for, named by its TODO
+        raise NotImplementedError(rows["gpt2"]["reason"][rows["gpt2"]["reason"].index("TODO(human)") :])
     assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
     assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout

@@ -160,6 +160,9 @@ def run_on_gloo(schedule: Callable, regions: Callable | None = None, cfg: GlooCo
                 raise CollectiveMismatch(message, per_rank) from None
             if isinstance(e, TimeoutError):
                 raise
+            todo = next((err for err in errors if err.startswith("NotImplementedError: TODO(human)")), None)
+            if todo:  # an unsolved exercise inside a rank: raised as itself, so the practice tooling names its phase
+                raise NotImplementedError(todo.removeprefix("NotImplementedError: ")) from None
             raise RuntimeError(f"a gloo rank failed: {errors or e}") from None
         return GlooResult(_read(outdir, cfg.world_size))
 
