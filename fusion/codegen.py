@@ -187,20 +187,11 @@ class KernelWriter:
             if not is_view(n) and n not in self.stored:
                 self.stored.append(n)
         tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
-        self.rows = tlang.Rows.of(reductions[0], MAX_RBLOCK) if reductions else None
+        # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
+        # whole row or one element per row); a pointwise kernel walks the broadcast shape of what it stores.
+        self.rows = tlang.Rows.of(reductions, self.stored, MAX_RBLOCK) if reductions else None
         if self.rows:
             self.shape, nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
-            for r in reductions:
-                dims = sorted(d % len(self.shape) for d in (bind_args(r).get("dim") or range(len(self.shape))))
-                if tuple(r.args[0].meta["val"].shape) != self.shape or dims != list(range(nrow, len(self.shape))):
-                    raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
-                                      "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
-            # Every store must lie inside the walk: a whole row (shape) or one element per row (the reduced shape).
-            allowed = (self.shape, self.shape[:nrow], self.shape[:nrow] + (1,) * self.rows.nred)
-            for n in self.stored:
-                if tuple(n.meta["val"].shape) not in allowed:
-                    raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {self.shape} "
-                                      f"nor one element per row: stored by another kernel", n)  # fmt: skip
             self.splits = split_index("xindex", self.shape[:nrow]) + split_index("rindex", self.shape[nrow:], "r")
             self.index = [name for name, _ in self.splits]
         else:

@@ -45,11 +45,24 @@ class Rows:
     rblock: int
 
     @classmethod
-    def of(cls, first: fx.Node, max_rblock: int) -> Rows:
-        """The rows of the region's first reduction (its input's shape, its reduced dims)."""
+    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int) -> Rows:
+        """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
+        every reduction reduces the trailing dims of that shape and every store lies inside the walk (a whole row,
+        or one element per row: anything else would be written out of its bounds)."""
+        first = reductions[0]
         shape = tuple(first.args[0].meta["val"].shape)  # (..., N): one program per row
         nred = len(bind_args(first).get("dim") or shape)  # the row: the last nred dims (softmax 1, a global pool 2)
-        rnumel = math.prod(shape[len(shape) - nred :])
+        nrow = len(shape) - nred
+        for r in reductions:
+            dims = sorted(d % len(shape) for d in (bind_args(r).get("dim") or range(len(shape))))
+            if tuple(r.args[0].meta["val"].shape) != shape or dims != list(range(nrow, len(shape))):
+                raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
+                                  "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
+        for n in stored:
+            if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
+                raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"
+                                  " per row: stored by another kernel", n)  # fmt: skip
+        rnumel = math.prod(shape[nrow:])
         rblock = 1 << max(rnumel - 1, 0).bit_length()
         if rblock > max_rblock:
             raise Unsupported(f"a row of {rnumel} elements does not fit one block ({max_rblock})")
