@@ -180,12 +180,7 @@ class KernelWriter:
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
         reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
-        self.stored = [n for n in region.external_outputs if not is_view(n)]
-        for n in region.external_outputs:  # an escaping view: store the member it aliases, rebuild the view later
-            while is_view(n) and n.args[0] in self.members:
-                n = n.args[0]
-            if not is_view(n) and n not in self.stored:
-                self.stored.append(n)
+        self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
         tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
         # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
         # whole row or one element per row); a pointwise kernel walks the broadcast shape of what it stores.
@@ -203,13 +198,12 @@ class KernelWriter:
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
             self.splits = split_index("xindex", [self.shape[d] for d in order])
             self.index = [name for _, (name, _) in sorted(zip(order, self.splits, strict=True))]
-        self.lanes = [v for v in (self.index[len(self.index) - self.rows.nred :] if self.rows else self.index)]
+        self.lanes = self.index[len(self.index) - self.rows.nred :] if self.rows else self.index  # what the mask masks
 
     def emit(self, expr: str, dtype: torch.dtype, node: fx.Node | None = None) -> tuple[str, torch.dtype]:
         """Append ``tmp<i> = expr`` (computing ``node``, if any); returns (tmp, dtype)."""
-        line = tlang.Line(f"tmp{len(self.body)}", expr, dtype, node)
-        self.body.append(line)
-        return line.tmp, dtype
+        self.body.append(tlang.Line(f"tmp{len(self.body)}", expr, dtype, node))
+        return self.body[-1].tmp, dtype
 
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
@@ -273,13 +267,21 @@ class KernelWriter:
             cast_to, args = compute_dtype(promoted), [tlang.rounded(a, promoted) for a in node.args]
         else:
             args = list(node.args)
+        logical = cast_to == torch.bool and node.target.overloadpacket in (
+            aten.add,
+            aten.mul,
+            aten.maximum,
+            aten.minimum,
+        )
+        cast_to = torch.int32 if logical else cast_to  # bool + bool is or, bool * bool and: int1 arithmetic wraps
         operands = []
         for i, a in enumerate(args):
             if isinstance(a, fx.Node) and node.target.overloadpacket is aten.where and i == 0:
                 operands.append(self.value(a, broadcast_index(index, a.meta["val"].shape))[0])  # the condition
             elif isinstance(a, (fx.Node, int, float, bool)):
                 operands.append(self.operand(a, index, cast_to, exact=compare))
-        return self.emit(pointwise_expr(node, operands), compute_dtype(val.dtype), node)
+        expr = pointwise_expr(node, operands)
+        return self.emit(f"({expr}) != 0" if logical else expr, compute_dtype(val.dtype), node)
         # END SOLUTION
 
     def reduce(self, node: fx.Node, index: list[str]) -> tuple:

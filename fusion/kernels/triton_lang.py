@@ -49,12 +49,16 @@ class Rows:
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
         every reduction reduces the trailing dims of that shape and every store lies inside the walk (a whole row,
         or one element per row: anything else would be written out of its bounds)."""
-        first = reductions[0]
-        shape = tuple(first.args[0].meta["val"].shape)  # (..., N): one program per row
-        nred = len(bind_args(first).get("dim") or shape)  # the row: the last nred dims (softmax 1, a global pool 2)
-        nrow = len(shape) - nred
+        shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
+        ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
+
+        def dims_of(r: fx.Node) -> list[int]:
+            return sorted({d % ndim for d in (bind_args(r).get("dim") or range(ndim))}) if ndim else []
+
+        nred = len(dims_of(reductions[0]))  # the row: the last nred dims (softmax 1, a global pool 2)
+        nrow = ndim - nred
         for r in reductions:
-            dims = sorted(d % len(shape) for d in (bind_args(r).get("dim") or range(len(shape))))
+            dims = dims_of(r)
             if tuple(r.args[0].meta["val"].shape) != shape or dims != list(range(nrow, len(shape))):
                 raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
                                   "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
@@ -194,6 +198,18 @@ def kernel_name(region, reduction: bool) -> str:
     """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view(n)})  # fmt: skip
     return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+
+
+def stored_members(region) -> list[fx.Node]:
+    """The members a kernel stores: the region's external outputs, an escaping view replaced by the member it
+    aliases (the view itself is rebuilt on the stored tensor after the launch)."""
+    stored = [n for n in region.external_outputs if not is_view(n)]
+    for n in region.external_outputs:
+        while is_view(n) and n.args[0] in region.members:
+            n = n.args[0]
+        if not is_view(n) and n not in stored:
+            stored.append(n)
+    return stored
 
 
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:
