@@ -88,7 +88,7 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     }  # fmt: skip
     if packet in (aten.add, aten.sub):
         sign, alpha = ("+" if packet is aten.add else "-"), bound.get("alpha", 1)
-        return f"{a[0]} {sign} {a[1]}" + ("" if alpha == 1 else f" * {const_source(alpha)}")
+        return f"{a[0]} {sign} {a[1]}" + ("" if alpha == 1 else f" * {tlang.constant(alpha, node.meta['val'].dtype)}")
     if bound.get("rounding_mode") is not None:
         raise Unsupported(f"{node.target} with rounding_mode={bound['rounding_mode']!r}")
     if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
@@ -104,8 +104,8 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
         floating = node.meta["val"].dtype.is_floating_point
         if float(e).is_integer() and abs(e) <= 32 and (floating or e >= 0):
             return tlang.int_power(a[0], int(e), floating)
-        if e == 0.5:
-            return f"tl.sqrt({a[0]})"
+        if e in (0.5, -0.5):  # as torch: sqrt / rsqrt (pow(-inf, 0.5) is nan)
+            return f"tl.{'sqrt' if e > 0 else 'rsqrt'}({a[0]})"
         if floating and not float(e).is_integer():  # x < 0 gives NaN as torch; -inf ** e is inf (e > 0) or 0
             limit = "0.0" if e < 0 else 'float("inf")'
             return f'tl.where({a[0]} == float("-inf"), {limit}, tl.exp(tl.log({a[0]}) * {const_source(float(e))}))'
