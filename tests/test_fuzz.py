@@ -303,7 +303,7 @@ def programs(draw, float_only: bool = False, max_steps: int = 7):
         if kind == "bitcast" and not bits[i]:
             continue
         if kind == "pow" and abs(step[3]) == 0.5 and x.dtype == torch.float16:  # eager's CPU fp16 pow(-inf, 0.5) is
-            continue  # inf (std::pow) while every other dtype takes sqrt (nan): we follow sqrt, as the GPU does
+            continue  # inf (std::pow) while every other dtype takes sqrt (nan): the generator follows sqrt
         if discontinuous and any(states[a] == "fuzzy" for a in step[2]):
             continue
         if kind == "reduce" and not x.dtype.is_floating_point:  # eager takes softmax of an empty bool; AOT does not

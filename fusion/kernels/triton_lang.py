@@ -155,6 +155,20 @@ def rounded(value: object, dtype: torch.dtype) -> object:
     return value
 
 
+TANH_SERIES = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875)
+
+
+def tanh(x: str, dtype: torch.dtype) -> str:
+    """tanh as source: (1 - e) / (1 + e) with e = exp(-2|x|), and near 0, where 1 - e cancels every digit, its
+    Taylor series (x - x³/3 + …, 8 terms, Horner in x²). Triton has no portable tl.tanh (the interpreter lacks it)."""
+    big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({x}))) / (1.0 + tl.exp(-2.0 * tl.abs({x})))"
+    series = "0.0"
+    for c in reversed(TANH_SERIES):
+        series = f"({c!r} + {x} * {x} * {series})"
+    small = f"{x} * (1.0 + {x} * {x} * {series})"
+    return f"tl.where(tl.abs({x}) < {0.05 if dtype == torch.float64 else 0.55}, {small}, {big})"
+
+
 def constant(value: object, dtype: torch.dtype) -> str:
     """A Python scalar operand of an op computed in ``dtype``, as torch would use it: float64 keeps every bit
     (a bare literal is a float32 in Triton), an integer must fit ``dtype`` (else refused: torch wraps it)."""
