@@ -443,7 +443,8 @@ def check_backend(program: dict, inputs, grads: bool) -> None:
         if w is None or g is None:
             assert (g is None or not g.any()) and (w is None or not w.any())
             continue
-        torch.testing.assert_close(g, w, atol=atol * 4, rtol=rtol * 4, equal_nan=True)
+        # rtol >= 1e-6: some of eager's float64 backward kernels use float32 constants (hardsigmoid_backward's 1/6)
+        torch.testing.assert_close(g, w, atol=atol * 4, rtol=max(rtol * 4, 1e-6), equal_nan=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
