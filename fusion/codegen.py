@@ -72,14 +72,14 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     'tmp0 * 2.0'
     """
     packet, bound = node.target.overloadpacket, bind_args(node)
-    # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum: tl.where(a != a, a, tl.where(a > b, a, b)); no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) and tanh 2*sigmoid(2x)-1 (tl.sigmoid is a @jit helper the interpreter cannot call, and there is no portable tl.tanh); pow(x, 2.0) is x*x, a general exponent tl.exp(tl.log(x) * e); raise Unsupported(reason) for anything else
+    # TODO(human): map each pointwise aten op to a Triton expression over args (binary ops, unary math, relu/maximum/minimum/clamp, where, comparisons, pow with a scalar). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code. More: NaN must propagate like torch (maximum(nan, 0) is nan: test a != a first; no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) (tl.sigmoid is a @jit helper the interpreter cannot call) and tanh is tlang.tanh (no portable tl.tanh; 2*sigmoid(2x)-1 loses every digit near 0); pow: an integer exponent is repeated multiplication (tlang.int_power; x**4 of a negative x is positive and NaN**0 is 1, where exp(log(x)*e) gives NaN), 0.5 is tl.sqrt, another finite exponent exp(e*log(x)); raise Unsupported(reason) for anything else
     # BEGIN SOLUTION
     a = args
     table_ = {
         aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}",
         aten.abs: "tl.abs({0})", aten.exp: "tl.exp({0})", aten.log: "tl.log({0})", aten.sqrt: "tl.sqrt({0})",
         aten.rsqrt: "tl.rsqrt({0})", aten.sigmoid: "1.0 / (1.0 + tl.exp(-{0}))", aten.erf: "tl.erf({0})",
-        aten.tanh: "2.0 / (1.0 + tl.exp(-2.0 * {0})) - 1.0", aten.reciprocal: "1.0 / {0}",
+        aten.tanh: tlang.tanh("{0}", node.meta["val"].dtype), aten.reciprocal: "1.0 / {0}",
         aten.relu: "tl.where({0} < 0, 0, {0})", aten.where: "tl.where({0}, {1}, {2})",
         aten.maximum: "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
         aten.minimum: "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))",
@@ -89,7 +89,7 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     }  # fmt: skip
     if packet in (aten.add, aten.sub):
         sign, alpha = ("+" if packet is aten.add else "-"), bound.get("alpha", 1)
-        return f"{a[0]} {sign} {a[1]}" + ("" if alpha == 1 else f" * {const_source(alpha)}")
+        return f"{a[0]} {sign} {a[1]}" + ("" if alpha == 1 else f" * {tlang.constant(alpha, node.meta['val'].dtype)}")
     if bound.get("rounding_mode") is not None:
         raise Unsupported(f"{node.target} with rounding_mode={bound['rounding_mode']!r}")
     if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
@@ -101,15 +101,18 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
         if hi is not None:
             expr = f"tl.where({expr} > {const_source(hi)}, {const_source(hi)}, {expr})"
         return expr
-    if packet is aten.pow and node.target is aten.pow.Tensor_Scalar:
-        e = bound["exponent"]
-        small = {0: "1.0 + 0.0 * {0}", 1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}", -1: "1.0 / {0}"}
-        if e in small:
-            return small[e].format(a[0])
-        return f"tl.sqrt({a[0]})" if e == 0.5 else f"tl.exp(tl.log({a[0]}) * {const_source(float(e))})"
+    if node.target is aten.pow.Tensor_Scalar and isinstance(e := bound["exponent"], (int, float)) and math.isfinite(e):
+        floating = node.meta["val"].dtype.is_floating_point
+        if float(e).is_integer() and abs(e) <= 32 and (floating or e >= 0):
+            return tlang.int_power(a[0], int(e), floating)
+        if e in (0.5, -0.5):  # as torch: sqrt / rsqrt (pow(-inf, 0.5) is nan)
+            return f"tl.{'sqrt' if e > 0 else 'rsqrt'}({a[0]})"
+        if floating and not float(e).is_integer():  # x < 0 gives NaN as torch; -inf ** e is inf (e > 0) or 0
+            limit = "0.0" if e < 0 else 'float("inf")'
+            return f'tl.where({a[0]} == float("-inf"), {limit}, tl.exp(tl.log({a[0]}) * {const_source(float(e))}))'
     if packet in table_:
         return table_[packet].format(*a)
-    raise Unsupported(f"no Triton expression for {node.target}")
+    raise Unsupported(f"no Triton expression for {node.target}{' ' + str(node.args[1:]) if packet is aten.pow else ''}")
     # END SOLUTION
 
 
@@ -166,6 +169,7 @@ def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) ->
 
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
 REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}  # what Inductor's decompositions leave
+COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
 
 
 class KernelWriter:
@@ -173,34 +177,19 @@ class KernelWriter:
 
     def __init__(self, region: FusionRegion) -> None:
         self.region, self.members = region, region.members
-        self.lines: list[str] = []
+        self.body: list[tlang.Line] = []  # the kernel body as data: source and op list are read off it
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
         reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
-        self.stored = [n for n in region.external_outputs if not is_view(n)]
-        for n in region.external_outputs:  # an escaping view: store the member it aliases, rebuild the view later
-            while is_view(n) and n.args[0] in self.members:
-                n = n.args[0]
-            if not is_view(n) and n not in self.stored:
-                self.stored.append(n)
+        self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
         tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
-        if reductions:
-            self.shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
-            ndim = len(self.shape)
-            dims0 = sorted(d % ndim for d in (bind_args(reductions[0]).get("dim") or range(ndim)))
-            self.nred = len(dims0)  # the row: the last nred dimensions (softmax 1, a global average pool 2)
-            for r in reductions:
-                dims = sorted(d % ndim for d in (bind_args(r).get("dim") or range(ndim)))
-                if tuple(r.args[0].meta["val"].shape) != self.shape or dims != list(range(ndim - self.nred, ndim)):
-                    raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
-                                      "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
-            self.rnumel = math.prod(self.shape[ndim - self.nred :])
-            self.rblock = 1 << max(self.rnumel - 1, 0).bit_length()
-            if self.rblock > MAX_RBLOCK:
-                raise Unsupported(f"a row of {self.rnumel} elements does not fit one block ({MAX_RBLOCK})")
-            self.rsplit = split_index("rindex", self.shape[ndim - self.nred :], prefix="r")
-            self.index = [i for i, _ in split_index("xindex", self.shape[: ndim - self.nred])]
-            self.index += [i for i, _ in self.rsplit]
+        # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
+        # whole row or one element per row); a pointwise kernel walks the broadcast shape of what it stores.
+        self.rows = tlang.Rows.of(reductions, self.stored, MAX_RBLOCK) if reductions else None
+        if self.rows:
+            self.shape, nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
+            self.splits = split_index("xindex", self.shape[:nrow]) + split_index("rindex", self.shape[nrow:], "r")
+            self.index = [name for name, _ in self.splits]
         else:
             try:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
@@ -208,23 +197,22 @@ class KernelWriter:
                 raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
-            self.xsplit = split_index("xindex", [self.shape[d] for d in order])
-            self.index = [name for _, (name, _) in sorted(zip(order, self.xsplit, strict=True))]
-        self.reduction = bool(reductions)
+            self.splits = split_index("xindex", [self.shape[d] for d in order])
+            self.index = [name for _, (name, _) in sorted(zip(order, self.splits, strict=True))]
+        self.lanes = self.index[len(self.index) - self.rows.nred :] if self.rows else self.index  # what the mask masks
 
-    def emit(self, expr: str, dtype: torch.dtype, comment: str = "") -> tuple[str, torch.dtype]:
-        name = f"tmp{len(self.lines)}"
-        self.lines.append(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
-        return name, dtype
+    def emit(self, expr: str, dtype: torch.dtype, node: fx.Node | None = None) -> tuple[str, torch.dtype]:
+        """Append ``tmp<i> = expr`` (computing ``node``, if any); returns (tmp, dtype)."""
+        self.body.append(tlang.Line(f"tmp{len(self.body)}", expr, dtype, node))
+        return self.body[-1].tmp, dtype
 
-    def address(self, ptr: str, offset: str) -> str:
-        """``ptr + (offset), mask`` for tl.load/tl.store: masked where the offset moves with the lanes."""
-        lanes = self.index[-self.nred :] if self.reduction else self.index
-        if any(v in offset for v in lanes if v != "0"):
-            return f"{ptr} + ({offset}), {'rmask' if self.reduction else 'xmask'}"
-        if self.reduction:
-            return f"{ptr} + ({offset})"  # one scalar per row
-        return f"{ptr} + ({offset}) + 0 * xindex, xmask"  # the same element in every lane: a vector, not a scalar
+    def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
+        """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
+        if any(v in offset for v in self.lanes if v != "0"):
+            return f"{ptr} + ({offset})", "rmask" if self.rows else "xmask"
+        if self.rows:
+            return f"{ptr} + ({offset})", None  # one scalar per row
+        return f"{ptr} + ({offset}) + 0 * xindex", "xmask"  # the same element in every lane: a vector, not a scalar
 
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
         """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
@@ -239,131 +227,153 @@ class KernelWriter:
                 raise
         return self.cache[key]
 
+    def operand(self, arg: object, index: list[str], dtype: torch.dtype, exact: bool = False) -> str:
+        """``arg`` (a node or a Python scalar) read at ``index`` broadcast to its shape, converted to ``dtype``.
+        ``exact``: a computed half/bf16 value is rounded to its dtype first, as eager holds it (before a comparison
+        or a cast to an integer, where the float32 bits we keep would flip the answer)."""
+        if not isinstance(arg, fx.Node):
+            return tlang.constant(arg, dtype)
+        val = arg.meta["val"]
+        src, dt = self.value(arg, broadcast_index(index, val.shape))
+        if exact and arg in self.members and val.dtype in (torch.float16, torch.bfloat16):
+            src, dt = self.emit(tlang.cast(src, dt, val.dtype), dt)
+        return src if dt == dtype else self.emit(tlang.cast(src, dt, dtype), dtype)[0]
+
     def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
         val = node.meta.get("val")
-        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast is .to(), a reduction goes to self.reduce, any other op computes pointwise_expr over its operands read at broadcast_index. Hint: self.emit(expr, dtype, comment) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; operands of an arithmetic op are cast to compute_dtype(val.dtype) first. More: the load is f'tl.load({self.address(ptr, offset_expr(index, val.stride()))})'; give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; comparisons cast both sides to their promoted dtype; a cast to half/bf16 rounds (.to(tl.float16).to(tl.float32))
+        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast converts its operand, a reduction goes to self.reduce, any other op computes pointwise_expr over its operands. Hint: self.emit(expr, dtype, node) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; self.operand(arg, index, dtype, exact) reads an operand (node or scalar) converted to dtype, the arithmetic one compute_dtype(val.dtype). More: the load is tl.load(ptr, mask) with (ptr, mask) = self.address(name, offset_expr(index, val.stride())) (no mask: leave it out); give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; a comparison converts both sides to their torch.result_type (exact=True, and a scalar rounded to that dtype: eager compares fp16 0.1 with fp16 0.1); a cast is the operand at its own dtype through tlang.cast (exact=True)
         # BEGIN SOLUTION
         if node not in self.members:  # an external input: one load per distinct index
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
             ptr = self.inputs.setdefault(node, f"in_ptr{len(self.inputs)}")
-            offset = offset_expr(index, val.stride())  # the pointer already points at the first element
-            load = f"tl.load({self.address(ptr, offset)})"
+            pointer, mask = self.address(ptr, offset_expr(index, val.stride()))  # the pointer is the first element
+            load = f"tl.load({pointer}{', ' + mask if mask else ''})"
             ct = compute_dtype(val.dtype)
-            return self.emit(load if ct == val.dtype else f"{load}.to({tl_dtype(ct)})", ct, node.name)
+            return self.emit(load if ct == val.dtype else f"{load}.to({tl_dtype(ct)})", ct, node)
         if node.target is operator.getitem:
             return self.reduce(node.args[0], index)[node.args[1]]
         if is_view(node):
             return self.value(node.args[0], view_index(node, index, split_index, offset_expr, broadcast_index))
         if node.target in REDUCTIONS:
             return self.reduce(node, index)
-        where = f"{node.name} = {node.target}"
+        src_dtype = node.args[0].meta["val"].dtype if isinstance(node.args[0], fx.Node) else None
         if node.target is prims.convert_element_type.default:
-            src, _ = self.value(node.args[0], broadcast_index(index, node.args[0].meta["val"].shape))
-            ct = compute_dtype(val.dtype)
-            expr = f"{src} != 0" if val.dtype == torch.bool else f"{src}.to({tl_dtype(val.dtype)})"
-            return self.emit(expr if ct == val.dtype else f"{expr}.to({tl_dtype(ct)})", ct, where)
+            src = self.operand(node.args[0], index, compute_dtype(src_dtype), exact=True)
+            return self.emit(tlang.cast(src, compute_dtype(src_dtype), val.dtype), compute_dtype(val.dtype), node)
         args = [a.meta["val"] if isinstance(a, fx.Node) else a for a in node.args]
-        cast_to = compute_dtype(val.dtype)
-        if node.target.overloadpacket in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge):
-            cast_to = compute_dtype(torch.result_type(*args[:2]))
+        cast_to, compare = compute_dtype(val.dtype), node.target.overloadpacket in COMPARISONS
+        if compare:
+            promoted = torch.result_type(*args[:2])
+            cast_to, args = compute_dtype(promoted), [tlang.rounded(a, promoted) for a in node.args]
+        else:
+            args = list(node.args)
+        logical = cast_to == torch.bool and node.target.overloadpacket in (
+            aten.add,
+            aten.mul,
+            aten.maximum,
+            aten.minimum,
+        )
+        cast_to = torch.int32 if logical else cast_to  # bool + bool is or, bool * bool and: int1 arithmetic wraps
         operands = []
-        for i, a in enumerate(node.args):
-            if isinstance(a, fx.Node):
-                src, dt = self.value(a, broadcast_index(index, a.meta["val"].shape))
-                keep = dt == cast_to or (node.target.overloadpacket is aten.where and i == 0)
-                operands.append(src if keep else f"{src}.to({tl_dtype(cast_to)})")
-            elif isinstance(a, (int, float, bool)):
-                operands.append(const_source(a))
-        return self.emit(pointwise_expr(node, operands), compute_dtype(val.dtype), where)
+        for i, a in enumerate(args):
+            if isinstance(a, fx.Node) and node.target.overloadpacket is aten.where and i == 0:
+                operands.append(self.value(a, broadcast_index(index, a.meta["val"].shape))[0])  # the condition
+            elif isinstance(a, (fx.Node, int, float, bool)):
+                operands.append(self.operand(a, index, cast_to, exact=compare))
+        expr = pointwise_expr(node, operands)
+        return self.emit(f"({expr}) != 0" if logical else expr, compute_dtype(val.dtype), node)
         # END SOLUTION
 
     def reduce(self, node: fx.Node, index: list[str]) -> tuple:
         """A row reduction, computed once per program; ``index`` must be this program's row."""
-        if not self.reduction or node not in self.members:
+        if not self.rows or node not in self.members:
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node=node)
-        nrow = len(self.index) - self.nred
+        nrow = len(self.index) - self.rows.nred
         if list(index[:nrow]) != self.index[:nrow]:
             raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
         key = (node, "reduce")
         if key in self.cache:
             return self.cache[key]
-        x, dt = self.value(node.args[0], self.index)
+        val = node.meta["val"]
+        dt = compute_dtype((val[0] if isinstance(val, (tuple, list)) else val).dtype)  # sum(dtype=float64): float64
         if not dt.is_floating_point:
-            raise Unsupported(f"{node.name}: reductions of {dt} are not generated")
-        n, where = self.rnumel, f"{node.name} = {node.target}"
+            raise Unsupported(f"{node.name}: reductions to {dt} are not generated")
+        x = self.operand(node.args[0], self.index, dt)
+        n = self.rows.rnumel
         if node.target in (aten.amax.default, aten.amin.default):
             big, fn = (
                 ('float("-inf")', "_maximum") if node.target is aten.amax.default else ('float("inf")', "_minimum")
             )
-            out = self.emit(f"tl.reduce(tl.where(rmask, {x}, {big}), 0, {fn})", dt, where)
+            out = self.emit(f"tl.reduce(tl.where(rmask, {x}, {big}), 0, {fn})", dt, node)
         else:
-            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 0, _add)", dt, where)
-            out = total if node.target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt, "mean")
+            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 0, _add)", dt, node)
+            out = total if node.target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
         if node.target.overloadpacket in (aten.var_mean, aten.var):
             corr = bind_args(node).get("correction")
             centered = self.emit(f"tl.where(rmask, {x} - {out[0]}, 0.0)", dt)
             sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 0, _add)", dt)
-            var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt, "var")
+            var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt)
             out = (var, out) if node.target is aten.var_mean.correction else var
         self.cache[key] = out
         return out
 
+    def ops(self) -> list[str]:
+        """The aten ops the kernel computes, in body order, read off the records (loads and helpers left out)."""
+        return list(dict.fromkeys(f"{ln.node.name} = {ln.node.target}" for ln in self.body if ln.node in self.members))
+
     def source(self, name: str) -> str:
         """Assemble the kernel: signature, index setup, the body (values of the stored members), the stores."""
         stores = []
+        nrow = len(self.index) - self.rows.nred if self.rows else -1
         for i, node in enumerate(self.stored):
             val = node.meta["val"]
-            nrow = len(self.index) - self.nred if self.reduction else -1
             own = self.index[:nrow] if len(val.shape) == nrow else self.index  # a reduction without keepdim
             idx = broadcast_index(own, val.shape)
-            src, dt = self.value(node, idx)
-            offset = offset_expr(idx, val.stride())
-            cast = "" if dt == val.dtype else f".to({tl_dtype(val.dtype)})"
-            ptr, _, mask = self.address(f"out_ptr{i}", offset).partition(", ")
-            stores.append(f"tl.store({', '.join(filter(None, (ptr, src + cast, mask)))})  # {node.name}")
+            src = self.operand(node, own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
+            if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
+                src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
+            pointer, mask = self.address(f"out_ptr{i}", offset_expr(idx, val.stride()))
+            cast = "" if compute_dtype(val.dtype) == val.dtype else f".to({tl_dtype(val.dtype)})"
+            stores.append(f"tl.store({', '.join(filter(None, (pointer, src + cast, mask)))})  # {node.name}")
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
-        block = "RBLOCK" if self.reduction else "XBLOCK"
-        head = [f"def {name}({', '.join(ptrs)}, {block}: tl.constexpr):"]
+        head = [f"def {name}({', '.join(ptrs)}, {'RBLOCK' if self.rows else 'XBLOCK'}: tl.constexpr):"]
         ops = [n.name for n in self.region.nodes if not is_view(n) and n.target is not operator.getitem]
         body = [f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}"]
-        if self.reduction:
-            nrow = len(self.shape) - self.nred
-            rows = math.prod(self.shape[:nrow])
-            body += [f"# one program per row: {rows} rows of {self.rnumel} ({self.shape})",
+        if self.rows:
+            body += [f"# one program per row: {math.prod(self.shape[:nrow])} rows of {self.rows.rnumel} ({self.shape})",
                      "xindex = tl.program_id(0)", "rindex = tl.arange(0, RBLOCK)",
-                     f"rmask = rindex < {self.rnumel}"]  # fmt: skip
-            body += [f"{v} = {e}" for v, e in split_index("xindex", self.shape[:nrow]) if v != "0"]
-            body += [f"{v} = {e}" for v, e in self.rsplit if v != "0"]
+                     f"rmask = rindex < {self.rows.rnumel}"]  # fmt: skip
         else:
             body += [f"# elementwise over {self.shape}: {math.prod(self.shape)} elements",
                      "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
                      f"xmask = xindex < {math.prod(self.shape)}"]  # fmt: skip
-            body += [f"{v} = {e}" for v, e in self.xsplit if v != "0"]
-        body += self.lines + stores
+        body += [f"{v} = {e}" for v, e in self.splits if v != "0"]
+        for ln in self.body:
+            what = ln.node and (f"{ln.node.name} = {ln.node.target}" if ln.node in self.members else ln.node.name)
+            body.append(f"{ln.tmp} = {ln.expr}" + (f"  # {what}" if what else ""))
         lines = ["import triton", "import triton.language as tl", "", ""]
-        if self.reduction:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
+        if self.rows:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
             lines += [*tlang.COMBINE_FUNCTIONS, ""]
         lines += ["@triton.jit", *head]
-        return "\n".join(lines + ["    " + b for b in body]) + "\n"
+        return "\n".join(lines + ["    " + b for b in body + stores]) + "\n"
 
 
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    name = tlang.kernel_name(region, writer.reduction)
+    name = tlang.kernel_name(region, writer.rows is not None)
     source = writer.source(name)
-    ops = [line.split("# ", 1)[1] for line in writer.lines if "  # " in line and " = " in line.split("# ", 1)[1]]
-    kernel = GeneratedKernel(name, source, region, "reduction" if writer.reduction else "pointwise", ops)
+    kernel = GeneratedKernel(name, source, region, "reduction" if writer.rows else "pointwise", writer.ops())
     inputs = list(writer.inputs)
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
-    if writer.reduction:
-        rows = math.prod(writer.shape[: len(writer.shape) - writer.nred])
-        warps = min(8, max(2, writer.rblock // 1024))
-        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rblock}, warps)  # fmt: skip
+    if writer.rows:
+        rows, warps = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), min(8, max(2, writer.rows.rblock // 1024))  # fmt: skip
+        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rows.rblock}, warps)  # fmt: skip
     return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))
 
 
+# ----------------------------------------------------------------------------------------------------------------------
 # ----------------------------------------------------------------------------------------------------------------------
 # 4. The whole graph: one launch per region, aten for the rest
 

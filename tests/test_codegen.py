@@ -44,6 +44,20 @@ class Fn(nn.Module):
         return self.fn(*xs)
 
 
+# Ops with no Triton line (no tl./libdevice function; mapping sin/cos to tl.sin/tl.cos must never break a test):
+# the tests of cutting and falling back use these.
+NO_LINE, NO_LINE_2 = torch.digamma, torch.special.ndtri
+
+
+def test_the_fallback_ops_really_have_no_triton_line():
+    from fusion.codegen import Unsupported, pointwise_expr
+
+    gm = capture_aten(Fn(lambda x: (NO_LINE(x), NO_LINE_2(x))), (torch.ones(3),))
+    for n in [n for n in gm.graph.nodes if n.op == "call_function"]:
+        with pytest.raises(Unsupported):
+            pointwise_expr(n, ["tmp0"])
+
+
 def _rand(shape, seed, dtype=torch.float32):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
@@ -240,9 +254,9 @@ def test_matmul_between_two_chains_gives_two_kernels():
 
 def test_unsupported_op_falls_back_with_a_reason():
     x = _rand((4, 6), 0)
-    c = check(lambda x: (torch.sin(x * 2.0) + 1.0, torch.relu(x @ x.t()) * 3.0), x, kernels=1)
+    c = check(lambda x: (NO_LINE(x * 2.0) + 1.0, torch.relu(x @ x.t()) * 3.0), x, kernels=1)
     (skip,) = c.report.skipped
-    assert "sin" in skip.reason
+    assert "digamma" in skip.reason
     c = check(lambda x: (x * 2.0).sum(0) + 1.0, x, kernels=0)  # a reduction over the first dimension
     assert c.report.skipped and "dim" in c.report.skipped[0].reason
     c = check(lambda x: torch.div(x * 4.0, 3.0, rounding_mode="floor") + 1.0, x, kernels=0)  # no floor division
@@ -366,32 +380,32 @@ def _fallback_reasons_are_clean(report):
 
 def test_an_unsupported_op_cuts_the_region_and_the_pieces_still_fuse():
     x = _rand((5, 7), 0)
-    c = check(lambda x: torch.relu(torch.sin(torch.relu(x * 2.0)) * 3.0) + 1.0, x, kernels=2)
-    assert c.library_calls == 1  # the sin, between the two kernels
+    c = check(lambda x: torch.relu(NO_LINE(torch.relu(x * 2.0)) * 3.0) + 1.0, x, kernels=2)
+    assert c.library_calls == 1  # the digamma, between the two kernels
     (cut,) = c.report.skipped
-    assert cut.nodes == ("sin",) and "sin" in cut.reason
+    assert cut.nodes == ("digamma",) and "digamma" in cut.reason
     # the cut op feeds a member before it in graph order: the pieces before/after it stay in dependency order
-    c = check(lambda x: (lambda a: a * torch.sin(a) + 1.0)(torch.relu(x * 2.0)), x, kernels=2)
+    c = check(lambda x: (lambda a: a * NO_LINE(a) + 1.0)(torch.relu(x * 2.0)), x, kernels=2)
     _fallback_reasons_are_clean(c.report)
-    c = check(lambda x: torch.softmax(torch.sin(x * 2.0), -1) * 3.0, x, kernels=1)  # the softmax after the cut
+    c = check(lambda x: torch.softmax(NO_LINE(x * 2.0), -1) * 3.0, x, kernels=1)  # the softmax after the cut
     assert c.kernels[0].kind == "reduction"
-    c = check(lambda x: torch.relu(torch.cos(torch.sin(x * 2.0 - 1.0) + 1.0) * 2.0) + x, x, kernels=2)  # two cuts
-    assert sorted(d.nodes for d in c.report.skipped) == [("cos",), ("sin",)], c.report.table()
+    c = check(lambda x: torch.relu(NO_LINE_2(NO_LINE(x * 2.0 - 1.0) + 1.0) * 2.0) + x, x, kernels=2)  # two cuts
+    assert sorted(d.nodes for d in c.report.skipped) == [("digamma",), ("special_ndtri",)], c.report.table()
 
 
-@given(ops=st.lists(st.sampled_from(["mul", "add", "relu", "sin"]), min_size=1, max_size=8), shape=dims)
+@given(ops=st.lists(st.sampled_from(["mul", "add", "relu", "cut"]), min_size=1, max_size=8), shape=dims)
 def test_a_chain_cut_at_every_unsupported_op_gives_one_kernel_per_run_of_two_or_more(ops, shape):
-    """x → op → op → …: each run of >= 2 supported ops between sins is one kernel; every sin is one aten call."""
-    steps = {"mul": lambda t: t * 1.5, "add": lambda t: t + 0.5, "relu": torch.relu, "sin": torch.sin}
+    """x → op → op → …: each run of >= 2 supported ops between cuts is one kernel; every cut op is one aten call."""
+    steps = {"mul": lambda t: t * 1.5, "add": lambda t: t + 0.5, "relu": torch.relu, "cut": NO_LINE}
 
     def chain(x):
         for op in ops:
             x = steps[op](x)
         return x
 
-    runs = "".join("s" if op == "sin" else "k" for op in ops).split("s")
+    runs = "".join("s" if op == "cut" else "k" for op in ops).split("s")
     c = check(chain, _rand(tuple(shape), 0), kernels=sum(len(r) >= 2 for r in runs))
-    assert all(d.nodes[0].startswith("sin") for d in c.report.skipped)  # only sin is cut; the rest is generated
+    assert all(d.nodes[0].startswith("digamma") for d in c.report.skipped)  # only it is cut; the rest is generated
     _fallback_reasons_are_clean(c.report)
 
 
@@ -433,3 +447,70 @@ def test_a_getitem_of_a_reduction_outside_the_region_is_unsupported_not_a_crash(
     with pytest.raises(Unsupported) as info:  # was AttributeError: 'KernelWriter' object has no attribute 'nred'
         generate_kernel(FusionRegion(members))
     assert info.value.node is not None and info.value.node in members
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Every rule of Phase 8 for every kind it applies to: NaN, half loads, each dtype's loads and stores, pow
+
+
+def test_maximum_and_minimum_propagate_nan_from_either_side():
+    """torch.maximum(nan, 0) and torch.maximum(0, nan) are both nan: a plain tl.where(a > b, a, b) loses one."""
+    nan = float("nan")
+    x, y = torch.tensor([nan, 0.0, nan, 1.0, -2.0]), torch.tensor([0.0, nan, nan, 2.0, -3.0])
+    check(lambda x, y: (torch.maximum(x * 1.0, y) + 0.0, torch.minimum(x * 1.0, y) + 0.0), x, y, kernels=2)
+    check(lambda x, y: (torch.maximum(y * 1.0, x) + 0.0, torch.minimum(y * 1.0, x) + 0.0), x, y, kernels=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_loads_are_computed_in_float32(dtype):
+    """4096 × 30.0 summed in float16 overflows (inf); loaded up to float32 the mean is 30 and the answer 31."""
+    x = torch.full((2, 4096), 30.0, dtype=dtype)
+    got = check(lambda x: x.mean(-1) + 1, x, kernels=1)(x)
+    assert got.tolist() == [31.0, 31.0]
+
+
+ALL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16]
+ALL_DTYPES += [torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_is_loaded_and_stored_exactly(dtype):
+    """Loads and stores of each dtype (non-contiguous input, odd shape) give eager's bits."""
+    base = _rand((7, 10), 0) * 4
+    x = (base > 0 if dtype == torch.bool else base.to(dtype))[:, ::2]  # (7, 5), strided
+    y = _rand((5,), 1).to(dtype) if dtype != torch.bool else _rand((5,), 1) > 0
+    c = check(lambda x, y: torch.minimum(torch.maximum(x, y), x), x, y, kernels=1, atol=0, rtol=0)
+    assert c(x, y).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.int32, torch.bool], ids=str)
+def test_every_cast_rounds_once_like_torch(source, dtype):
+    """x.to(dtype) in a kernel: half/bf16 rounded to nearest even (once), float → int truncated (through int64, so
+    float → uint8 wraps like torch), bool is != 0; stored exactly as eager's."""
+    base = (_rand((6, 7), 2) * 37).clamp(-100, 100)
+    x = base > 0 if source == torch.bool else base.to(source)
+    one = 1 if (x * 1).dtype != dtype else None  # a cast to the same dtype is no op: x * 1 alone is no region
+    check(lambda x: (x * 1).to(dtype), x, kernels=one, atol=0, rtol=0)
+    check(lambda x: ((x * 1).to(dtype) * 1).to(torch.float64), x, kernels=1, atol=0, rtol=0)
+
+
+@given(
+    e=st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, 0.5, 1.5, -0.5, 2.5, 2.0, 4.0, -2.0]),
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_pow_by_a_scalar_matches_torch_for_every_sign(e, seed, dtype):
+    """Integer exponents keep signs (x**4 of -2 is 16, not NaN) and NaN**0 is 1; NaN/inf as torch."""
+    x = torch.cat([_rand((9,), seed, dtype) * 3, torch.tensor([0.0, -0.0, 1.0, -1.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)])  # fmt: skip
+    check(lambda x: (x * 1) ** e, x, kernels=1, atol=1e-6, rtol=1e-5)
+
+
+def test_comparison_constants_are_rounded_to_the_compared_dtype():
+    x = torch.full((3,), 0.1, dtype=torch.float16)  # float16(0.1) == 0.0999755859375: eager compares it with fp16 0.1
+    assert check(lambda x: (x * 1) >= 0.1, x, kernels=1)(x).all()
+
+
+def test_float64_constants_keep_their_bits():
+    x = _rand((9,), 0, torch.float64)
+    check(lambda x: (x * 0.1 + 1e-300) * 3.3, x, kernels=1, atol=0, rtol=0)

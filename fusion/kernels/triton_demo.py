@@ -23,13 +23,13 @@ def show_region(kernel: GeneratedKernel) -> None:
 
 
 class Fallbacks(torch.nn.Module):
-    """Regions the generator cannot compile whole: an op with no Triton line (the region is cut there and the pieces
-    around it still become kernels), a reduction over dim 0."""
+    """Regions the generator cannot compile whole: an op with no Triton line (digamma: the region is cut there and the
+    pieces around it still become kernels), a reduction over dim 0."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a = torch.relu(x * 2.0 + 1.0)
-        b = torch.sin(torch.mm(a, a.t())) * 2.0
-        c = torch.relu(torch.sin(torch.relu(x * 2.0)) * 3.0) + 1.0
+        b = torch.digamma(torch.mm(a, a.t())) * 2.0
+        c = torch.relu(torch.digamma(torch.relu(x * 2.0)) * 3.0) + 1.0
         d = torch.mm(b, x).sum(0) * 3.0
         return a, b, c, d
 

@@ -8,6 +8,7 @@ import itertools
 import math
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -20,6 +21,56 @@ _names = itertools.count()
 def next_kernel_index() -> int:
     """A process-wide counter: kernel names are unique per process, as Inductor's are (``..._0``, ``..._1``)."""
     return next(_names)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a kernel body, ``tmp = expr``: a load of the input ``node``, one op computing member ``node``,
+    or a helper step (``node`` None). The generator writes the source and the kernel's op list from these records."""
+
+    tmp: str
+    expr: str
+    dtype: torch.dtype  # the dtype the tmp holds (half/bf16 values are held in float32)
+    node: fx.Node | None = None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How a reduction kernel walks its region: one program per row of ``shape[:-nred]``; the row is the last ``nred``
+    dimensions, ``rnumel`` elements in one block of ``rblock`` lanes. A pointwise kernel has none."""
+
+    shape: tuple[int, ...]
+    nred: int
+    rnumel: int
+    rblock: int
+
+    @classmethod
+    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int) -> Rows:
+        """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
+        every reduction reduces the trailing dims of that shape and every store lies inside the walk (a whole row,
+        or one element per row: anything else would be written out of its bounds)."""
+        shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
+        ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
+
+        def dims_of(r: fx.Node) -> list[int]:
+            return sorted({d % ndim for d in (bind_args(r).get("dim") or range(ndim))}) if ndim else []
+
+        nred = len(dims_of(reductions[0]))  # the row: the last nred dims (softmax 1, a global pool 2)
+        nrow = ndim - nred
+        for r in reductions:
+            dims = dims_of(r)
+            if tuple(r.args[0].meta["val"].shape) != shape or dims != list(range(nrow, len(shape))):
+                raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
+                                  "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
+        for n in stored:
+            if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
+                raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"
+                                  " per row: stored by another kernel", n)  # fmt: skip
+        rnumel = math.prod(shape[nrow:])
+        rblock = 1 << max(rnumel - 1, 0).bit_length()
+        if rblock > max_rblock:
+            raise Unsupported(f"a row of {rnumel} elements does not fit one block ({max_rblock})")
+        return cls(shape, nred, rnumel, rblock)
 
 
 def bind_args(node: fx.Node) -> dict:
@@ -52,6 +103,90 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+# The dtypes a kernel loads, computes and stores; anything else (complex, float8, unsigned > 8 bits) is refused.
+DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+DTYPES |= {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+def round_bf16(x: str) -> str:
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), still a float32: the upper 16 bits after adding
+    0x7FFF plus the lowest kept bit. Written out because Triton's interpreter truncates on ``.to(tl.bfloat16)``."""
+    bits = f"{x}.to(tl.uint32, bitcast=True)"
+    rounded = f"(({bits} + (0x7FFF + (({bits} >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)"
+    return f"tl.where({x} != {x}, {x}, {rounded})"
+
+
+def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """Source converting ``x`` (a tmp holding a value of compute dtype ``src``) to ``dst`` with torch's semantics,
+    kept in ``compute_dtype(dst)``: half/bf16 rounded once and correctly (float64 via float32, as c10 does), float →
+    integer truncated through int64 (float → uint8 wraps like torch), anything → bool is ``!= 0`` (NaN is True)."""
+    if dst == torch.bool:
+        return x if src == torch.bool else f"{x} != 0"
+    if src == torch.bool:
+        x, src = f"tl.where({x}, 1, 0)", torch.int32
+    if dst in (torch.float16, torch.bfloat16):
+        x32 = x if src == torch.float32 else f"{x}.to(tl.float32)"
+        return f"{x32}.to(tl.float16).to(tl.float32)" if dst == torch.float16 else round_bf16(f"({x32})")
+    if src == dst:
+        return x
+    if src.is_floating_point and not dst.is_floating_point and dst != torch.int64:
+        return f"{x}.to(tl.int64).to({tl_dtype(dst)})"
+    return f"{x}.to({tl_dtype(dst)})"
+
+
+def int_power(x: str, e: int, floating: bool) -> str:
+    """``x ** e`` for an integer ``e`` by repeated squaring, as torch (and Inductor) do: signs stay exact (x**4 of a
+    negative x is positive), NaN ** 0 and inf ** 0 are 1, a negative exponent is one reciprocal."""
+    if e == 0:
+        return f"tl.where({x} != {x}, 1.0, 1.0)" if floating else f"({x} * 0 + 1)"
+    if e < 0:
+        return f"1.0 / ({int_power(x, -e, floating)})"
+    if e == 1:
+        return x
+    half = int_power(x, e // 2, floating)
+    square = f"({half}) * ({half})" if e // 2 > 1 else f"{x} * {x}"
+    return square if e % 2 == 0 else f"{square} * {x}"
+
+
+def rounded(value: object, dtype: torch.dtype) -> object:
+    """A Python float as ``dtype`` holds it (0.1 in float16 is 0.0999755859375); anything else unchanged."""
+    if isinstance(value, float) and dtype.is_floating_point and math.isfinite(value):
+        return torch.tensor(value, dtype=dtype).item()
+    return value
+
+
+TANH_SERIES = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875)
+
+
+def tanh(x: str, dtype: torch.dtype) -> str:
+    """tanh as source: (1 - e) / (1 + e) with e = exp(-2|x|), and near 0, where 1 - e cancels every digit, its
+    Taylor series (x - x³/3 + …, 8 terms, Horner in x²). Triton has no portable tl.tanh (the interpreter lacks it)."""
+    big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({x}))) / (1.0 + tl.exp(-2.0 * tl.abs({x})))"
+    series = "0.0"
+    for c in reversed(TANH_SERIES):
+        series = f"({c!r} + {x} * {x} * {series})"
+    small = f"{x} * (1.0 + {x} * {x} * {series})"
+    return f"tl.where(tl.abs({x}) < {0.05 if dtype == torch.float64 else 0.55}, {small}, {big})"
+
+
+def constant(value: object, dtype: torch.dtype) -> str:
+    """A Python scalar operand of an op computed in ``dtype``, as torch would use it: float64 keeps every bit
+    (a bare literal is a float32 in Triton), an integer must fit ``dtype`` (else refused: torch wraps it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return const_source(value)
+    if dtype == torch.float64 and isinstance(value, float) and math.isfinite(value):
+        return f"tl.full([], {value!r}, tl.float64)"
+    if not dtype.is_floating_point and dtype != torch.bool:
+        if isinstance(value, float):
+            raise Unsupported(f"float constant {value!r} in an op computed in {dtype}")
+        info = torch.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise Unsupported(f"constant {value} does not fit {dtype} (torch wraps it around)")
+        if dtype == torch.int64 and not -(2**31) <= value < 2**31:
+            return f"tl.full([], {value}, tl.int64)"
+    return const_source(value)
+
+
 COMBINE_FUNCTIONS = [
     "@triton.jit", "def _add(a, b):", "    return a + b", "", "",
     "@triton.jit", "def _maximum(a, b):", "    return tl.where(a != a, a, tl.where(a > b, a, b))", "", "",
@@ -77,6 +212,18 @@ def kernel_name(region, reduction: bool) -> str:
     """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view(n)})  # fmt: skip
     return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+
+
+def stored_members(region) -> list[fx.Node]:
+    """The members a kernel stores: the region's external outputs, an escaping view replaced by the member it
+    aliases (the view itself is rebuilt on the stored tensor after the launch)."""
+    stored = [n for n in region.external_outputs if not is_view(n)]
+    for n in region.external_outputs:
+        while is_view(n) and n.args[0] in region.members:
+            n = n.args[0]
+        if not is_view(n) and n not in stored:
+            stored.append(n)
+    return stored
 
 
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:
@@ -107,6 +254,8 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
                 )
         for v in val if isinstance(val, (tuple, list)) else [val]:
             if isinstance(v, torch.Tensor):
+                if v.dtype not in DTYPES:
+                    raise Unsupported(f"{n.name} is {v.dtype}: kernels are generated for bool, integers and floats", n)
                 if not all(type(d) is int for d in (*v.shape, *v.stride())):
                     raise Unsupported(
                         f"{n.name} has symbolic sizes {tuple(v.shape)}: kernels are generated for static shapes"

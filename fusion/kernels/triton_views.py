@@ -23,6 +23,8 @@ def view_index(node: fx.Node, index: list[str], split_index: Callable, offset_ex
     """For a view: the index into its input that holds the element at ``index`` of the view (no data moves).
 
     ``split_index``, ``offset_expr`` and ``broadcast`` are the lesson's (``broadcast_index``)."""
+    if node.target is aten.view.dtype:  # the same bytes read as another dtype: not an index change
+        raise Unsupported(f"{node.name} reinterprets the bits as {node.args[1]} (view(dtype))", node=node)
     packet, bound = node.target.overloadpacket, bind_args(node)
     src_shape = tuple(node.args[0].meta["val"].shape)
     if packet in (aten.alias, aten.expand):
@@ -46,7 +48,9 @@ def view_index(node: fx.Node, index: list[str], split_index: Callable, offset_ex
         size, start = src_shape[dim], bound["start"] or 0
         start = min(max(start + size if start < 0 else start, 0), size)
         out = list(index)
-        out[dim] = f"{start} + {bound['step']}*{index[dim]}" if index[dim] != "0" else str(start)
+        step, i = bound["step"], index[dim]
+        scaled = i if step == 1 else f"{step}*{i}" if i.isidentifier() else f"{step}*({i})"
+        out[dim] = str(start) if i == "0" else scaled if start == 0 else f"{start} + {scaled}"
         return out
     if packet is aten.select:
         out = list(index)
