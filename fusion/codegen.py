@@ -374,18 +374,13 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# ----------------------------------------------------------------------------------------------------------------------
 # 4. The whole graph: one launch per region, aten for the rest
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledGraph:
-    """Generate one Triton kernel per fusion region of an aten graph; the rest of the graph stays aten calls.
-
-    ``gm`` carries ``meta["val"]`` on its nodes (from :func:`~fusion.regions.capture_aten`, or AOTAutograd's forward
-    graph). The result is called with the same flat tensors as ``gm`` and returns what ``gm`` returns; it has
-    ``.kernels``, ``.report``, ``.num_kernels`` and ``.library_calls``. A region with an op the generator cannot
-    compile is cut at that op (an aten call, its reason in the report); the pieces around it are generated in turn.
-    """
+    """One Triton kernel per fusion region of an aten graph (``meta["val"]`` on its nodes: capture_aten or AOT); the
+    rest stays aten calls. Called like ``gm``; has ``.kernels``, ``.report``, ``.num_kernels``, ``.library_calls``. A
+    region with an op the generator cannot compile is cut there (an aten call, its reason in the report)."""
     ensure_meta(gm, example_inputs)
     work = Worklist(gm, unique_regions(build_fusion_regions(gm)))  # Phase 6's regions, built once
     for region in work:
@@ -398,8 +393,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
 
 def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> CompiledModel:
     """capture_aten + compile_graph: a module computing ``model(*inputs)`` for inputs of the example shapes."""
-    gm = capture_aten(model, example_inputs)
-    return CompiledModel(model, compile_graph(gm, aten_inputs(model, example_inputs)))
+    return CompiledModel(model, compile_graph(capture_aten(model, example_inputs), aten_inputs(model, example_inputs)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -408,8 +402,7 @@ def compile_regions(model: torch.nn.Module, example_inputs: Sequence[torch.Tenso
 
 def generated_sources(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[GeneratedKernel]:
     """The kernels of every region, generated but not loaded: this works without Triton installed."""
-    gm = capture_aten(model, inputs)
-    return [generate_kernel(r).kernel for r in unique_regions(build_fusion_regions(gm))]
+    return [generate_kernel(r).kernel for r in unique_regions(build_fusion_regions(capture_aten(model, inputs)))]
 
 
 def run(quick: bool = False) -> None:
@@ -422,9 +415,8 @@ def run(quick: bool = False) -> None:
     demo.show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
 
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
-    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:")
-    for var, expr in split_index("xindex", (8, 64)):
-        print(f"    {var} = {expr}")
+    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"
+          + "\n".join(f"    {var} = {expr}" for var, expr in split_index("xindex", (8, 64))))  # fmt: skip
     b = broadcast_index(["x1", "x0"], (64,))
     print(
         f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))}; a (64,) broadcasts: "

@@ -363,12 +363,17 @@ def _lesson_frame(exc: BaseException) -> str:
     return ""
 
 
+def _is_dynamo_restart(exc: BaseException) -> bool:
+    """Dynamo's own control flow (RestartAnalysis and its kin, e.g. TensorifyScalarRestartAnalysis): it traces again."""
+    return any(cls.__name__.endswith("RestartAnalysis") for cls in type(exc).__mro__)
+
+
 def fallback_reason(exc: BaseException, stage: str, expected: tuple[type[BaseException], ...] = ()) -> str:
     """The one rule for a compiler stage's ``except``: the reason to report when the stage falls back to aten, or
     a raise. An unsolved TODO(human) is raised as it is; in :func:`strict_compiler` mode any exception other than
     ``expected`` (e.g. ``Unsupported``: a reason, not a bug) is raised as :class:`CompilerStageError`, naming the
     lesson function it came from."""
-    if is_todo(exc):
+    if is_todo(exc) or _is_dynamo_restart(exc):  # a TODO, or Dynamo asking to trace again: never a fallback
         raise exc
     text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if strict_compiler() and not isinstance(exc, expected):

@@ -205,6 +205,9 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
             item.meta = copy.copy(out.meta)
             env[out] = item
     new = fx.GraphModule(root, graph, class_name="CompiledGraph")
+    for name, mod in root.named_children():  # GraphModule keeps only the modules its code calls: keep the kernels too
+        if isinstance(mod, rt.RegionKernel) and not hasattr(new, name):
+            new.add_module(name, mod)
     new.meta["prims_to_aten"] = prims_to_aten(new)
     new.graph.lint()
     new.recompile()
