@@ -108,8 +108,32 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
         sys.modules[module_name] = module  # inspect.getsource finds the file through the module
         with _interpret(interpret):
             spec.loader.exec_module(module)
-        kernel = _LOADED[key] = getattr(module, name)
+        kernel = getattr(module, name)
+        kernel = _LOADED[key] = _Interpreted(kernel) if interpret else kernel
     return kernel
+
+
+_INTERPRET_LOCK = threading.Lock()
+
+
+class _Interpreted:
+    """A kernel for Triton's interpreter: it patches ``triton.language`` while a kernel runs, so two threads
+    interpreting at once break each other. One interpreted launch at a time (CPU runs are for correctness only)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def run(*args, **kwargs):
+            with _INTERPRET_LOCK:
+                return launch(*args, **kwargs)
+
+        return run
+
+    def __getattr__(self, name: str):
+        return getattr(self.fn, name)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
