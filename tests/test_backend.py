@@ -446,7 +446,9 @@ def test_cuda_conv_bn_net_uses_the_epilogue():
     (x,) = models.conv_inputs(batch=2, size=8)
     x = x.cuda()
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(
+            torch.compile(model, backend="fusion", options=FOLD)(x), model(x), rtol=1e-3, atol=1e-3
+        )
     (report,) = backend.reports
     epilogue = [p for p in report.parts[0].passes if p[0] == "cudnn epilogue"]
     assert sum(p[2] == "fused" for p in epilogue) == 2, report.table()  # stem and conv1; conv2 is depthwise
