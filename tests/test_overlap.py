@@ -40,8 +40,10 @@ def group():
     return torch.distributed.group.WORLD
 
 
-def graph_of(gm, cost=None):
-    region_of = build_fusion_regions(gm)
+def graph_of(gm, cost=None, regions=True):
+    """The overlap graph of ``gm``: Phase 6's regions as units, or (regions=False) every node its own unit, so that
+    a test of the scheduler alone needs no other phase."""
+    region_of = build_fusion_regions(gm) if regions else {}
     return OverlapGraph(gm, cost or CostModel(), region_of), region_of
 
 
@@ -137,7 +139,7 @@ def two_collectives(x, w1, w2, w3):
 
 def test_collectives_share_one_network(fake_group):
     gm = capture_fn(two_collectives, [torch.randn(8, 8) for _ in range(4)], decompose=False)
-    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9))  # 3 ms per collective, bytes free
+    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9), regions=False)  # 3 ms per collective
     set_costs(graph, all_reduce=3.0, all_reduce_1=3.0)
     t = graph.timeline(overlap.schedule_overlap(graph, budget=10**9))
     assert [(c.began_ms, c.ended_ms) for c in t.collectives] == [(0.0, 3.0), (3.0, 6.0)]  # one after the other
@@ -150,7 +152,7 @@ def two_inputs_reduced(x, y):
 
 def test_back_to_back_all_reduces_are_bucketed_when_that_saves_latency(fake_group):
     gm = capture_fn(two_inputs_reduced, [torch.randn(8, 8), torch.randn(8, 8)], decompose=False)
-    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9))  # 3 ms latency, bytes free
+    graph, _ = graph_of(gm, CostModel(latency_us=3000.0, bus_gbps=1e9), regions=False)  # 3 ms latency
     order = overlap.schedule_overlap(graph, budget=10**9)
     plan = bucket.plan_buckets(graph, order)
     assert [by_name(g) for g in plan.groups] == [["all_reduce", "all_reduce_1"]]
