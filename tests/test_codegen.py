@@ -26,7 +26,7 @@ from fusion.regions import aten_inputs, capture_aten
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
     """An exception other than Unsupported is a generator bug: here it fails the test instead of falling back."""
-    monkeypatch.setattr(rt, "STRICT", True)
+    monkeypatch.setenv("FUSION_STRICT", "1")  # fusion.common.strict_compiler
 
 
 pytestmark = [

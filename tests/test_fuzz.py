@@ -50,7 +50,6 @@ def fuzz_settings(ci_examples: int):
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
     """An exception other than Unsupported is a generator bug: it fails the test instead of falling back."""
-    monkeypatch.setattr(rt, "STRICT", True)
     monkeypatch.setenv("FUSION_STRICT", "1")
 
 

@@ -86,7 +86,7 @@ MODELS = {
 
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
-    monkeypatch.setattr(rt, "STRICT", True)
+    monkeypatch.setenv("FUSION_STRICT", "1")  # fusion.common.strict_compiler
 
 
 def _inputs(name: str) -> dict:

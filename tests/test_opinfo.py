@@ -79,7 +79,7 @@ class Sample(torch.nn.Module):
 
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
-    monkeypatch.setattr(rt, "STRICT", True)
+    monkeypatch.setenv("FUSION_STRICT", "1")  # fusion.common.strict_compiler
 
 
 @pytest.fixture(scope="module")

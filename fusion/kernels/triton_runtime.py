@@ -35,10 +35,6 @@ from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
 __all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
 __all__ += ["cache_dir", "triton_status"]
 
-# Kept for tests/test_codegen.py's fixture (monkeypatch.setattr(rt, "STRICT", True)); strictness itself is
-# fusion.common.strict_compiler (FUSION_STRICT, pytest, practice workspaces).
-STRICT = False
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Is Triton here?
 
