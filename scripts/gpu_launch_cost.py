@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import torch
 from torch.utils.benchmark import Timer
@@ -50,8 +51,21 @@ def main() -> None:
         f(x)
     launchers = [lch for r in backend.reports for p in r.parts for lch in p.launchers()]
     cost = launch_us(launchers, lambda: f(x))
-    print(f"per launch: {cost['direct']:.1f} µs direct, {cost['jit']:.1f} µs through Triton's JIT "
-          f"({cost['kernels']} kernels, {cost['fallbacks']} fell back to the JIT)")  # fmt: skip
+    print(
+        f"per launch: {cost['direct']:.1f} µs direct ({'/'.join(cost.get('paths', [])) or 'none'}), "
+        f"{cost['jit']:.1f} µs through Triton's JIT ({cost['kernels']} kernels, {cost['fallbacks']} fell back)"
+    )
+    # The same host's floor for comparison: one eager aten op (allocate the output, launch), host time only.
+    a = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(1000):
+        torch.add(a, a)
+    cost["eager_add_us"] = (time.perf_counter() - start) / 1000 * 1e6
+    torch.cuda.synchronize()
+    print(
+        f"one eager torch.add on this host: {cost['eager_add_us']:.1f} µs of CPU (the floor a launch is measured against)"
+    )
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "launch_cost.json"), "w") as fh:

@@ -60,6 +60,47 @@ def graph_ops(model, inputs) -> tuple[Counter, list[str]]:
     return ops, sdpa_args
 
 
+def why_not_fused(node) -> list[str]:
+    """Rebuild an sdpa call's arguments (real tensors with the traced shapes, dtypes and strides) and ask torch's
+    kernel checks why flash / efficient / cuDNN attention would refuse them."""
+    import warnings
+
+    def real(a):
+        v = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+        if isinstance(v, torch.Tensor):
+            storage = torch.randn(v.untyped_storage().nbytes() // v.element_size() + 1, device=v.device).to(v.dtype)
+            return storage.as_strided(v.shape, v.stride(), v.storage_offset())  # the traced strides, expands kept
+        return v
+
+    args = [real(a) for a in node.args]
+    kwargs = {k: real(v) for k, v in node.kwargs.items()}
+    q, k, v = args[:3]
+    mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+    out = [
+        f"q {tuple(q.shape)} {q.dtype} {q.stride()}; mask "
+        + (f"{tuple(mask.shape)} {mask.dtype} {mask.stride()}" if isinstance(mask, torch.Tensor) else repr(mask))
+        + f"; kwargs { {k: (type(x).__name__ if isinstance(x, torch.Tensor) else x) for k, x in kwargs.items()} }"
+    ]
+    params = torch.backends.cuda.SDPAParams(
+        q,
+        k,
+        v,
+        mask,
+        float(kwargs.get("dropout_p", 0.0)),
+        bool(kwargs.get("is_causal", False)),
+        bool(kwargs.get("enable_gqa", False)),
+    )
+    for name in ("flash", "efficient", "cudnn"):
+        check = getattr(torch.backends.cuda, f"can_use_{name}_attention", None)
+        if check is None:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = check(params, True)
+        out.append(f"{name}: {ok} " + " | ".join(str(w.message)[:200] for w in caught))
+    return out
+
+
 def dynamo_calls(model, inputs) -> Counter:
     calls: Counter = Counter()
 
@@ -67,6 +108,11 @@ def dynamo_calls(model, inputs) -> Counter:
         for n in gm.graph.nodes:
             if n.op == "call_function":
                 calls[getattr(n.target, "__name__", str(n.target))] += 1
+                if "scaled_dot_product" in str(n.target) and calls[n.target.__name__] == 1:
+                    try:
+                        print("  sdpa in dynamo's graph:", *why_not_fused(n), sep="\n    ")
+                    except Exception as e:  # noqa: BLE001 - a probe: say what failed and go on
+                        print("  sdpa check failed:", type(e).__name__, e)
         return gm.forward
 
     torch._dynamo.reset()

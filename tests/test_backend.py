@@ -726,6 +726,25 @@ def test_cuda_launch_cost_is_measured():
     assert cost["kernels"] >= 1 and cost["fallbacks"] == 0  # no timing assert: the number is printed
 
 
+@cuda
+def test_cuda_kernels_launch_through_torchs_static_launcher():
+    from fusion.codegen import compile_graph
+
+    def f(x, y):  # a pointwise and a reduction kernel, bf16 and float32, a broadcast operand
+        h = torch.relu(x * y + 1.0)
+        return h.to(torch.bfloat16), torch.softmax(h, -1)
+
+    x, y = torch.randn(33, 130, device="cuda"), torch.randn(130, device="cuda")
+    compiled = compile_graph(torch.fx.experimental.proxy_tensor.make_fx(f)(x, y), [x, y])
+    for _ in range(3):  # the first call compiles; later calls take the direct path, on new values each time
+        x, y = torch.randn_like(x), torch.randn_like(y)
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+    kinds = {lch.kind or lch.fallback for lch in compiled.launchers}
+    static_refused = {lch.static_refused for lch in compiled.launchers}
+    assert kinds <= {"static", "triton"} and all(lch.launches >= 2 for lch in compiled.launchers), kinds
+    print(f"direct launch paths: {kinds}; static launcher refused: {static_refused}")
+
+
 class _ReplayByRunning:
     """torch.cuda as CudaGraphRunner uses it, on a CPU: "recording" runs the function, a replay runs it again on
     the recorded input tensors and writes the results into the recorded outputs (a CUDA graph's address rules)."""

@@ -78,8 +78,9 @@ def launch_us(launchers: Sequence[Launcher], call: Callable[[], object], calls: 
             torch.cuda.synchronize()
     n = max(len(captured), 1)
     fallbacks = sum(bool(lch.fallback) for lch in captured)
+    paths = sorted({lch.kind for lch in captured if lch.kind})  # "static" (torch's launcher) / "triton" (Triton's)
     return {"kernels": len(captured), "direct": total["direct"] / n * 1e6, "jit": total["jit"] / n * 1e6,
-            "fallbacks": fallbacks}  # fmt: skip
+            "fallbacks": fallbacks, "paths": paths}  # fmt: skip
 
 
 def gpu_cases(quick: bool) -> list[tuple[str, torch.nn.Module, tuple]]:

@@ -235,6 +235,8 @@ class Launcher:
         self.direct: Callable | None = None  # (*inputs, *outs) -> None once the compiled kernel is known (CUDA)
         self.fallback = ""  # why the direct path is off ("" while it is on, or untried)
         self.launches = 0  # calls through the direct path
+        self.kind = ""  # which direct path: "static" (torch's static launcher) or "triton" (Triton's own)
+        self.static_refused = ""  # why torch's static launcher was not used, if it was not
         self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
         plan = owner.plan
         where: dict[fx.Node, tuple[int, int]] = {n: (1, i) for i, n in enumerate(plan.stored)}
@@ -290,10 +292,55 @@ class Launcher:
             if device.type == "cuda" and not self.fallback:
                 try:
                     self._aligned = [i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0]
-                    self.direct = direct_launcher(fn, compiled, grid, len(inputs) + len(outs), constexprs, device)
-                except Exception as e:  # noqa: BLE001 - an older/newer Triton: keep the JIT call
-                    self.fallback = f"no direct launcher ({type(e).__name__}: {str(e)[:120]})"
+                    self.direct, self.kind = static_launcher(compiled, grid, len(inputs) + len(outs), device), "static"
+                except Exception as e:  # noqa: BLE001 - no static launcher in this torch: Triton's own
+                    self.static_refused = f"{type(e).__name__}: {str(e)[:120]}"
+                    try:
+                        self.direct = direct_launcher(fn, compiled, grid, len(inputs) + len(outs), constexprs, device)
+                        self.kind = "triton"
+                    except Exception as e:  # noqa: BLE001 - an older/newer Triton: keep the JIT call
+                        self.fallback = f"no direct launcher ({type(e).__name__}: {str(e)[:120]})"
         return self.results(inputs, outs)
+
+
+def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, get_stream=None):
+    """``launch(*tensors)`` through torch's static launcher, the one Inductor uses (``StaticallyLaunchedCudaKernel``:
+    the cubin loaded once, each launch one C++ call that reads the tensors' pointers itself; no Python-level argument
+    packing, no per-pointer driver query as in Triton's launcher). CUDA only; raises where this torch has none or
+    the kernel needs what it does not support (launch hooks, scratch memory, several CTAs)."""
+    import os
+    import tempfile
+
+    try:
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:  # torch <= 2.11 named the module after CUDA
+        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+
+    fd, path = tempfile.mkstemp(suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        compiled._cubin_path = path  # where the static launcher reads the binary (Inductor sets the same attribute)
+        kernel = StaticallyLaunchedCudaKernel(compiled)
+        if len(kernel.arg_tys) != n_tensors or set(kernel.arg_tys) != {"O"}:
+            raise TypeError(f"the kernel takes {kernel.arg_tys!r}, not {n_tensors} pointers")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        kernel.load_kernel(index)
+    finally:
+        os.unlink(path)
+    run = kernel.run
+    get_stream = get_stream or torch._C._cuda_getCurrentRawStream
+    from triton import knobs
+
+    runtime = knobs.runtime
+
+    def launch(*tensors: torch.Tensor) -> None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+            raise RuntimeError("a Triton launch hook is set: the JIT call gives it its metadata")
+        run(grid, 1, 1, get_stream(index), *tensors)
+
+    launch.kernel = kernel  # keeps the loaded module alive as long as the launch
+    return launch
 
 
 def direct_launcher(
