@@ -745,6 +745,33 @@ def test_cuda_kernels_launch_through_torchs_static_launcher():
     print(f"direct launch paths: {kinds}; static launcher refused: {static_refused}")
 
 
+def test_precompile_is_skipped_off_cuda():
+    from fusion.codegen import compile_graph
+
+    def f(x):
+        return torch.relu(x * 2.0) + 1.0, torch.softmax(x, -1)
+
+    x = torch.randn(4, 8)
+    compiled = compile_graph(torch.fx.experimental.proxy_tensor.make_fx(f)(x), [x])
+    assert "skipped" in compiled.precompiled  # the interpreter compiles nothing: no worker pool is started
+
+
+@cuda
+def test_cuda_kernels_are_compiled_in_parallel_before_the_first_call(monkeypatch):
+    from fusion.codegen import compile_graph
+
+    monkeypatch.setenv("FUSION_COMPILE_WORKERS", "2")
+
+    def f(x, y):  # three kernels: two pointwise, one reduction; a constant no other test uses (a fresh source)
+        return torch.relu(x * y + 0.123456), torch.softmax(x * 0.654321, -1), torch.sigmoid(y - 0.111)
+
+    x, y = torch.randn(33, 130, device="cuda"), torch.randn(130, device="cuda")
+    compiled = compile_graph(torch.fx.experimental.proxy_tensor.make_fx(f)(x, y), [x, y])
+    print(compiled.precompiled)
+    assert compiled.precompiled.get("kernels", 0) >= 2 and not compiled.precompiled["failed"], compiled.precompiled
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
 class _ReplayByRunning:
     """torch.cuda as CudaGraphRunner uses it, on a CPU: "recording" runs the function, a replay runs it again on
     the recorded input tensors and writes the results into the recorded outputs (a CUDA graph's address rules)."""

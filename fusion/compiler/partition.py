@@ -36,6 +36,7 @@ from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.ir import Kernel, KernelPlan, Region, Unsupported
 from fusion.fxutils.pieces import connected_pieces
 from fusion.kernels import triton_runtime as rt
+from fusion.kernels.precompile import precompile
 
 
 class CompiledGraph(torch.nn.Module):
@@ -154,7 +155,9 @@ class Worklist:
 
     def compiled(self) -> CompiledGraph:
         new = build_compiled_graph(self.gm, self.plans)
-        return CompiledGraph(new, [p.kernel for p in self.plans], self.report, self.regions)
+        compiled = CompiledGraph(new, [p.kernel for p in self.plans], self.report, self.regions)
+        compiled.precompiled = precompile([lch.owner for lch in compiled.launchers])  # CUDA: all kernels at once
+        return compiled
 
 
 def split_region(region: Region, bad: fx.Node) -> list[Region]:

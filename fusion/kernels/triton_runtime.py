@@ -79,6 +79,17 @@ _LOADED: dict[tuple[str, bool], object] = {}
 _LOAD_LOCK = threading.Lock()  # one compiled module called from several threads loads each kernel once
 
 
+def source_path(source: str, name: str) -> Path:
+    """``<cache_dir>/<name>_<hash>.py`` holding ``source`` (written atomically if it is not there yet)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache_dir() / f"{name}_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)  # atomic: a parallel test worker never imports half a file
+    return path
+
+
 def load_kernel(source: str, name: str, *, interpret: bool) -> object:
     """Write ``source`` to ``<cache_dir>/<name>_<hash>.py``, import it, return its function ``name``.
 
@@ -92,12 +103,7 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        path = cache_dir() / f"{name}_{digest}.py"
-        if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)  # atomic: a parallel test worker never imports half a file
+        path = source_path(source, name)
         module_name = f"fusion_kernels.{path.stem}{'_interp' if interpret else ''}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)

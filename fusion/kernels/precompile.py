@@ -1,0 +1,121 @@
+"""Compile a graph's kernels in parallel before its first call (CUDA only).
+
+Triton compiles a kernel on its first launch: source → Triton IR → LLVM → PTX → cubin, ~0.1-0.5 s each, one after
+another. A model with 200 generated kernels spends most of its first call there. Inductor's answer
+(``torch._inductor.async_compile``) is a pool of worker processes that compile every kernel of a graph at once; the
+parent then finds each binary in Triton's on-disk cache. We do the same with the public API: each worker imports the
+kernel's source file and calls ``fn.warmup(dtypes…, grid=(1,), num_warps=…, **constexprs)``, which compiles for the
+argument types it is given (``MockTensor`` pointers, assumed 16-byte aligned as real CUDA tensors are) without
+launching. The parent's first launch then hits the cache with the same key (same source, types, alignment, options).
+
+Workers never touch the GPU: the target (e.g. ``cuda:90``) is handed to them, so they create no CUDA context.
+Anything that fails here only costs time: the parent's first launch compiles the kernel as before.
+``FUSION_COMPILE_WORKERS=0`` turns the pool off; the default is one worker per CPU core, at most 8.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+_POOL: concurrent.futures.ProcessPoolExecutor | None = None
+_WARMED: set[tuple[str, tuple, int, tuple]] = set()  # what this process already compiled through the pool
+
+
+def workers() -> int:
+    """How many compile workers: $FUSION_COMPILE_WORKERS, else one per core (at most 8)."""
+    env = os.environ.get("FUSION_COMPILE_WORKERS")
+    return int(env) if env else min(os.cpu_count() or 1, 8)
+
+
+def _pool() -> concurrent.futures.ProcessPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        # spawn, not fork: the parent has CUDA initialised, and a forked CUDA context is unusable.
+        _POOL = concurrent.futures.ProcessPoolExecutor(workers(), mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_POOL.shutdown, wait=False, cancel_futures=True)
+    return _POOL
+
+
+def _compile_in_worker(path: str, name: str, dtypes: tuple[str, ...], num_warps: int, constexprs: dict,
+                       target: tuple) -> str:  # fmt: skip
+    """In a worker: import the kernel's file, compile it for ``target`` without a GPU; '' or the error."""
+    try:
+        import importlib.util
+
+        from triton.backends.compiler import GPUTarget
+        from triton.runtime import driver
+
+        gpu = GPUTarget(*target)
+        active = driver.active
+        active.get_current_target = lambda: gpu  # compile for the parent's GPU, creating no CUDA context
+        active.get_current_device = lambda: 0
+        active.get_current_stream = lambda device=None: 0
+        spec = importlib.util.spec_from_file_location(f"fusion_precompile_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, name)
+        fn.warmup(*(getattr(torch, d) for d in dtypes), grid=(1,), num_warps=num_warps, **constexprs)
+        return ""
+    except Exception as e:  # noqa: BLE001 - a failed warm-up only means the parent compiles this one itself
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(kernels: Sequence[object]) -> dict[str, object]:
+    """Compile ``kernels`` (``RegionKernel`` modules of one graph) in the worker pool; returns what happened:
+    ``{"kernels": n, "seconds": wall time, "failed": [reasons]}`` or ``{"skipped": why}``."""
+    from fusion.kernels.triton_runtime import source_path
+
+    todo = []
+    for k in kernels:
+        plan = k.plan
+        devices = {n.meta["val"].device for n in plan.inputs}
+        if not devices or any(d.type != "cuda" for d in devices):
+            continue
+        device = next(iter(devices))
+        grid, constexprs = k.config(device)
+        dtypes = tuple(str(m[2]).removeprefix("torch.") for m in plan.input_meta)
+        dtypes += tuple(str(spec[2]).removeprefix("torch.") for spec in k._out_specs)
+        key = (k.kernel.source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
+        if grid > 0 and key not in _WARMED:
+            todo.append((k, dtypes, constexprs, key))
+    if len(todo) < 2 or workers() < 2:
+        return {"skipped": "fewer than two CUDA kernels to compile, or FUSION_COMPILE_WORKERS < 2"}
+    try:
+        from triton.runtime import driver
+
+        target = driver.active.get_current_target()
+        target = (target.backend, target.arch, target.warp_size)
+    except Exception as e:  # noqa: BLE001
+        return {"skipped": f"no Triton target here ({type(e).__name__})"}
+    start = time.perf_counter()
+    pool = _pool()
+    jobs = [
+        pool.submit(
+            _compile_in_worker,
+            str(source_path(k.kernel.source, k.kernel.name)),
+            k.kernel.name,
+            dtypes,
+            k.plan.num_warps,
+            constexprs,
+            target,
+        )  # fmt: skip
+        for k, dtypes, constexprs, _ in todo
+    ]
+    failed = []
+    for (_, _, _, key), job in zip(todo, jobs, strict=True):
+        try:
+            why = job.result()
+        except Exception as e:  # noqa: BLE001 - a dead worker: the parent compiles
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            failed.append(why)
+        else:
+            _WARMED.add(key)
+    return {"kernels": len(todo), "seconds": time.perf_counter() - start, "failed": failed}
