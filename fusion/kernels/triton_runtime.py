@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
 
 __all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
@@ -268,8 +269,11 @@ class Launcher:
         if self.spy is not None:
             self.spy(inputs)
         direct = self.direct
-        if direct is None or (self._aligned and any(inputs[i].data_ptr() & 15 for i in self._aligned)):
-            return self._first(inputs)  # Triton specialised the kernel on 16-byte aligned pointers: not this call
+        if direct is None:
+            return self._first(inputs)
+        for i in self._aligned:  # Triton specialised the kernel on 16-byte aligned pointers: is this one still?
+            if inputs[i].data_ptr() & 15:
+                return self._first(inputs)
         outs = [torch.empty_strided(s, st, dtype=dt, device=self._device) for s, st, dt in self._specs]
         try:
             direct(*inputs, *outs)
@@ -297,7 +301,12 @@ class Launcher:
             compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.plan.num_warps, **constexprs)
             if device.type == "cuda" and not self.fallback:
                 try:
-                    self._aligned = [i for i, t in enumerate(inputs) if t.data_ptr() % 16 == 0]
+                    # Only an input that can move checks its alignment per call: a graph input or a view (a slice
+                    # may start anywhere). Anything else is a fresh allocation of this graph (512-byte aligned).
+                    self._aligned = [
+                        i for i, (t, n) in enumerate(zip(inputs, owner.plan.inputs, strict=True))
+                        if t.data_ptr() % 16 == 0 and (n.op == "placeholder" or is_view_node(n))
+                    ]  # fmt: skip
                     self.direct, self.kind = static_launcher(compiled, grid, len(inputs) + len(outs), device), "static"
                 except Exception as e:  # noqa: BLE001 - no static launcher in this torch: Triton's own
                     self.static_refused = f"{type(e).__name__}: {str(e)[:120]}"
