@@ -586,6 +586,34 @@ def test_no_prims_call_runs_outside_generated_kernels(built, codegen):
         assert not _prims_calls(gm), gm.code
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_max_pool_runs_as_one_aten_call_in_inference(built, channels_last):
+    class Stem(nn.Module):
+        def forward(self, x):
+            return F.max_pool2d(torch.relu(x * 2.0), 3, 2, 1) + 1.0
+
+    x = torch.randn(2, 3, 9, 11)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(Stem(), backend="fusion")(x), Stem()(x))
+    (gm,) = built
+    assert not _prims_calls(gm), gm.code  # not Inductor's low-memory prim run as a Python reference
+    pools = [n for n in gm.graph.nodes if "max_pool" in getattr(n.target, "__name__", "")]
+    assert len(pools) == 1, gm.code
+
+
+def test_max_pool_keeps_its_offsets_for_training():
+    class Stem(nn.Module):
+        def forward(self, x):
+            return F.max_pool2d(x * 2.0, 2) * 3.0
+
+    x = torch.randn(2, 3, 6, 7, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    torch.compile(Stem(), backend="fusion")(x).sum().backward()
+    Stem()(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
 def test_attention_stays_one_library_call(built):
     class Attention(nn.Module):
         def forward(self, q, k, v, mask):

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 from collections.abc import Iterator, Sequence
@@ -251,6 +252,40 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+_LOW_MEMORY_MAX_POOL = {"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets"}
+
+
+def _max_pool_values(op):
+    def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode):
+        return op(x, kernel_size, stride, padding, dilation, ceil_mode)[0], None  # (values, offsets nobody reads)
+
+    max_pool.__name__ = f"{op.__name__.split('.')[0]}_values"
+    return max_pool
+
+
+def _max_pool_as_aten(node: fx.Node) -> bool:
+    """Inductor's low-memory max-pool prim (values + int8 window offsets) as one aten max-pool call, where no one
+    reads the offsets (inference) and aten's result has the strides the graph was traced with; else left as it is."""
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return False  # the offsets feed the backward: keep the prim
+    x, rest = node.args[0], node.args[1:6]
+    xv, want = x.meta.get("val"), node.meta.get("val")
+    if not isinstance(xv, torch.Tensor) or not isinstance(want, (tuple, list)) or len(node.args[1]) not in (2, 3):
+        return False
+    op = aten.max_pool2d_with_indices.default if len(node.args[1]) == 2 else aten.max_pool3d_with_indices.default
+    from torch._guards import detect_fake_mode
+
+    try:
+        with detect_fake_mode([xv]) or contextlib.nullcontext():
+            ref = op(xv, *rest)[0]
+    except Exception:  # noqa: BLE001 - aten does not take these arguments: keep the prim
+        return False
+    if ref.shape != want[0].shape or ref.stride() != want[0].stride() or ref.dtype != want[0].dtype:
+        return False  # a kernel downstream reads the values at the traced strides: they must be aten's
+    node.target = _max_pool_values(op)
+    return True
+
+
 def prims_to_aten(gm: fx.GraphModule) -> list[str]:
     """Replace every ``prims`` call of ``gm`` (outside generated kernels: they are launcher calls by now) by its aten
     op. Returns the nodes changed; a prims op without an entry in :data:`PRIMS_TO_ATEN` is left as it is."""
@@ -264,7 +299,7 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
             node.target, node.args, node.kwargs = aten._to_copy.default, (x,), {"dtype": dtype}
         elif target in PRIMS_TO_ATEN:
             node.target = PRIMS_TO_ATEN[target]
-        else:
+        elif not (target._schema.name in _LOW_MEMORY_MAX_POOL and _max_pool_as_aten(node)):
             continue
         changed.append(f"{node.name}: {target}")
     if changed:
