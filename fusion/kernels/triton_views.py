@@ -64,3 +64,25 @@ def view_index(node: fx.Node, index: list[str], split_index: Callable, offset_ex
             return ["0"] * len(src_shape)
         return [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
     raise Unsupported(f"view {node.target} of a value computed in the kernel", node=node)
+
+
+def unsplit(index: list[str], stride: tuple[int, ...], split_index: Callable) -> str | None:
+    """``F`` when ``index`` is ``split_index(F, shape)`` over a contiguous ``shape`` whose strides are ``stride``:
+    then the offset ``sum(index_d * stride_d)`` is ``F`` itself (a mixed-radix number put back together), and the
+    ``//`` and ``%`` per element cancel. A reshape of a reshape (a Linear's 2-D output read as 3-D) is the common
+    case: ``64*((320*x2 + 64*x1 + x0) // 64) + (320*x2 + 64*x1 + x0) % 64`` is ``320*x2 + 64*x1 + x0``. None otherwise.
+    """
+    pairs = [(i, s) for i, s in zip(index, stride, strict=True) if i != "0"]
+    if len(pairs) < 2 or pairs[-1][1] != 1:
+        return None
+    inner, _, size = pairs[-1][0].rpartition(" % ")
+    if not inner or not size.isdigit():
+        return None
+    flat = inner  # the innermost index is F % size0: F is what was split
+    shape = [1 << 40]  # the outermost size: never written out (the mask bounds it)
+    for (_, outer), (_, inner_stride) in zip(pairs, pairs[1:], strict=False):
+        if outer % inner_stride or outer // inner_stride < 2:
+            return None
+        shape.append(outer // inner_stride)
+    expected = [e for _, e in split_index(flat, shape)]
+    return flat if expected == [i for i, _ in pairs] else None
