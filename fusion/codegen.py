@@ -51,7 +51,7 @@ from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, is_view, tl_dtype
-from fusion.kernels.triton_views import view_index
+from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -159,6 +159,8 @@ def broadcast_index(index: Sequence[str], shape: Sequence[int]) -> list[str]:
 
 def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) -> str:
     """``sum(index_d * stride_d) + offset`` as source; indices that are 0 drop out: '64*x1 + x0'."""
+    if flat := unsplit(list(index), tuple(stride), split_index):  # a re-split flat index: // and % cancel
+        return flat + (f" + {offset}" if offset else "")
     pairs = [(i, s) for i, s in zip(index, stride, strict=True) if i != "0"]
     terms = [i if s == 1 else f"{s}*{i}" if i.isidentifier() else f"{s}*({i})" for i, s in pairs]
     return " + ".join(terms + ([str(offset)] if offset else [])) or "0"
@@ -170,6 +172,7 @@ def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) ->
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
 REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}  # what Inductor's decompositions leave
 COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
+LOGICAL = (aten.add, aten.mul, aten.maximum, aten.minimum)  # on bools: or, and, or, and
 
 
 class KernelWriter:
@@ -227,21 +230,23 @@ class KernelWriter:
                 raise
         return self.cache[key]
 
-    def operand(self, arg: object, index: list[str], dtype: torch.dtype, exact: bool = False) -> str:
+    def operand(self, arg: object, index: list[str], dtype: torch.dtype, exact: bool = False, op_dtype=None) -> str:
         """``arg`` (a node or a Python scalar) read at ``index`` broadcast to its shape, converted to ``dtype``.
-        ``exact``: a computed half/bf16 value is rounded to its dtype first, as eager holds it (before a comparison
-        or a cast to an integer, where the float32 bits we keep would flip the answer)."""
+        ``exact``: a computed half/bf16 value rounded to its dtype first, as eager holds it (before a comparison or an
+        integer cast). ``op_dtype``: torch converts a tensor operand to the op's dtype first (0-d float32 into fp16)."""
         if not isinstance(arg, fx.Node):
             return tlang.constant(arg, dtype)
         val = arg.meta["val"]
         src, dt = self.value(arg, broadcast_index(index, val.shape))
         if exact and arg in self.members and val.dtype in (torch.float16, torch.bfloat16):
             src, dt = self.emit(tlang.cast(src, dt, val.dtype), dt)
+        if op_dtype in (torch.float16, torch.bfloat16) and val.dtype not in (op_dtype, torch.bool):
+            src, dt = self.emit(tlang.cast(src, dt, op_dtype), torch.float32)
         return src if dt == dtype else self.emit(tlang.cast(src, dt, dtype), dtype)[0]
 
     def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
         val = node.meta.get("val")
-        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast converts its operand, a reduction goes to self.reduce, any other op computes pointwise_expr over its operands. Hint: self.emit(expr, dtype, node) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; self.operand(arg, index, dtype, exact) reads an operand (node or scalar) converted to dtype, the arithmetic one compute_dtype(val.dtype). More: the load is tl.load(ptr, mask) with (ptr, mask) = self.address(name, offset_expr(index, val.stride())) (no mask: leave it out); give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; a comparison converts both sides to their torch.result_type (exact=True, and a scalar rounded to that dtype: eager compares fp16 0.1 with fp16 0.1); a cast is the operand at its own dtype through tlang.cast (exact=True)
+        # TODO(human): produce node's element at index: an external input is a masked tl.load at its strides (half/bf16 converted to float32), a view reads its input at view_index, a cast converts its operand, a reduction goes to self.reduce, any other op computes pointwise_expr over its operands. Hint: self.emit(expr, dtype, node) writes one line and returns (tmp, dtype); self.value(arg, idx) recurses and caches; self.operand(arg, index, dtype, exact) reads an operand (node or scalar) converted to dtype, the arithmetic one compute_dtype(val.dtype). More: the load is tl.load(ptr, mask) with (ptr, mask) = self.address(name, offset_expr(index, val.stride())) (no mask: leave it out); give each input a pointer name in self.inputs (in_ptr0, in_ptr1, …); a getitem of var_mean is self.reduce(var_mean, index)[i]; a comparison converts both sides to their torch.result_type (exact=True, and a scalar rounded to that dtype: eager compares fp16 0.1 with fp16 0.1); a cast is the operand at its own dtype through tlang.cast (exact=True); any other op reads its operands with op_dtype=val.dtype (torch converts each operand to the op's dtype first)
         # BEGIN SOLUTION
         if node not in self.members:  # an external input: one load per distinct index
             if not isinstance(val, torch.Tensor):
@@ -268,19 +273,14 @@ class KernelWriter:
             cast_to, args = compute_dtype(promoted), [tlang.rounded(a, promoted) for a in node.args]
         else:
             args = list(node.args)
-        logical = cast_to == torch.bool and node.target.overloadpacket in (
-            aten.add,
-            aten.mul,
-            aten.maximum,
-            aten.minimum,
-        )
+        logical = cast_to == torch.bool and node.target.overloadpacket in LOGICAL
         cast_to = torch.int32 if logical else cast_to  # bool + bool is or, bool * bool and: int1 arithmetic wraps
         operands = []
         for i, a in enumerate(args):
             if isinstance(a, fx.Node) and node.target.overloadpacket is aten.where and i == 0:
                 operands.append(self.value(a, broadcast_index(index, a.meta["val"].shape))[0])  # the condition
             elif isinstance(a, (fx.Node, int, float, bool)):
-                operands.append(self.operand(a, index, cast_to, exact=compare))
+                operands.append(self.operand(a, index, cast_to, exact=compare, op_dtype=val.dtype))
         expr = pointwise_expr(node, operands)
         return self.emit(f"({expr}) != 0" if logical else expr, compute_dtype(val.dtype), node)
         # END SOLUTION

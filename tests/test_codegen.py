@@ -514,3 +514,22 @@ def test_comparison_constants_are_rounded_to_the_compared_dtype():
 def test_float64_constants_keep_their_bits():
     x = _rand((9,), 0, torch.float64)
     check(lambda x: (x * 0.1 + 1e-300) * 3.3, x, kernels=1, atol=0, rtol=0)
+
+
+def test_a_reshape_of_a_reshape_reads_at_the_flat_index_without_div_or_mod():
+    """A Linear's 2-D output read as 3-D (ViT's MLP): the re-split flat index is put back together, not divided."""
+    from fusion.kernels.triton_views import unsplit
+
+    def f(x, w):
+        return torch.nn.functional.gelu((x.reshape(-1, 6) @ w).reshape(2, 5, 6))
+
+    x, w = torch.randn(2, 5, 6), torch.randn(6, 6)
+    from fusion.codegen import generated_sources
+
+    (kernel,) = generated_sources(Fn(f), (x, w))
+    loads = [line for line in kernel.source.splitlines() if "tl.load" in line]
+    assert loads and not any("//" in line or "%" in line for line in loads), kernel.source
+    assert unsplit(["(a) // 6", "(a) % 6"], (6, 1), split_index) == "(a)"
+    assert unsplit(["(a) // 6", "(a) % 6"], (7, 1), split_index) is None  # strides that do not match
+    assert unsplit(["x1", "x0"], (6, 1), split_index) is None
+    torch.testing.assert_close(compile_regions(Fn(f), (x, w))(x, w), f(x, w))

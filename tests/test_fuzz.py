@@ -434,6 +434,16 @@ def test_fuzz_found_max_of_signed_zeros_is_either_zero():
     assert_same(got, run_program(program, inputs), *tolerance(program, inputs), ref=reference64(program, inputs))
 
 
+def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
+    """Found by the long run: a 0-d float32 tensor minus a float16 tensor is a float16 op, and torch converts the
+    float32 operand to float16 first (1.5410 - fp16(1.5410) is 0, and 0 ** 1.5 is 0); the kernel subtracted in float32
+    (-1.6e-5, and its 1.5th power NaN)."""
+    program = {"steps": [("binary", "sub", (1, 0), None), ("pow", "pow", (2,), 1.5)], "outputs": [3]}
+    inputs = (torch.tensor([[[[1.5410]]]], dtype=torch.float16), torch.tensor(1.5410))
+    got = compile_regions(Program(program), inputs)(*inputs)
+    torch.testing.assert_close(got, run_program(program, inputs), equal_nan=False)
+
+
 def _describe(program, inputs) -> str:
     ins = ", ".join(f"{t.dtype} {tuple(t.shape)} stride {t.stride()}" for t in inputs)
     return f"inputs: {ins}\nsteps: {program['steps']}\noutputs: {program['outputs']}"
