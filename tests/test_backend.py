@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fusion import backend, models
 from fusion.common import is_todo
-from fusion.compiler import aten_passes
+from fusion.compiler import aot, aten_passes
 
 pytestmark = pytest.mark.phase9
 
@@ -627,6 +627,41 @@ def test_attention_stays_one_library_call(built):
     calls = backend.reports[0].parts[0].library_calls
     assert sum(c for op, c in calls.items() if "scaled_dot_product" in op) == 1, calls
     assert not {"bmm", "_safe_softmax", "_softmax", "mm"} & set(calls), calls
+
+
+@pytest.mark.parametrize("grads", [False, True])
+def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(monkeypatch, grads):
+    from fusion.compiler import attention
+
+    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))  # the rewrite runs on CUDA; checked here on a CPU
+    rewritten = []
+    original = attention.fused_attention_masks
+    monkeypatch.setattr(aot, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
+
+    class Attention(nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    mask = (torch.rand(2, 1, 5, 1, generator=g) > 0.3).expand(2, 1, 5, 6)[..., :5]  # broadcast, like HF's
+    mask = mask.clone()
+    mask[0, 0, 2] = False  # one query row attends to nothing: the math path gives 0 there, as must we
+    mask = mask[:, :, :, :1].expand(2, 1, 5, 5) & mask  # a broadcast last dim, as BERT's compile-time mask
+    leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
+    want = Attention()(*leaves, mask)
+    got_leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
+    got = torch.compile(Attention(), backend="fusion")(*got_leaves, mask)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[0, :, 2], torch.zeros_like(got[0, :, 2]))
+    if grads:
+        want.sum().backward()
+        got.sum().backward()
+        for a, b in zip(got_leaves, leaves, strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
+    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    assert not {"bmm", "_safe_softmax", "_softmax"} & set(calls), calls
+    assert len(rewritten) == 1, rewritten
 
 
 def test_tiny_bert_has_one_attention_call_no_prims_no_copies(built):

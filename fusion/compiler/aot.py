@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 
 from fusion.common import is_todo
+from fusion.compiler.attention import fused_attention_masks
 
 aten = torch.ops.aten
 
@@ -44,6 +45,7 @@ def lower_with_aot(
     """AOTAutograd with our compilers: returns the callable Dynamo runs in place of ``gm``."""
     from torch._dynamo.backends.common import aot_autograd
 
+    fused_attention_masks(gm)  # before the trace picks attention's kernel: a boolean mask would get the math path
     backend = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,

@@ -1,0 +1,73 @@
+"""Attention stays one fused library call: a boolean mask becomes the additive mask fused kernels take.
+
+``F.scaled_dot_product_attention`` is one call in eager; which kernel runs (FlashAttention, memory-efficient,
+cuDNN, or PyTorch's *math* path: ``bmm`` + softmax in float32) is chosen from its inputs. Under AOTAutograd the choice
+is made once, at trace time, and the graph keeps that kernel's aten op; where no fused kernel takes the inputs, the
+graph gets the math path, decomposed: two float32 GEMMs, a float32 softmax and copies per layer.
+
+HuggingFace's encoders hit this: under ``torch.compile`` BERT's padding mask is a ``bool`` tensor of shape
+(batch, 1, q, k) broadcast from (batch, k), strides (0, k, 1, 0) (in eager, HF drops an all-ones mask and cuDNN runs
+without one). No fused kernel takes a broadcast last dimension, so on an H200 BERT-base spent 7.1 ms per call in math
+attention against eager's 2.0 ms (``scripts/results/h200-2026-11-23-probe_attention_bert_mask.log``).
+
+The rewrite, on Dynamo's graph before AOTAutograd (so the trace-time choice sees it): a boolean ``attn_mask`` becomes
+``where(mask, 0, -inf)`` in the query's dtype, made contiguous — the additive form every fused kernel takes, and the
+form GPT-2's graph already carries. One query row masked everywhere is the one place the two differ: the math path
+returns 0 there (``_safe_softmax``), an additive ``-inf`` row is NaN. So the result is
+``where(mask.any(-1, keepdim=True), attention, 0)``: a small reduction and a select our generator fuses. Only on
+CUDA, where the fused kernels are; each mask is converted once however many layers read it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+DEVICES = ("cuda",)  # where fused attention kernels exist (a CPU's flash kernel takes a boolean mask as it is)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` (True: attend) as 0 / -inf in ``dtype``, dense and contiguous (what fused attention reads)."""
+    return torch.where(mask, 0.0, float("-inf")).to(dtype).contiguous()
+
+
+def zero_fully_masked(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """0 where a query attends to nothing, as the math path's ``_safe_softmax`` gives (the additive form: NaN)."""
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0).to(out.dtype)
+
+
+def _example(node: object) -> torch.Tensor | None:
+    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def fused_attention_masks(gm: fx.GraphModule) -> list[str]:
+    """Rewrite every ``scaled_dot_product_attention`` of Dynamo's graph ``gm`` whose mask is boolean (on
+    :data:`DEVICES`) as described above; returns the names of the calls changed."""
+    changed: list[str] = []
+    converted: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in SDPA:
+            continue
+        in_kwargs = "attn_mask" in node.kwargs
+        mask = node.kwargs.get("attn_mask") if in_kwargs else (node.args[3] if len(node.args) > 3 else None)
+        q, m = _example(node.args[0] if node.args else None), _example(mask)
+        if q is None or m is None or m.dtype != torch.bool or q.device.type not in DEVICES:
+            continue
+        with gm.graph.inserting_before(node):
+            key = (mask, q.dtype)
+            if key not in converted:
+                converted[key] = gm.graph.call_function(additive_mask, (mask, q.dtype))
+        if in_kwargs:
+            node.update_kwarg("attn_mask", converted[key])
+        else:
+            node.update_arg(3, converted[key])
+        with gm.graph.inserting_after(node):
+            fixed = gm.graph.call_function(zero_fully_masked, (node, mask))
+        node.replace_all_uses_with(fixed, delete_user_cb=lambda user, fixed=fixed: user is not fixed)
+        changed.append(node.name)
+    if changed:
+        gm.recompile()
+    return changed
