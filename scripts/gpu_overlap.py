@@ -28,6 +28,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink SHARP / multicast off (the GPU ho
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -100,6 +101,22 @@ def bench_collectives(device: torch.device, world: int, dry: bool, iters: int) -
     return rows
 
 
+def measured_cost_model(world: int, fit: dict, calibration: dict):
+    """The cost model with this host's figures: the all-reduce fit (latency, bus bandwidth), the matmul peak and copy
+    bandwidth just measured. Falls back to the stated defaults where a figure is missing."""
+    from fusion.comms.cost import CostModel
+
+    ar, default = fit.get("all_reduce") or {}, CostModel(world_size=world)
+    return CostModel(
+        world_size=world,
+        matmul_tflops=calibration.get("matmul_tflops") or default.matmul_tflops,
+        bandwidth_gbps=calibration.get("copy_gbps") or default.bandwidth_gbps,
+        bus_gbps=ar.get("busbw_gbps") or default.bus_gbps,
+        latency_us=max(ar.get("latency_us") or 0.0, 0.0) or default.latency_us,
+        source="measured by scripts/gpu_overlap.py on this host (rank 0's all-reduce fit and calibration)",
+    )
+
+
 def fit_latency_bandwidth(rows: list[dict], world: int) -> dict:
     """Least squares of time = latency + bytes · factor / busbw, per op: the measured cost-model figures."""
     from fusion.comms.cost import CostModel
@@ -164,6 +181,14 @@ def inductor_variant(gm, overlap: bool):
     return run, ""
 
 
+def fusion_variant(gm, overlap: bool):
+    """backend="fusion" of the captured graph: compute in generated kernels and library calls, as Inductor's is;
+    with ``overlap`` Phase 10's scheduler runs as the backend's pass. (fn, note)."""
+    import fusion.backend  # noqa: F401  (registers "fusion")
+
+    return torch.compile(gm, backend="fusion", options={"overlap": overlap}), ""
+
+
 def bench_steps(args, rank: int, world: int, device: torch.device) -> list[dict]:
     from fusion.comms.capture import capture_step, step_inputs
     from fusion.comms.cost import CostModel
@@ -177,7 +202,8 @@ def bench_steps(args, rank: int, world: int, device: torch.device) -> list[dict]
         shape = dict(layers=args.layers, dim=args.dim, batch=args.batch, world_size=world)
         plain = capture_step(kind, **shape, dtype=dtype, device=str(device))
         ours = capture_step(kind, **shape, dtype=dtype, device=str(device))
-        graph = OverlapGraph(ours, CostModel(world_size=world), build_fusion_regions(ours))
+        model = getattr(args, "cost_model", None) or CostModel(world_size=world)
+        graph = OverlapGraph(ours, model, build_fusion_regions(ours))
         order = schedule_overlap(graph, memory_budget(graph))
         check_schedule(graph, order, memory_budget(graph))
         apply_order(ours, graph, order)
@@ -185,6 +211,11 @@ def bench_steps(args, rank: int, world: int, device: torch.device) -> list[dict]
         predicted = {"unscheduled": graph.timeline(graph.original).__dict__, "ours": graph.timeline(order).__dict__}
         predicted = {k: {"step_ms": v["step_ms"], "exposed_ms": v["exposed_ms"]} for k, v in predicted.items()}
         variants = {"unscheduled": (plain, ""), "ours": (ours, "")}
+        if args.fusion:  # the same two, compiled: the comparison with Inductor's compiled steps is on equal terms
+            variants["fusion"] = fusion_variant(capture_step(kind, **shape, dtype=dtype, device=str(device)), False)
+            variants["fusion+overlap"] = fusion_variant(
+                capture_step(kind, **shape, dtype=dtype, device=str(device)), True
+            )
         if args.inductor:
             variants["inductor"] = inductor_variant(capture_step(kind, **shape, dtype=dtype, device=str(device)), False)
             variants["inductor_overlap"] = inductor_variant(
@@ -231,6 +262,10 @@ def worker(rank: int, args, store: str) -> None:
         result["calibration"] = calibrate(device, args.dry_run)
         result["collectives"] = bench_collectives(device, world, args.dry_run, 3 if args.dry_run else args.iters)
         result["fit"] = fit_latency_bandwidth(result["collectives"], world)
+        shared = [result["fit"], result["calibration"]]  # rank 0's: every rank must schedule the same order
+        dist.broadcast_object_list(shared, src=0)
+        args.cost_model = measured_cost_model(world, *shared)
+        result["cost_model"] = dataclasses.asdict(args.cost_model)
         result["steps"] = bench_steps(args, rank, world, device)
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"
@@ -270,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for any collective (NCCL/gloo timeout)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=None,
                    help="also torch.compile with Inductor (default: on GPUs yes, dry run no)")  # fmt: skip
+    p.add_argument("--fusion", action=argparse.BooleanOptionalAction, default=True,
+                   help="also torch.compile(backend='fusion'), without and with options={'overlap': True}")  # fmt: skip
     p.add_argument("--out", default=os.environ.get("OUT"), help="JSON folder (default scripts/results; a dry run: tmp)")
     args = p.parse_args(argv)
     args.out = args.out or (
