@@ -330,13 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as tmp:
-        outdir = args.out
-        args.out = tmp
+    with tempfile.TemporaryDirectory() as tmp:  # each rank writes rank<r>.json into args.out as soon as it is done
         mp.start_processes(worker, args=(args, f"{tmp}/store"), nprocs=args.world, start_method="spawn")
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.world)]
-    path = Path(outdir, f"{stamp}-overlap-x{args.world}.json")
-    path.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "out"}, "ranks": ranks}, indent=1))
+    ranks = [json.loads(Path(args.out, f"rank{r}.json").read_text()) for r in range(args.world)]
+    path = Path(args.out, f"{stamp}-overlap-x{args.world}.json")
+    kept = {k: v for k, v in vars(args).items() if k not in ("out", "cost_model")}
+    path.write_text(json.dumps({"args": kept, "ranks": ranks}, indent=1, default=str))
+    for r in range(args.world):
+        Path(args.out, f"rank{r}.json").unlink()
     errors = [r["error"] for r in ranks if "error" in r]
     print(f"wrote {path}" + (f"; errors: {errors}" if errors else ""))
     return 1 if errors else 0
