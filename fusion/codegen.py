@@ -23,11 +23,10 @@ What you learn
   Phase 6 cuts a span at a non-fusible node: that op runs as one aten call, with the reason in the report, and the
   pieces before and after it (>= 2 ops each) still become kernels. Never a crash, never a wrong answer.
 
-Does Phase 6's cost model hold? On a GPU ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth (the
-README quotes an H200 run). Elementwise kernels land close; a one-program-per-row reduction does not: load the row →
-reduce across warps (shared memory + barrier) → reduce again for the variance → store is a dependent chain with little
-memory-level parallelism per SM. Inductor's answers: several rows per program for short rows (XBLOCK > 1), looped
-reductions, autotuned num_warps.
+Does Phase 6's cost model hold? On a GPU ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth.
+Elementwise kernels land close; a one-program-per-row reduction does not: load the row → reduce across warps → reduce
+again for the variance → store is a dependent chain with little memory-level parallelism per SM. Inductor's answers:
+several rows per program for short rows (XBLOCK > 1), looped reductions, autotuned num_warps.
 
 The anchors: early TorchInductor's ``codegen/triton.py``, the ``triton_poi_fused_*`` kernels Inductor writes
 (``TORCH_LOGS=output_code``), Triton's fused-softmax and layer-norm tutorials.
@@ -43,6 +42,7 @@ import torch
 import torch.fx as fx
 
 from fusion import models
+from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
 from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
@@ -50,7 +50,7 @@ from fusion.kernels import timing
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, is_view, tl_dtype
+from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, tl_dtype
 from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 

@@ -17,19 +17,37 @@ class MissingMetaError(ValueError):
     """A node has no ``meta["val"]``: bytes cannot be counted. Capture the graph with ``capture_aten``."""
 
 
-def is_view_node(node: fx.Node) -> bool:
-    """A view (or the projection ``getitem`` of a tuple result): metadata only, no kernel, no bytes moved."""
+# Torch-level views (Phases 2-5 trace with torch.fx's symbolic tracer: functions, methods, modules, not aten ops).
+_VIEW_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.t, torch.transpose}
+_VIEW_FUNCTIONS |= {torch.permute, operator.getitem, getattr, torch.narrow, torch.split, torch.chunk, torch.select}
+_VIEW_FUNCTIONS |= {torch.tensor_split, torch.unbind, torch.split_with_sizes}
+_VIEW_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "t", "transpose", "permute", "expand", "size"}
+_VIEW_METHODS |= {"narrow", "split", "chunk", "select", "unbind", "tensor_split", "view_as", "expand_as"}
+_VIEW_MODULES = (torch.nn.Flatten, torch.nn.Identity, torch.nn.Unflatten)
+
+
+def is_view_node(node: fx.Node, gm: fx.GraphModule | None = None, *, getitem: bool = True) -> bool:
+    """THE view predicate of the course: a node that only reinterprets a tensor (no kernel, no bytes moved).
+
+    aten graphs: an aten/prims view op, and the projection ``getitem`` of a tuple result unless ``getitem=False``
+    (the code generator asks that way: a getitem of ``var_mean`` is a computed value it stores). Torch-level graphs
+    (pass ``gm`` to look modules up): torch view functions, view methods, ``nn.Flatten``/``Identity``/``Unflatten``.
+    """
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op == "call_module":
+        return gm is not None and isinstance(gm.get_submodule(node.target), _VIEW_MODULES)
     if node.op != "call_function":
         return False
     target = node.target
+    if target is operator.getitem:
+        return getitem
     view = _VIEW_OPS.get(target)
     if view is None:
-        if target is operator.getitem:
-            view = True
+        if isinstance(target, torch._ops.OpOverload):
+            view = target.is_view and target.namespace in ("aten", "prims")
         else:
-            view = (
-                isinstance(target, torch._ops.OpOverload) and target.is_view and target.namespace in ("aten", "prims")
-            )
+            view = target in _VIEW_FUNCTIONS
         _VIEW_OPS[target] = view
     return view
 

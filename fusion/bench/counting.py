@@ -10,7 +10,6 @@ Models that symbolic_trace cannot trace are counted with torch's own ``FlopCount
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,14 +18,9 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from fusion.aten.nodes import is_view_node
 from fusion.kernels.cudnn import CONV_THEN_ADD_RELU, CONV_THEN_RELU, CUDNN_CONV_THEN_BIAS, CUDNN_EPILOGUE
 
-_VIEW_FUNCTIONS = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.t, torch.transpose}
-_VIEW_FUNCTIONS |= {torch.permute, operator.getitem, getattr, torch.narrow, torch.split, torch.chunk, torch.select}
-_VIEW_FUNCTIONS |= {torch.tensor_split, torch.unbind, torch.split_with_sizes}
-_VIEW_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "t", "transpose", "permute", "expand", "size"}
-_VIEW_METHODS |= {"narrow", "split", "chunk", "select", "unbind", "tensor_split", "view_as", "expand_as"}
-_VIEW_MODULES = (nn.Flatten, nn.Identity, nn.Unflatten)
 _MATMUL_NAMES = {"matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "_addmm_activation"}
 _EPILOGUE_WORDS = ("add", "relu", "gelu", "activation")  # fused after a matmul: one FLOP per output element each
 _TWO_FLOP_ELEMENTWISE = {"addcmul", "addcdiv", "batch_norm"}
@@ -71,17 +65,6 @@ def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return list(seen)
 
 
-def is_view(node: fx.Node, gm: fx.GraphModule) -> bool:
-    """A node that only reinterprets a tensor (no kernel, no bytes moved)."""
-    if node.op == "call_function":
-        return node.target in _VIEW_FUNCTIONS
-    if node.op == "call_method":
-        return node.target in _VIEW_METHODS
-    if node.op == "call_module":
-        return isinstance(gm.get_submodule(node.target), _VIEW_MODULES)
-    return False
-
-
 def _fn_name(node: fx.Node) -> str:
     if node.op == "call_method":
         return str(node.target)
@@ -101,7 +84,7 @@ def _matmul_flops(node: fx.Node, name: str) -> int:
 def node_flops(node: fx.Node, gm: fx.GraphModule) -> int:
     """FLOPs of one node, from the shapes ShapeProp recorded (see the conventions above)."""
     out = _numel(node)
-    if node.op not in ("call_module", "call_function", "call_method") or is_view(node, gm) or not out:
+    if node.op not in ("call_module", "call_function", "call_method") or is_view_node(node, gm) or not out:
         return 0
     inputs = _tensor_inputs(node)
     first_in = _numel(inputs[0]) if inputs else 0
@@ -211,11 +194,11 @@ def graph_costs(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[NodeC
         while stack:
             n = stack.pop()
             returned.add(n)
-            if is_view(n, gm):
+            if is_view_node(n, gm):
                 stack.extend(n.all_input_nodes)
     costs = []
     for node in gm.graph.nodes:
-        if node.op not in ("call_module", "call_function", "call_method") or is_view(node, gm):
+        if node.op not in ("call_module", "call_function", "call_method") or is_view_node(node, gm):
             continue
         written = _nbytes(node.meta.get("tensor_meta"))
         if not written:

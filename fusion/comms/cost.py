@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.comms.capture import is_collective, is_wait, short
 
 
@@ -92,7 +93,7 @@ class CostModel:
 
     def node(self, node: fx.Node) -> Cost:
         """The cost of one node outside any region."""
-        if node.op != "call_function" or is_wait(node) or _is_view(node):
+        if node.op != "call_function" or is_wait(node) or is_view_node(node):
             return Cost(0.0, "free (no kernel)")
         if is_collective(node):
             return self.collective(node)
@@ -116,12 +117,6 @@ class CostModel:
             ("world size", str(self.world_size)),
             ("source", self.source),
         ]
-
-
-def _is_view(node: fx.Node) -> bool:
-    from fusion.aten.nodes import is_view_node
-
-    return is_view_node(node)
 
 
 def node_flops(node: fx.Node) -> int | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.comms.capture import is_collective, is_wait
 from fusion.comms.cost import Cost, CostModel, node_bytes
 
@@ -149,7 +150,7 @@ class OverlapGraph:
         """For each unit: bytes it allocates, and the storages whose use count it lowers."""
 
         def base(n: fx.Node) -> fx.Node:  # the node owning n's storage (views and waits alias their input)
-            while n.op == "call_function" and (is_wait(n) or _is_view(n)) and isinstance(n.args[0], fx.Node):
+            while n.op == "call_function" and (is_wait(n) or is_view_node(n)) and isinstance(n.args[0], fx.Node):
                 n = n.args[0]
             return n
 
@@ -286,12 +287,6 @@ class MemoryState:
                 self.live -= g.size[n]
         for n in g.dead_at_birth[u.index]:
             self.live -= g.size[n]
-
-
-def _is_view(n: fx.Node) -> bool:
-    from fusion.aten.nodes import is_view_node
-
-    return is_view_node(n)
 
 
 def _topological(unit_nodes: list[tuple[list[fx.Node], object]], preds: list[list[int]]) -> list[int]:

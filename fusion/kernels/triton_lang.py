@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.compiler.ir import Unsupported
 
 _names = itertools.count()
@@ -194,11 +195,6 @@ COMBINE_FUNCTIONS = [
 ]  # fmt: skip
 
 
-def is_view(node: fx.Node) -> bool:
-    t = node.target
-    return isinstance(t, torch._ops.OpOverload) and t.is_view
-
-
 def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
     """The dims of ``shape`` from outermost to innermost *in memory* for an output laid out like ``val`` (largest
     stride first; size-1 dims anywhere): (N, C, H, W) channels_last → [0, 2, 3, 1]. Logical order otherwise."""
@@ -210,18 +206,18 @@ def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
 
 def kernel_name(region, reduction: bool) -> str:
     """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
-    ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view(n)})  # fmt: skip
+    ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
     return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
 
 
 def stored_members(region) -> list[fx.Node]:
     """The members a kernel stores: the region's external outputs, an escaping view replaced by the member it
     aliases (the view itself is rebuilt on the stored tensor after the launch)."""
-    stored = [n for n in region.external_outputs if not is_view(n)]
+    stored = [n for n in region.external_outputs if not is_view_node(n, getitem=False)]
     for n in region.external_outputs:
-        while is_view(n) and n.args[0] in region.members:
+        while is_view_node(n, getitem=False) and n.args[0] in region.members:
             n = n.args[0]
-        if not is_view(n) and n not in stored:
+        if not is_view_node(n, getitem=False) and n not in stored:
             stored.append(n)
     return stored
 
@@ -246,7 +242,7 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
             if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
                 raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
             if not isinstance(t, torch._ops.OpOverload) or not (
-                is_view(n) or t in reductions or torch.Tag.pointwise in t.tags
+                is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags
             ):
                 raise Unsupported(
                     f"no Triton expression for {n.name} ({t}): neither pointwise, a view, nor a sum/mean/amax/amin/var/var_mean",
