@@ -205,6 +205,11 @@ def run(quick: bool = False) -> None:
             "runs work that feeds a collective first. Inductor also builds its own regions, not Phase 6's."
         )
 
+    measured = gloo.measured_rows()
+    if measured:  # what scripts/gpu_overlap.py measured on two GPUs (NCCL): the README says where and when
+        heading("Measured on two H200s with NCCL (scripts/results, README: Phase 10 on two GPUs)", "-")
+        print(table(measured, ["step", "variant", "step ms", "NCCL ms", "exposed ms"]))
+
     heading("Run it for real: gloo, 2 processes, CPU", "-")
     if quick:
         print("left out in --quick (two processes take ~20 s): uv run python -m fusion.overlap, or pytest -m phase10")

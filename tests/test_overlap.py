@@ -382,3 +382,15 @@ def test_backend_option_overlap_schedules_a_compiled_distributed_function():
         notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
     torch.testing.assert_close(outs[1], outs[0])
     assert not notes[0] and notes[1] and all(n[2] != "skipped" for n in notes[1]), notes
+
+
+@pytest.mark.phase10
+def test_the_lesson_reads_the_measured_rows_it_quotes(tmp_path):
+    from fusion.comms.gloo import measured_rows
+
+    assert measured_rows(str(tmp_path)) == []  # nothing measured: nothing quoted
+    (tmp_path / "h200-2026-11-23-overlap-x2-compiled.jsonl").write_text(
+        '{"note": "how it was run"}\n'
+        '{"step": "dp", "variant": "fusion", "step_ms": 10.47, "comm_ms": 4.04, "exposed_ms": 4.04}\n'
+    )
+    assert measured_rows(str(tmp_path)) == [("dp", "fusion", "10.47", "4.04", "4.04")]

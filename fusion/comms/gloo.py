@@ -173,3 +173,18 @@ def _read(outdir: str, world_size: int) -> list[dict]:
         path = Path(outdir, f"rank{r}.json")
         out.append(json.loads(path.read_text()) if path.exists() else {"error": f"rank {r} wrote no result"})
     return out
+
+
+def measured_rows(results: str | None = None) -> list[tuple]:
+    """The step rows of the newest multi-GPU run in ``scripts/results`` (``*-overlap-x*-compiled.jsonl``, as
+    ``scripts/gpu_overlap.py`` measured them): (step, variant, step ms, NCCL ms, exposed ms); [] where there is none."""
+    import json
+    from pathlib import Path
+
+    root = Path(results) if results else Path(__file__).resolve().parents[2] / "scripts" / "results"
+    files = sorted(root.glob("*-overlap-x*-compiled.jsonl")) if root.is_dir() else []
+    if not files:
+        return []
+    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    return [(r["step"], r["variant"], f"{r['step_ms']:.2f}", f"{r.get('comm_ms', 0):.2f}", f"{r.get('exposed_ms', 0):.2f}")
+            for r in rows if "step_ms" in r and "exposed_ms" in r]  # fmt: skip
