@@ -446,6 +446,14 @@ def test_fuzz_found_max_of_signed_zeros_is_either_zero():
     assert_same(got, run_program(program, inputs), *tolerance(program, inputs), ref=reference64(program, inputs))
 
 
+def test_fuzz_found_pow_0_of_float64_stays_float64():
+    """Found by the long run: x ** 0 was the float32 constant 1.0, so erf(x ** 0) of a float64 x ran in float32."""
+    program = {"steps": [("pow", "pow", (0,), 0), ("unary", "erf", (1,), None)], "outputs": [2]}
+    inputs = (torch.tensor([1.5410], dtype=torch.float64),)
+    got = compile_regions(Program(program), inputs)(*inputs)
+    assert_same(got, run_program(program, inputs), *tolerance(program, inputs))
+
+
 def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
     """Found by the long run: a 0-d float32 tensor minus a float16 tensor is a float16 op, and torch converts the
     float32 operand to float16 first (1.5410 - fp16(1.5410) is 0, and 0 ** 1.5 is 0); the kernel subtracted in float32

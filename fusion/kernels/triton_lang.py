@@ -139,7 +139,7 @@ def int_power(x: str, e: int, floating: bool) -> str:
     """``x ** e`` for an integer ``e`` by repeated squaring, as torch (and Inductor) do: signs stay exact (x**4 of a
     negative x is positive), NaN ** 0 and inf ** 0 are 1, a negative exponent is one reciprocal."""
     if e == 0:
-        return f"tl.where({x} != {x}, 1.0, 1.0)" if floating else f"({x} * 0 + 1)"
+        return f"tl.where({x} != {x}, 1.0, 1.0).to({x}.dtype)" if floating else f"({x} * 0 + 1)"  # float64 stays
     if e < 0:
         return f"1.0 / ({int_power(x, -e, floating)})"
     if e == 1:
