@@ -410,7 +410,7 @@ def test_fuzz_found_half_intermediate_overflow_is_judged_by_the_float64_truth():
     inputs = (torch.tensor([[[[4.6211]]]], dtype=torch.float16),)
     want = run_program(program, inputs)
     assert not torch.isfinite(want[0]).all()  # eager's own overflow
-    got = compile_regions(Program(program), inputs)(*inputs)
+    got = run_compiled(program, inputs)[0]
     assert_same(got, want, *tolerance(program, inputs), ref=reference64(program, inputs))
     with pytest.raises(AssertionError):  # a finite answer far from the truth still fails
         assert_same((got[0] * 2,), want, *tolerance(program, inputs), ref=reference64(program, inputs))
@@ -423,7 +423,7 @@ def test_fuzz_found_half_intermediate_underflow_is_judged_by_the_float64_truth()
                          ("pow", "pow", (3,), 1.5)], "outputs": [4]}  # fmt: skip
     inputs = (torch.tensor([[[[0.0015]]]], dtype=torch.float16),)
     want = run_program(program, inputs)
-    got = compile_regions(Program(program), inputs)(*inputs)
+    got = run_compiled(program, inputs)[0]
     assert torch.isinf(want[0]).all() and torch.isnan(got[0]).all()
     assert_same(got, want, *tolerance(program, inputs), ref=reference64(program, inputs))
 
@@ -432,7 +432,7 @@ def test_fuzz_found_half_underflow_to_a_finite_answer_is_judged_by_the_float64_t
     program = {"steps": [("binary", "sub", (1, 0), None), ("pow", "pow", (2,), 3), ("pow", "pow", (3,), 1.5)],
                "outputs": [4]}  # fmt: skip
     inputs = (torch.tensor([[[[0.0015]]]], dtype=torch.float16), torch.tensor(0, dtype=torch.int32))
-    want, got = run_program(program, inputs), compile_regions(Program(program), inputs)(*inputs)
+    want, got = run_program(program, inputs), run_compiled(program, inputs)[0]
     assert torch.isfinite(want[0]).all() and torch.isnan(got[0]).all()  # eager 0.0, ours and float64 NaN
     assert_same(got, want, *tolerance(program, inputs), ref=reference64(program, inputs))
 
@@ -449,7 +449,7 @@ def test_fuzz_found_max_of_signed_zeros_is_either_zero():
     (its scalar path -0.0, its vector path +0.0), so the program canonicalises the zero (see ``apply``)."""
     program = {"steps": [("binary", "maximum", (1, 0), None), ("unary", "reciprocal", (2,), None)], "outputs": [3]}
     inputs = (torch.tensor([[[[-1.4135, 0.0, 0.0, float("inf"), 0.4449]]]]), torch.tensor(-0.0))
-    got = compile_regions(Program(program), inputs)(*inputs)
+    got = run_compiled(program, inputs)[0]
     assert_same(got, run_program(program, inputs), *tolerance(program, inputs), ref=reference64(program, inputs))
 
 
@@ -457,7 +457,7 @@ def test_fuzz_found_pow_0_of_float64_stays_float64():
     """Found by the long run: x ** 0 was the float32 constant 1.0, so erf(x ** 0) of a float64 x ran in float32."""
     program = {"steps": [("pow", "pow", (0,), 0), ("unary", "erf", (1,), None)], "outputs": [2]}
     inputs = (torch.tensor([1.5410], dtype=torch.float64),)
-    got = compile_regions(Program(program), inputs)(*inputs)
+    got = run_compiled(program, inputs)[0]
     assert_same(got, run_program(program, inputs), *tolerance(program, inputs))
 
 
@@ -467,7 +467,7 @@ def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
     (-1.6e-5, and its 1.5th power NaN)."""
     program = {"steps": [("binary", "sub", (1, 0), None), ("pow", "pow", (2,), 1.5)], "outputs": [3]}
     inputs = (torch.tensor([[[[1.5410]]]], dtype=torch.float16), torch.tensor(1.5410))
-    got = compile_regions(Program(program), inputs)(*inputs)
+    got = run_compiled(program, inputs)[0]
     torch.testing.assert_close(got, run_program(program, inputs), equal_nan=False)
 
 
@@ -476,17 +476,24 @@ def _describe(program, inputs) -> str:
     return f"inputs: {ins}\nsteps: {program['steps']}\noutputs: {program['outputs']}"
 
 
-def check_compile_regions(program: dict, inputs) -> None:
-    note(_describe(program, inputs))
-    want = run_program(program, inputs)
+def run_compiled(program: dict, inputs):
+    """``program`` through ``compile_regions``, its outputs inside guard zones (an out-of-bounds write fails), no
+    region refused for an internal error: (outputs, the compiled module)."""
     compiled = compile_regions(Program(program), inputs)
     with guarded_outputs() as allocated:
         got = compiled(*inputs)
     check_guards(allocated)
-    note(compiled.report.table())
-    event(f"kernels: {compiled.num_kernels}, refusals: {len(compiled.report.skipped)}")
     for d in compiled.report.skipped:
         assert "internal error" not in d.reason, d.reason
+    return got, compiled
+
+
+def check_compile_regions(program: dict, inputs) -> None:
+    note(_describe(program, inputs))
+    want = run_program(program, inputs)
+    got, compiled = run_compiled(program, inputs)
+    note(compiled.report.table())
+    event(f"kernels: {compiled.num_kernels}, refusals: {len(compiled.report.skipped)}")
     assert_same(got, want, *tolerance(program, inputs), ref=reference64(program, inputs))
 
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
+from fusion.kernels.triton_runtime import source_path
+
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
 _WARMED: set[tuple[str, tuple, int, tuple]] = set()  # what this process already compiled through the pool
 
@@ -70,8 +72,6 @@ def _compile_in_worker(path: str, name: str, dtypes: tuple[str, ...], num_warps:
 def precompile(kernels: Sequence[object]) -> dict[str, object]:
     """Compile ``kernels`` (``RegionKernel`` modules of one graph) in the worker pool; returns what happened:
     ``{"kernels": n, "seconds": wall time, "failed": [reasons]}`` or ``{"skipped": why}``."""
-    from fusion.kernels.triton_runtime import source_path
-
     todo = []
     for k in kernels:
         plan = k.plan

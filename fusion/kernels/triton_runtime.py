@@ -323,9 +323,6 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
     the cubin loaded once, each launch one C++ call that reads the tensors' pointers itself; no Python-level argument
     packing, no per-pointer driver query as in Triton's launcher). CUDA only; raises where this torch has none or
     the kernel needs what it does not support (launch hooks, scratch memory, several CTAs)."""
-    import os
-    import tempfile
-
     try:
         from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
     except ImportError:  # torch <= 2.11 named the module after CUDA
@@ -339,19 +336,15 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
         kernel = StaticallyLaunchedCudaKernel(compiled)
         if len(kernel.arg_tys) != n_tensors or set(kernel.arg_tys) != {"O"}:
             raise TypeError(f"the kernel takes {kernel.arg_tys!r}, not {n_tensors} pointers")
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index, get_stream, runtime = _launch_context(device, get_stream)
         kernel.load_kernel(index)
     finally:
         os.unlink(path)
     run = kernel.run
-    get_stream = get_stream or torch._C._cuda_getCurrentRawStream
-    from triton import knobs
-
-    runtime = knobs.runtime
 
     def launch(*tensors: torch.Tensor) -> None:
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            raise RuntimeError("a Triton launch hook is set: the JIT call gives it its metadata")
+            raise RuntimeError(HOOKED)
         run(grid, 1, 1, get_stream(index), *tensors)
 
     launch.kernel = kernel  # keeps the loaded module alive as long as the launch
@@ -368,8 +361,6 @@ def direct_launcher(
     function handle and metadata. A profiling hook (``triton.knobs.runtime.launch_enter_hook``) set later still
     gets its call: with a hook set, the launch goes through the JIT.
     """
-    from triton import knobs
-
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     names = list(fn.arg_names)
     tail = [constexprs[name] for name in names[n_tensors:]]  # KeyError: a parameter we do not pass: no fast path
@@ -377,16 +368,26 @@ def direct_launcher(
         raise TypeError(f"{fn.arg_names} is not (tensors..., constexprs...)")
     if not _launcher_takes_constexprs(type(fn)):  # Triton 3.2-3.3 passed the non-constexpr arguments only
         tail = []
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    get_stream = get_stream or torch._C._cuda_getCurrentRawStream  # (device index) -> the current stream, an int
-    runtime = knobs.runtime
+    index, get_stream, runtime = _launch_context(device, get_stream)
 
     def launch(*tensors: torch.Tensor) -> None:
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            raise RuntimeError("a Triton launch hook is set: the JIT call gives it its metadata")
+            raise RuntimeError(HOOKED)
         run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
 
     return launch
+
+
+HOOKED = "a Triton launch hook is set: the JIT call gives it its metadata"
+
+
+def _launch_context(device: torch.device, get_stream=None) -> tuple[int, Callable[[int], int], object]:
+    """What a direct launch reads per call: the device index, ``get_stream(index)`` -> the current raw stream (an int),
+    and Triton's runtime knobs (whose launch hooks a direct launch must not skip)."""
+    from triton import knobs
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, get_stream or torch._C._cuda_getCurrentRawStream, knobs.runtime
 
 
 @functools.cache
