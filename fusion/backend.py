@@ -152,6 +152,8 @@ PASSES = [
     passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
                 doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
+    passes.Pass("reorder", lambda gm, part: aten_passes.reorder_for_locality(gm, part.note_pass),
+                doc="each op just before its first user, constants at the top: fusible runs meet"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", lambda gm, part: aten_passes.split_conv_bias(gm, part.note_pass), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),

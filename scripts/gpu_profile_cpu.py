@@ -1,9 +1,12 @@
 """Where a compiled call's CPU time goes (issue 23: backend="fusion" is CPU-bound where Inductor is not).
 
-    PYTHONPATH=. python3 scripts/gpu_profile_cpu.py resnet50 bert      (on the lent GPU; full suite sizes)
+    PYTHONPATH=. python3 scripts/gpu_profile_cpu.py resnet50 bert_train      (on the lent GPU; full suite sizes)
+    python3 scripts/gpu_profile_cpu.py --dry-run bert_train                   (CPU, tiny shapes: rehearse it)
 
-Per model and backend (fusion, inductor): wall time per call with the GPU synchronised, the CPU time of the call
-alone (no sync: how long Python takes to enqueue the work), and cProfile's top functions by own time.
+Per model (inference or a training step, exactly as the suite runs it) and backend (fusion, inductor): wall time per
+call with the GPU synchronised, the CPU time of the call alone (no sync: how long Python takes to enqueue the work),
+which launch path each generated kernel took (direct / JIT, and why), and cProfile's top functions by own time and by
+cumulative time.
 """
 
 from __future__ import annotations
@@ -13,51 +16,70 @@ import io
 import pstats
 import sys
 import time
+from collections import Counter
 
 import torch
 
 from fusion import backend
+from fusion.bench.suite import SuiteConfig, _runner
 from fusion.bench.suite_models import MODELS
 
 
-def main() -> None:
-    print(torch.__version__, torch.cuda.get_device_name())
-    for name in sys.argv[1:] or ["resnet50"]:
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str]) -> None:
+    dry = "--dry-run" in argv
+    names = [a for a in argv if not a.startswith("--")] or ["resnet50"]
+    cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
+    print(torch.__version__, "cpu" if dry else torch.cuda.get_device_name())
+    for name in names:
         spec = MODELS[name]
-        model, inputs = spec.build("full")
-        model = model.cuda().bfloat16().eval()
-        inputs = tuple(t.cuda().bfloat16() if t.is_floating_point() else t.cuda() for t in inputs)
-        if spec.image:
-            model = model.to(memory_format=torch.channels_last)
-            inputs = tuple(t.to(memory_format=torch.channels_last) for t in inputs)
-        for label in ("fusion", "inductor"):
+        model32, inputs32 = spec.build(cfg.sizes)
+        for label in ("fusion",) if dry else ("fusion", "inductor"):
             backend.reset()
             torch._dynamo.reset()
-            f = torch.compile(model, backend=label)
-            with torch.no_grad():
-                for _ in range(3):
-                    f(*inputs)
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(20):
-                    f(*inputs)
-                cpu = (time.perf_counter() - start) / 20
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - start) / 20
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(10):
-                    f(*inputs)
-                prof.disable()
-                torch.cuda.synchronize()
-            out = io.StringIO()
-            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+            step = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
+            for _ in range(4):
+                step()
+            sync()
+            n = 3 if dry else 20
+            start = time.perf_counter()
+            for _ in range(n):
+                step()
+            cpu = (time.perf_counter() - start) / n
+            sync()
+            wall = (time.perf_counter() - start) / n
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(10):
+                step()
+            prof.disable()
+            sync()
             print(f"\n===== {name} {label}: {wall * 1e3:.2f} ms per call, {cpu * 1e3:.2f} ms of it to enqueue (CPU)")
             if label == "fusion":
-                kernels = sum(len(p.launchers()) for r in backend.reports for p in r.parts)
-                print(f"generated kernels per call: {kernels}")
-            print("\n".join(out.getvalue().splitlines()[4:34]))
+                launchers = [lch for r in backend.reports for p in r.parts for lch in p.launchers()]
+                paths = Counter(
+                    (lch.kind or "jit", lch.fallback[:70], lch.static_refused[:70]) for lch in launchers
+                )
+                direct = sum(lch.launches for lch in launchers)
+                print(f"generated kernels: {len(launchers)} in {len(backend.reports)} graph(s); "
+                      f"direct launches so far {direct}")
+                for (kind, fb, refused), count in paths.most_common(8):
+                    print(f"  {count:4d} × {kind}  fallback={fb!r} static_refused={refused!r}")
+                for r in backend.reports:
+                    for p in r.parts:
+                        print(f"  part {p.kind}: kernels {len(p.launchers())}, library calls "
+                              f"{sum(p.library_calls.values())}: {dict(p.library_calls.most_common(8))}")
+            for key in ("tottime", "cumulative"):
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)
+                print(f"--- by {key}")
+                print("\n".join(out.getvalue().splitlines()[6:32]))
+            del step
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,58 +1,108 @@
-"""Where backend="fusion" loses on a model: the top GPU kernels per call (torch.profiler) of eager and of the
-backend, and the library calls the backend left outside its generated kernels (issue 23's "why").
+"""Where backend="fusion" loses on a model: wall time against GPU time (CPU-bound or GPU-bound?), the launches per
+call, the top GPU kernels (torch.profiler) of eager, of the backend and of Inductor, and the library calls the
+backend left outside its generated kernels (issue 23's "why"). Inference models and training steps alike: each runs
+exactly as the suite runs it (``fusion.bench.suite._runner``: bf16 or AMP, channels_last images).
 
-    PYTHONPATH=. python3 scripts/gpu_profile_models.py bert vit_b_16      (on the lent GPU; full suite sizes)
+    PYTHONPATH=. python3 scripts/gpu_profile_models.py bert_train vit_b_16     (on the lent GPU; full suite sizes)
+    python3 scripts/gpu_profile_models.py --dry-run resnet18                  (CPU, tiny shapes: rehearse it)
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusion import backend
+from fusion.bench.suite import SuiteConfig, _runner
 from fusion.bench.suite_models import MODELS
 
 
-def top_kernels(fn, inputs, n: int = 8) -> tuple[float, list[tuple[str, float, int]]]:
-    with torch.no_grad():
-        for _ in range(3):
-            fn(*inputs)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                fn(*inputs)
+def wall_ms(step, n: int) -> float:
+    """Median wall time of one call over ``n`` calls (synchronised each call: what a user's loop sees)."""
+    times = []
+    for _ in range(n):
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / 5, e.count // 5) for e in prof.key_averages() if e.device_time_total > 0]
+        t0 = time.perf_counter()
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[n // 2] * 1e3
+
+
+def kernels(step, n: int, top: int) -> dict:
+    """GPU kernel time and launches per call, and the ``top`` kernels by time."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    rows = [
+        (e.key, e.device_time_total / n, e.count / n)
+        for e in prof.key_averages()
+        if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA
+    ]
     rows.sort(key=lambda r: -r[1])
-    return sum(r[1] for r in rows), rows[:n]
+    return {
+        "gpu_ms": sum(r[1] for r in rows) / 1e3,
+        "launches": sum(r[2] for r in rows),
+        "top": [{"kernel": k[:140], "us": round(us, 1), "count": c} for k, us, c in rows[:top]],
+    }
 
 
-def main() -> None:
-    for name in sys.argv[1:] or ["bert", "vit_b_16"]:
+def main(argv: list[str]) -> None:
+    dry = "--dry-run" in argv
+    names = [a for a in argv if not a.startswith("--")] or ["bert", "vit_b_16"]
+    cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
+    backends = ("eager", "fusion") if dry else ("eager", "fusion", "inductor")
+    out = os.environ.get("OUT")
+    results = []
+    for name in names:
         spec = MODELS[name]
-        model, inputs = spec.build("full")  # as the suite runs it: bf16, channels_last images
-        model = model.cuda().bfloat16().eval()
-        inputs = tuple(t.cuda().bfloat16() if t.is_floating_point() else t.cuda() for t in inputs)
-        if spec.image:
-            model = model.to(memory_format=torch.channels_last)
-            inputs = tuple(t.to(memory_format=torch.channels_last) for t in inputs)
-        backend.reset()
-        torch._dynamo.reset()
-        ours = torch.compile(model, backend="fusion")
-        for label, fn in (("eager", model), ("fusion", ours)):
-            total, rows = top_kernels(fn, inputs)
-            print(f"\n{name} {label}: {total / 1e3:.2f} ms of GPU kernels per call")
-            for key, us, count in rows:
-                print(f"  {us:8.1f} µs  ×{count:<4d} {key[:110]}")
-        calls = Counter()
-        for r in backend.reports:
-            for p in r.parts:
-                calls.update(p.library_calls)
-        print(f"{name} fusion: library calls outside generated kernels: {dict(calls.most_common(14))}")
+        model32, inputs32 = spec.build(cfg.sizes)
+        for label in backends:
+            backend.reset()
+            torch._dynamo.reset()
+            step = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
+            t0 = time.perf_counter()
+            step()
+            first = time.perf_counter() - t0
+            for _ in range(2 if dry else 5):
+                step()
+            row = {"model": name, "backend": label, "first_call_s": round(first, 2)}
+            row["wall_ms"] = round(wall_ms(step, 3 if dry else 30), 3)
+            row.update(kernels(step, 1 if dry else 5, 15))
+            if label == "fusion":
+                calls, refused = Counter(), Counter()
+                for r in backend.reports:
+                    for p in r.parts:
+                        calls.update(p.library_calls)
+                    for k in getattr(r, "refusals", []) or []:
+                        refused[str(k)[:100]] += 1
+                row["library_calls"] = dict(calls.most_common(20))
+                row["graphs"] = len(backend.reports)
+            print(f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
+                  f"{row['launches']:.0f} launches, first call {first:.1f} s", flush=True)
+            for k in row["top"]:
+                print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['kernel'][:110]}")
+            if "library_calls" in row:
+                print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
+            results.append(row)
+            del step
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if out:
+        with open(os.path.join(out, "profile_models.json"), "w") as f:
+            json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name() if not dry else "cpu",
+                       "date": time.strftime("%Y-%m-%d"), "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

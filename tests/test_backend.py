@@ -341,6 +341,92 @@ def test_gradients_of_a_training_graph():
     assert backward.kernels or (backward.fallbacks and all(why for _, why in backward.fallbacks)), report.table()
 
 
+def _ops_of(part) -> set[str]:
+    """The aten ops a compiled part runs outside its kernels."""
+    return set(part.library_calls)
+
+
+def test_training_keeps_batch_norm_max_pool_and_embedding_backward_whole_and_exact():
+    """A training graph keeps capture.TRAINING_KEEP whole (the library's kernels, as eager runs them); inference
+    still decomposes batch norm into the ops its kernels fuse. Outputs, running stats and gradients equal eager."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = nn.Embedding(11, 4)
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+
+        def forward(self, x, ids):
+            y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+            return y.mean((2, 3)) @ self.emb(ids).t()
+
+    eager, mine = Net().train(), Net().train()
+    x, ids = torch.randn(2, 3, 6, 7), torch.tensor([1, 4, 4, 0, 10])
+    want, got = eager(x, ids), torch.compile(mine, backend="fusion")(x, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    for (name, p), q in zip(mine.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(mine.bn.running_var, eager.bn.running_var)
+    (report,) = backend.reports
+    forward, backward = report.part("forward"), report.part("backward")
+    assert "_native_batch_norm_legit_functional" in _ops_of(forward), report.table()
+    assert "max_pool2d_with_indices" in _ops_of(forward), report.table()
+    assert {"native_batch_norm_backward", "embedding_dense_backward"} <= _ops_of(backward), report.table()
+    backend.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(mine.eval(), backend="fusion")(x, ids), mine(x, ids))
+    assert not any("batch_norm" in op for op in _ops_of(backend.reports[0].part("inference")))
+
+
+def test_reorder_brings_each_relu_mask_to_its_where_in_the_backward():
+    """AOTAutograd's backward computes each ReLU's mask far from the where that reads it, with a scalar_tensor(0)
+    per layer: the pass ``reorder`` moves them together (and shares one constant), so they fuse; off, they do not."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(3) for m in (nn.Linear(5, 5), nn.ReLU())]
+    x = torch.randn(4, 5)
+
+    def run(options):
+        backend.reset()
+        model = nn.Sequential(*layers)
+        torch.compile(model, backend="fusion", options=options)(x).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        return backend.reports[0].part("backward"), grads
+
+    on, grads_on = run({})
+    off, grads_off = run({"reorder": False})
+    for a, b in zip(grads_on, grads_off, strict=True):
+        torch.testing.assert_close(a, b)
+    assert "le" not in _ops_of(on) and "where" not in _ops_of(on), on.library_calls
+    assert on.library_calls.get("scalar_tensor", 0) <= 1  # one shared constant
+    assert len(on.kernels) > len(off.kernels), (on.library_calls, off.library_calls)
+
+
+def test_hoist_constants_shares_each_constant_once_at_the_top():
+    def f(x):
+        a = torch.ops.aten.scalar_tensor.default(0.0, dtype=torch.float32)
+        y = torch.where(x > 0, x, a)
+        b = torch.ops.aten.scalar_tensor.default(0.0, dtype=torch.float32)
+        c = torch.ops.aten.scalar_tensor.default(2.0, dtype=torch.float32)
+        return torch.where(y < 1, b, y) * c
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(7)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    aten_passes.hoist_constants(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    consts = [n for n in nodes if n.target is aten.scalar_tensor.default]
+    assert len(consts) == 2 and nodes[:2] == consts  # 0.0 once, 2.0 once, both first
+    torch.testing.assert_close(gm(x), f(x))
+
+
 def test_unsupported_op_runs_as_aten_with_a_reason():
     def f(x):
         return torch.special.bessel_j0(x * 2.0 + 1.0) * x - 1.0

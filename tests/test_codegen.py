@@ -211,6 +211,48 @@ def test_views_inside_a_region_and_escaping_views():
     check(lambda y: (y * 2.0).select(1, -2).sigmoid() + y[:, 0], y, kernels=1)
 
 
+def test_views_outside_kernels_are_one_reinterpret_of_their_base():
+    """A view between library calls and a kernel's escaping view are rebuilt from the traced (size, stride, offset):
+    one C++ call each, no view op dispatched at run time; an input that starts past its storage's first element
+    (a slice of a bigger tensor) is still read where it starts."""
+    from fusion.aten.nodes import reinterpret
+
+    def fn(x, w):
+        h = (x * 2.0 + 1.0).relu()  # one kernel; its transpose and a slice escape as views
+        return h.t() @ w.t(), h[1:, ::2], h.view(-1)[3:7]
+
+    x, w = _rand((6, 5), 0), _rand((4, 6), 1)
+    c = check(fn, x, w, kernels=1)
+    gm = c.compiled.graph_module
+    views = [n for n in gm.graph.nodes if n.op == "call_function" and getattr(n.target, "is_view", False)]
+    assert not views, [n.format_node() for n in views]
+    assert any(n.target is reinterpret for n in gm.graph.nodes)
+    (launcher,) = c.compiled.launchers
+    assert launcher._picks is not None  # every escaping view as strides: nothing rebuilt op by op
+    big_x, big_w = _rand((7, 5), 2), _rand((5, 6), 3)
+    x2, w2 = big_x[1:], big_w[1:]  # same shapes and strides, storage offsets 5 and 6
+    for got, want in zip(c(x2, w2), fn(x2, w2), strict=True):
+        torch.testing.assert_close(got, want)
+        assert got.shape == want.shape and got.stride() == want.stride()
+
+
+def test_a_reduction_over_dims_that_are_not_innermost_in_memory_runs_as_aten():
+    """channels_last, mean over H and W: C is the innermost dim, so a program per (n, c) row would read its row one
+    scattered element at a time. That reduction runs as aten (coalesced) and the pointwise work around it still
+    fuses; the same model in NCHW reduces contiguous rows in one generated kernel."""
+
+    def f(x):
+        h = torch.sigmoid(x * 2.0 + 1.0)
+        return h.mean((2, 3), keepdim=True) * 3.0 + 1.0, h
+
+    x = _rand((2, 5, 3, 4), 0)
+    c = check(f, x.contiguous(memory_format=torch.channels_last))
+    assert any("innermost" in s.reason for s in c.report.skipped), c.report.table()
+    assert all(k.kind == "pointwise" for k in c.kernels) and c.num_kernels >= 1
+    c = check(f, x)
+    assert not c.report.skipped and any(k.kind == "reduction" for k in c.kernels), c.report.table()
+
+
 def test_strides_of_size_one_dims_do_not_matter():
     """(1, C, 1, 1) tensors may come back from a library call with other strides in the size-1 dims: same layout."""
     x = _rand((1, 6, 1, 1), 0)

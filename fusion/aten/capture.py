@@ -56,6 +56,21 @@ def _with_lowering(decomposition: Callable) -> Callable:
 # the fold, then decomposes what the fold left with the full table); an op listed here would be kept everywhere.
 KEEP_WHOLE: frozenset[torch._ops.OpOverload] = frozenset()
 
+# What a *training* graph keeps whole (Phase 9 passes it as ``keep`` when some input needs a gradient): ops whose
+# decomposition our generator cannot yet turn into fast kernels, so the library's kernel, the one eager runs, is
+# faster. Measured on an H200 (scripts/results/h200-2026-11-24-profile_models.*): batch norm's statistics and its
+# backward are reductions over N, H and W (not the last dim: no generated kernel, each ran as a float32 aten reduction
+# on a float32 copy, 2.5× eager's GPU time on ResNet-50's step); max-pool's window offsets become int64 index
+# arithmetic in Python references; the embedding backward a float32 scatter-add (1.9 ms on BERT's step).
+_aten = torch.ops.aten
+TRAINING_KEEP: tuple[torch._ops.OpOverload, ...] = (
+    _aten._batch_norm_with_update.default, _aten._batch_norm_with_update_functional.default,
+    _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit_functional.default,
+    _aten.native_batch_norm.default, _aten.native_batch_norm_backward.default, _aten.batch_norm_backward.default,
+    _aten.cudnn_batch_norm.default, _aten.cudnn_batch_norm_backward.default,
+    _aten.max_pool2d_with_indices.default, _aten.embedding_dense_backward.default,
+)  # fmt: skip
+
 
 @functools.cache
 def decomposition_table(decompose: bool = True, keep: tuple[torch._ops.OpOverload, ...] = ()) -> dict:

@@ -42,6 +42,8 @@ def is_view_node(node: fx.Node, gm: fx.GraphModule | None = None, *, getitem: bo
     target = node.target
     if target is operator.getitem:
         return getitem
+    if target is reinterpret:  # a compiled graph's view, already as strides
+        return True
     view = _VIEW_OPS.get(target)
     if view is None:
         if isinstance(target, torch._ops.OpOverload):
@@ -70,3 +72,41 @@ def kernel_counts(gm: fx.GraphModule, region_of: dict) -> tuple[int, int]:
     ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
     outside = sum(1 for n in ops if n not in region_of)
     return len(ops), outside + len(unique_regions(region_of))
+
+
+def view_root(node: fx.Node) -> fx.Node:
+    """The tensor a chain of views reads: ``x`` for ``x.t().view(...)[0]`` (a getitem of ``split``/``unbind`` too)."""
+    while node.op == "call_function" and is_view_node(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def strided_view(node: fx.Node, base: fx.Node) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """``node``, a view of ``base``, as (size, stride, storage-offset step from base): at run time one
+    ``as_strided`` of the base rebuilds it (Inductor's ``reinterpret_tensor``), not the chain of view ops, each a
+    dispatch of a few µs. Holds wherever the base has the strides it was traced with, as every tensor inside a
+    compiled graph does. None where it cannot: no tensor meta, another dtype (``view.dtype``), symbolic sizes."""
+    val, root = node.meta.get("val"), base.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(root, torch.Tensor)) or val.dtype != root.dtype:
+        return None
+    try:
+        size, stride = tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride())
+        step = int(val.storage_offset()) - int(root.storage_offset())
+    except (TypeError, RuntimeError):  # a SymInt that is not a constant
+        return None
+    return size, stride, step
+
+
+def reinterpret(base: torch.Tensor, size: tuple, stride: tuple, step: int) -> torch.Tensor:
+    """``base`` seen through (size, stride) from ``step`` elements past its own start: the view, in one C++ call."""
+    return _reinterpret(base, size, stride, step)
+
+
+def _as_strided(base: torch.Tensor, size: tuple, stride: tuple, step: int) -> torch.Tensor:
+    return base.as_strided(size, stride, base.storage_offset() + step)
+
+
+try:  # Inductor's own (no autograd bookkeeping); torch.as_strided where this torch has none
+    _reinterpret = torch._C._dynamo.guards._reinterpret_tensor
+except AttributeError:  # pragma: no cover - older/newer torch
+    _reinterpret = _as_strided

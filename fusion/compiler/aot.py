@@ -46,6 +46,10 @@ def lower_with_aot(
     from torch._dynamo.backends.common import aot_autograd
 
     fused_attention_masks(gm)  # before the trace picks attention's kernel: a boolean mask would get the math path
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
+        from fusion.aten.capture import TRAINING_KEEP  # a training graph: the library's kernels where they win
+
+        decompositions = {op: fn for op, fn in decompositions.items() if op not in TRAINING_KEEP}
     backend = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,

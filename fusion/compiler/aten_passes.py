@@ -287,3 +287,62 @@ def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+def reorder_for_locality(gm: fx.GraphModule, note: Callable[..., None]) -> None:
+    """Phase 9's pass ``reorder``: :func:`sink_to_first_use`, then :func:`hoist_constants`. Phase 6 fuses runs of
+    *consecutive* fusible ops, and AOTAutograd's backward may compute a value far from where it is read (a ReLU's
+    mask at the top, its ``where`` much later): moved together, they become one region."""
+    moved = sink_to_first_use(gm.graph)
+    hoist_constants(gm.graph)
+    gm.recompile()
+    if moved:
+        note("reorder for locality", [f"{moved} op(s)"], "moved", "each just before its first user")
+
+
+def sink_to_first_use(graph: fx.Graph) -> int:
+    """Move every pure pointwise op and view down to just before its first user, never up and never past an op with
+    side effects (``copy_`` into an input: the value read would change). Walked from the end, so a chain follows
+    its consumer. Returns how many moved. (Inductor's ``reorder_for_locality`` moves producers too, but towards
+    consumers it has already placed, which can lift them to the top: its scheduler fuses by dependence, ours by
+    adjacency.)"""
+    moved = 0
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or not node.users or not _cheap_and_pure(node):
+            continue
+        cur = node.next
+        while cur not in node.users and cur.op != "output" and not cur.is_impure():
+            cur = cur.next
+        if cur in node.users and cur is not node.next:
+            cur.prepend(node)
+            moved += 1
+    return moved
+
+
+def _cheap_and_pure(node: fx.Node) -> bool:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or node.is_impure():
+        return False
+    tags = target.tags
+    return target.is_view or (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags)
+
+
+def hoist_constants(graph: fx.Graph) -> None:
+    """One-element tensors made from nothing (``scalar_tensor(0.0)``: ReLU's backward has one per layer) go to the
+    top of the graph, each distinct one once: a factory between two fusible ops would cut their run in two."""
+    top = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    seen: dict[tuple, fx.Node] = {}
+    for node in list(graph.nodes):
+        val = node.meta.get("val")
+        if node.op != "call_function" or node.all_input_nodes or not isinstance(val, torch.Tensor) or val.numel() > 1:
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
+            continue
+        key = (node.target, repr(node.args), repr(sorted(node.kwargs.items())))
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            graph.erase_node(node)
+        else:
+            seen[key] = node
+            if node is not top:
+                top.prepend(node)

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import is_view_node, reinterpret, strided_view
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.ir import Kernel, KernelPlan, Region, Unsupported
 from fusion.fxutils.pieces import connected_pieces
@@ -213,6 +213,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
         if isinstance(mod, rt.RegionKernel) and not hasattr(new, name):
             new.add_module(name, mod)
     new.meta["prims_to_aten"] = prims_to_aten(new)
+    new.meta["views_as_strides"] = views_as_strides(new)
     new.graph.lint()
     new.recompile()
     return new
@@ -305,6 +306,25 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
     if changed:
         gm.recompile()
     return changed
+
+
+def views_as_strides(gm: fx.GraphModule) -> int:
+    """Every view op outside the kernels (a weight's ``t`` before a matmul, a ``view`` between two library calls)
+    becomes one ``reinterpret`` of its base at the traced size, stride and offset, as Inductor's wrapper does: one
+    C++ call instead of a view op's dispatch. Returns how many; a view that is not plain strides is left alone."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not is_view_node(node, getitem=False) or not node.args:
+            continue
+        base = node.args[0]
+        view = strided_view(node, base) if isinstance(base, fx.Node) else None
+        if view is None:
+            continue
+        node.target, node.args, node.kwargs = reinterpret, (base, *view), {}
+        count += 1
+    if count:
+        gm.recompile()
+    return count
 
 
 class CompiledModel(torch.nn.Module):

@@ -63,6 +63,14 @@ class Rows:
             if tuple(r.args[0].meta["val"].shape) != shape or dims != list(range(nrow, len(shape))):
                 raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
                                   "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
+        val = reductions[0].args[0].meta["val"]
+        kept = [st for st, size in zip(val.stride()[:nrow], shape[:nrow], strict=True) if size > 1]
+        reduced = [st for st, size in zip(val.stride()[nrow:], shape[nrow:], strict=True) if size > 1]
+        if kept and reduced and max(reduced) > min(kept):  # channels_last, mean over H, W: C is innermost
+            raise Unsupported(f"{reductions[0].name} reduces dims {list(range(nrow, ndim))} of strides "
+                              f"{tuple(val.stride())}: not the innermost in memory, a program would read its row "
+                              "one scattered element at a time (aten's reduction reads it coalesced)",
+                              reductions[0])  # fmt: skip
         for n in stored:
             if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
                 raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"

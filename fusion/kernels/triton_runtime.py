@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import is_view_node, reinterpret, strided_view, view_root
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
 
 __all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
@@ -249,8 +249,8 @@ class Launcher:
         where: dict[fx.Node, tuple[int, int]] = {n: (1, i) for i, n in enumerate(plan.stored)}
         for i, n in enumerate(plan.inputs):
             where.setdefault(n, (0, i))
-        picks = [where.get(n) for n in plan.outputs]
-        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt in Python
+        picks = [where.get(n) or _view_pick(n, where) for n in plan.outputs]
+        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt op by op in Python
         self._device: torch.device | None = None
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
@@ -259,7 +259,9 @@ class Launcher:
         """The region's external outputs from the call's inputs and the kernel's stored tensors."""
         if self._picks is not None:
             both = (inputs, outs)
-            return tuple(both[k][i] for k, i in self._picks)
+            return tuple(
+                both[p[0]][p[1]] if len(p) == 2 else reinterpret(both[p[0]][p[1]], *p[2:]) for p in self._picks
+            )
         plan = self.owner.plan
         values: dict[fx.Node, object] = dict(zip(plan.stored, outs, strict=True))
         values.update(zip(plan.inputs, inputs, strict=True))
@@ -402,6 +404,13 @@ def _launcher_takes_constexprs(jit_class: type) -> bool:
 def _hooked(hook) -> bool:
     """Is a launch hook set? Triton 3.6 keeps a function or None; 3.9 a ``HookChain`` whose ``calls`` may be empty."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _view_pick(node: fx.Node, where: dict[fx.Node, tuple[int, int]]) -> tuple | None:
+    """An escaping view of an input or a stored tensor as (inputs or outs, position, size, stride, offset step)."""
+    base = view_root(node)
+    view = strided_view(node, base) if base is not node and base in where else None
+    return None if view is None else (*where[base], *view)
 
 
 def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
