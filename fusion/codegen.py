@@ -5,31 +5,26 @@ Test it:  uv run pytest -m phase8
 
 What you learn
 --------------
-* Phase 6 found the regions; here each one becomes **one kernel launch**: the code generator Inductor has, in an
-  afternoon. A region's external inputs are loaded once, every op in it is one line of Triton on registers, and every
-  member that someone outside the region needs is stored: intermediates never touch DRAM.
+* Phase 6 found the regions; here each one becomes **one kernel launch**: external inputs loaded once, every op one
+  line of Triton on registers, every member someone outside needs stored: intermediates never touch DRAM.
 * **Indexing is the whole trick.** A pointwise kernel walks the output's elements by a *flat index*
   ``xindex = program_id * XBLOCK + arange(XBLOCK)``, splits it into one index per dimension with ``//`` and ``%``
   (``x1 = xindex // 64``, ``x0 = xindex % 64``) and loads every tensor at ``sum(index_d * stride_d)``. Broadcasting
-  is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``.
-  Non-contiguous inputs are just other strides; a view is a different index into the same memory; the tail of the
-  last block is switched off by the *mask* ``xindex < numel``. The flat index follows the first output's memory
-  order (for channels_last, C fastest), so neighbouring lanes touch neighbouring addresses.
+  is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``. Other
+  strides, views, the *mask* ``xindex < numel`` for the last block's tail: all index arithmetic. The walk follows the
+  first output's memory order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
 * **Reductions over the last dimension** that fit one block (softmax, LayerNorm): one program per row
   (``xindex = program_id``), the row in registers (``r0 = arange(RBLOCK)``, masked by ``r0 < N``), ``tl.sum`` /
   ``tl.max`` over it, and all the pointwise work before and after in the same kernel — softmax is one kernel.
-* Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded once at the store.
-* What the generator cannot do (an op without a Triton line, a reduction over another dimension) is cut out the way
-  Phase 6 cuts a span at a non-fusible node: that op runs as one aten call, with the reason in the report, and the
-  pieces before and after it (>= 2 ops each) still become kernels. Never a crash, never a wrong answer.
+* Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
+* What the generator cannot do (an op without a Triton line, a reduction over dims that are not innermost in memory)
+  is cut out the way Phase 6 cuts a span: that op runs as one aten call, with the reason in the report, and the
+  pieces around it still become kernels. Never a crash, never a wrong answer.
 
-Does Phase 6's cost model hold? On a GPU ``run()`` prints each kernel's GPU time beside bytes ÷ copy bandwidth.
-Elementwise kernels land close; a one-program-per-row reduction does not: load the row → reduce across warps → reduce
-again for the variance → store is a dependent chain with little memory-level parallelism per SM. Inductor's answers:
-several rows per program for short rows (XBLOCK > 1), looped reductions, autotuned num_warps.
+Does Phase 6's cost model hold? ``run()`` on a GPU prints each kernel's time beside bytes ÷ copy bandwidth: pointwise
+kernels land close; one program per row does not (load → reduce → reduce again → store, little parallelism per SM).
 
-The anchors: early TorchInductor's ``codegen/triton.py``, the ``triton_poi_fused_*`` kernels Inductor writes
-(``TORCH_LOGS=output_code``), Triton's fused-softmax and layer-norm tutorials.
+Anchors: early TorchInductor's ``codegen/triton.py``, Inductor's ``TORCH_LOGS=output_code``, Triton's tutorials.
 """
 
 from __future__ import annotations
@@ -192,7 +187,7 @@ class KernelWriter:
         if self.rows:
             self.shape, nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
             self.splits = split_index("xindex", self.shape[:nrow]) + split_index("rindex", self.shape[nrow:], "r")
-            self.index = [name for name, _ in self.splits]
+            self.index, walk, flat = [n for n, _ in self.splits], self.shape, f"{self.rows.rnumel}*xindex + rindex"
         else:
             try:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
@@ -200,18 +195,25 @@ class KernelWriter:
                 raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
-            self.splits = split_index("xindex", [self.shape[d] for d in order])
+            walk, flat = [self.shape[d] for d in order], "xindex"
+            self.splits = split_index("xindex", walk)
             self.index = [name for _, (name, _) in sorted(zip(order, self.splits, strict=True))]
         self.lanes = self.index[len(self.index) - self.rows.nred :] if self.rows else self.index  # what the mask masks
+        walked = offset_expr([n for n, _ in self.splits], [math.prod(walk[d + 1 :]) for d in range(len(walk))])
+        self.flat = ({walked, f"({walked})"}, flat)  # at the walk's own contiguous strides: the flat index itself
+        self.bf16 = tlang.Bf16Values()  # tmps holding a bfloat16 already: rounding one again is a no-op
 
     def emit(self, expr: str, dtype: torch.dtype, node: fx.Node | None = None) -> tuple[str, torch.dtype]:
         """Append ``tmp<i> = expr`` (computing ``node``, if any); returns (tmp, dtype)."""
-        self.body.append(tlang.Line(f"tmp{len(self.body)}", expr, dtype, node))
-        return self.body[-1].tmp, dtype
+        expr = self.bf16.reuse(expr)  # a bfloat16 (a load, a rounding) rounded again is itself: no ALU spent
+        self.body.append(tlang.Line(tmp := f"tmp{len(self.body)}", expr, dtype, node))
+        self.bf16.note(tmp, expr, loaded=node is not None and node not in self.members and node.meta["val"].dtype)
+        return tmp, dtype
 
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
         if any(v in offset for v in self.lanes if v != "0"):
+            offset = self.flat[1] if offset in self.flat[0] else offset
             return f"{ptr} + ({offset})", "rmask" if self.rows else "xmask"
         if self.rows:
             return f"{ptr} + ({offset})", None  # one scalar per row
@@ -417,13 +419,11 @@ def run(quick: bool = False) -> None:
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
     print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"
           + "\n".join(f"    {var} = {expr}" for var, expr in split_index("xindex", (8, 64))))  # fmt: skip
-    b = broadcast_index(["x1", "x0"], (64,))
-    print(
-        f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))}; a (64,) broadcasts: "
-        f"index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same element sits at "
-        f"{offset_expr(['x1', 'x0'], (1, 64))}. Nothing is copied or expanded: broadcasting is index arithmetic."
-    )
-    print("1000 elements, XBLOCK=1024: the mask xindex < 1000 switches off the last 24 lanes (no load, no store).")
+    b, xt = broadcast_index(["x1", "x0"], (64,)), offset_expr(["x1", "x0"], (1, 64))
+    print(f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))} (the kernel writes xindex); "
+          f"a (64,) broadcasts: index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same "
+          f"element sits at {xt}. Nothing is copied: broadcasting is index arithmetic. 1000 elements, XBLOCK=1024: "
+          "the mask xindex < 1000 switches off the last 24 lanes.")  # fmt: skip
 
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
     (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())

@@ -253,6 +253,23 @@ def test_a_reduction_over_dims_that_are_not_innermost_in_memory_runs_as_aten():
     assert not c.report.skipped and any(k.kind == "reduction" for k in c.kernels), c.report.table()
 
 
+def test_contiguous_tensors_are_read_and_written_at_the_flat_index():
+    """The walk's own order needs no per-dimension index: a load or store at the contiguous strides of the walk is at
+    ``xindex`` (the // and % that split it would only be multiplied back together); a broadcast operand is not."""
+    x, b = _rand((3, 5, 7), 0), _rand((7,), 1)
+    (k,) = check(lambda x, b: torch.relu(x * 2.0 + b), x, b, kernels=1).kernels
+    assert "in_ptr0 + (xindex)" in k.source and "out_ptr0 + (xindex)" in k.source, k.source
+    assert "in_ptr1 + (x0)" in k.source, k.source  # the bias, broadcast over rows
+
+
+def test_a_bfloat16_value_is_never_rounded_twice():
+    """bfloat16 rounding is written out (Triton's interpreter truncates), a dozen integer ops: a loaded bfloat16 or an
+    already rounded value is used as it is. GELU in bfloat16 rounds once, at its final convert."""
+    x = _rand((4, 33), 0, torch.bfloat16)
+    (k,) = check(lambda x: F.gelu(x * 2.0), x, kernels=1).kernels
+    assert k.source.count("0xFFFF0000") == 2, k.source  # x * 2.0 rounded to bf16 (eager does), then GELU's output
+
+
 def test_strides_of_size_one_dims_do_not_matter():
     """(1, C, 1, 1) tensors may come back from a library call with other strides in the size-1 dims: same layout."""
     x = _rand((1, 6, 1, 1), 0)

@@ -689,7 +689,8 @@ def test_the_guard_zones_catch_an_out_of_bounds_write(monkeypatch):
     compiled = compile_regions(Fn(lambda x: torch.relu(x * 2.0)), (_r(5),))
     (kernel,) = compiled.kernels
     module = next(m for m in compiled.compiled.graph_module.modules() if isinstance(m, rt.RegionKernel))
-    bad = kernel.source.replace("out_ptr0 + (x0)", "out_ptr0 + (x0 + 1)")
+    bad = kernel.source.replace("tl.store(out_ptr0 + (", "tl.store(out_ptr0 + 1 + (")
+    assert bad != kernel.source
     monkeypatch.setattr(module.plan.kernel, "source", bad)
     module._compiled.clear()
     with pytest.raises(AssertionError, match="outside its output"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,6 +116,28 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # The dtypes a kernel loads, computes and stores; anything else (complex, float8, unsigned > 8 bits) is refused.
 DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 DTYPES |= {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+class Bf16Values:
+    """Which tmps of a kernel hold a bfloat16 value already (a load of a bfloat16 tensor, a :func:`round_bf16`, a
+    copy of either): rounding one of them again is the identity, so the writer reuses it instead."""
+
+    def __init__(self) -> None:
+        self.rounded: dict[str, str] = {}  # round_bf16 source of such a tmp -> the tmp
+
+    def reuse(self, expr: str) -> str:
+        return self.rounded.get(expr, expr)
+
+    def note(self, tmp: str, expr: str, loaded: object) -> None:
+        """``tmp = expr`` was written; ``loaded`` is the dtype of the input it loads (or a false value)."""
+        if loaded == torch.bfloat16 or expr in self.rounded.values() or rounds_to_bf16(expr):
+            self.rounded[round_bf16(f"({tmp})")] = tmp
+
+
+def rounds_to_bf16(expr: str) -> bool:
+    """Is ``expr`` what :func:`round_bf16` writes (its value is a bfloat16, held in a float32)?"""
+    m = re.match(r"tl\.where\((\(.*?\)) != \1, ", expr)
+    return m is not None and expr == round_bf16(m.group(1))
 
 
 def round_bf16(x: str) -> str:
