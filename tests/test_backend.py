@@ -891,7 +891,64 @@ def test_cuda_kernels_launch_through_torchs_static_launcher():
     kinds = {lch.kind or lch.fallback for lch in compiled.launchers}
     static_refused = {lch.static_refused for lch in compiled.launchers}
     assert kinds <= {"static", "triton"} and all(lch.launches >= 2 for lch in compiled.launchers), kinds
-    print(f"direct launch paths: {kinds}; static launcher refused: {static_refused}")
+    raw = {getattr(lch.direct, "raw", None) for lch in compiled.launchers}
+    print(f"direct launch paths: {kinds}; static launcher refused: {static_refused}; raw C++ launch: {raw}")
+
+
+class _FakeStaticKernel:
+    """The shape of torch's StaticallyLaunchedCudaKernel.run (torch 2.11): what _raw_launch must replay exactly."""
+
+    calls: list = []
+
+    class C_impl:  # noqa: N801 - torch's attribute name
+        @staticmethod
+        def _launch_kernel(*args):
+            _FakeStaticKernel.calls.append(args)
+
+    function, num_warps, shared, arg_tys = "fn", 4, 128, "OO"
+    _has_tensordesc, has_global_scratch, has_profile_scratch, global_scratch_size = False, True, False, 0
+
+    def run(self, grid_x, grid_y, grid_z, stream, *args):
+        if self._has_tensordesc:
+            raise NotImplementedError
+        arg_tys = self.arg_tys
+        if self.has_global_scratch:
+            global_scratch = None
+            if self.global_scratch_size:
+                raise NotImplementedError
+            arg_tys, args = arg_tys + "O", (*args, global_scratch)
+        if self.has_profile_scratch:
+            arg_tys, args = arg_tys + "O", (*args, None)
+        self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, self.num_warps, self.shared, arg_tys, args,
+                                   stream)  # fmt: skip
+
+
+def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
+    from fusion.kernels import triton_runtime as rt
+
+    kernel, a, b = _FakeStaticKernel(), torch.zeros(1), torch.ones(1)
+    _FakeStaticKernel.calls = []
+    raw = rt._raw_launch(kernel, 7)
+    assert raw is not None
+    raw((a, b), 99)
+    kernel.run(7, 1, 1, 99, a, b)
+    first, second = _FakeStaticKernel.calls
+    assert first[:7] == second[:7] and first[8] == second[8] and all(x is y for x, y in zip(first[7], second[7]))
+    kernel.has_profile_scratch = True  # one more trailing argument, in both
+    _FakeStaticKernel.calls = []
+    rt._raw_launch(kernel, 7)((a, b), 99)
+    kernel.run(7, 1, 1, 99, a, b)
+    assert _FakeStaticKernel.calls[0][6] == _FakeStaticKernel.calls[1][6] == "OOOO"
+    kernel.global_scratch_size = 64  # scratch memory of a size: run() allocates it per call, so no raw path
+    assert rt._raw_launch(kernel, 7) is None
+
+    class Unknown(_FakeStaticKernel):
+        def run(self, grid_x, grid_y, grid_z, stream, *args):  # a flag _raw_launch does not replay
+            if self.has_something_new:
+                args = (*args, 0)
+            self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, 4, 0, "O", args, stream)
+
+    assert rt._raw_launch(Unknown(), 7) is None
 
 
 def test_precompile_is_skipped_off_cuda():

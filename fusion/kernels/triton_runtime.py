@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -342,15 +343,56 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
         kernel.load_kernel(index)
     finally:
         os.unlink(path)
-    run = kernel.run
+    run, raw = kernel.run, _raw_launch(kernel, grid)
 
     def launch(*tensors: torch.Tensor) -> None:
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             raise RuntimeError(HOOKED)
-        run(grid, 1, 1, get_stream(index), *tensors)
+        if raw is not None:
+            raw(tensors, get_stream(index))
+        else:
+            run(grid, 1, 1, get_stream(index), *tensors)
 
-    launch.kernel = kernel  # keeps the loaded module alive as long as the launch
+    launch.kernel, launch.raw = kernel, raw is not None  # the kernel: keeps the loaded module alive
     return launch
+
+
+_RUN_FLAGS = {"_has_tensordesc", "is_rocm", "has_global_scratch", "has_profile_scratch"}  # what _raw_launch reads
+
+
+def _raw_launch(kernel, grid: int) -> Callable | None:
+    """``raw(tensors, stream)``: the C++ launch that ``StaticallyLaunchedCudaKernel.run`` ends in, with what run()
+    decides per call (the function, the scratch arguments, the argument types) decided once: ~2 µs less Python per
+    launch. None wherever this torch's run() does anything else (tensor descriptors, ROCm, device-agnostic kernels,
+    sized scratch memory): read off its source, so a torch that changes run() keeps run()."""
+    import inspect
+
+    try:
+        source = inspect.getsource(type(kernel).run)
+    except (OSError, TypeError):
+        return None
+    words = set(re.findall(r"[A-Za-z_]+", source))
+    unknown = {w for w in words if w.startswith(("has_", "_has_", "is_"))} - _RUN_FLAGS
+    function, c_launch = (
+        getattr(kernel, "function", None),
+        getattr(getattr(kernel, "C_impl", None), "_launch_kernel", None),
+    )
+    if "_launch_kernel" not in words or unknown:
+        return None
+    if function is None or c_launch is None or getattr(kernel, "_has_tensordesc", False):
+        return None
+    if getattr(kernel, "device_agnostic", False) or getattr(kernel, "global_scratch_size", 0) or torch.version.hip:
+        return None
+    tys, tail = kernel.arg_tys, ()
+    for flag in ("has_global_scratch", "has_profile_scratch"):
+        if flag in words and getattr(kernel, flag, False):
+            tys, tail = tys + "O", (*tail, None)
+    warps, shared = kernel.num_warps, kernel.shared
+
+    def raw(tensors: tuple, stream: int) -> None:
+        c_launch(function, grid, 1, 1, warps, shared, tys, (*tensors, *tail), stream)
+
+    return raw
 
 
 def direct_launcher(
