@@ -13,16 +13,16 @@ What you learn
   is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``. Other
   strides, views, the *mask* ``xindex < numel`` for the last block's tail: all index arithmetic. The walk follows the
   first output's memory order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
-* **Reductions over the last dimension** that fit one block (softmax, LayerNorm): one program per row
-  (``xindex = program_id``), the row in registers (``r0 = arange(RBLOCK)``, masked by ``r0 < N``), ``tl.sum`` /
-  ``tl.max`` over it, and all the pointwise work before and after in the same kernel — softmax is one kernel.
+* **Reductions over the last dimension** that fit one block (softmax, LayerNorm): a program takes ``XBLOCK`` rows
+  (``xindex``, a column) of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the
+  pointwise work before and after in the same kernel: softmax is one kernel. Short rows share a program.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
 * What the generator cannot do (an op without a Triton line, a reduction over dims that are not innermost in memory)
   is cut out the way Phase 6 cuts a span: that op runs as one aten call, with the reason in the report, and the
   pieces around it still become kernels. Never a crash, never a wrong answer.
 
 Does Phase 6's cost model hold? ``run()`` on a GPU prints each kernel's time beside bytes ÷ copy bandwidth: pointwise
-kernels land close; one program per row does not (load → reduce → reduce again → store, little parallelism per SM).
+kernels land close; row reductions less so (load → reduce → reduce again → store: more passes over registers).
 
 Anchors: early TorchInductor's ``codegen/triton.py``, Inductor's ``TORCH_LOGS=output_code``, Triton's tutorials.
 """
@@ -39,7 +39,7 @@ import torch.fx as fx
 from fusion import models
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
-from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported
+from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
 from fusion.kernels import timing
 from fusion.kernels import triton_demo as demo
@@ -212,11 +212,12 @@ class KernelWriter:
 
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
+        down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
         if any(v in offset for v in self.lanes if v != "0"):
             offset = self.flat[1] if offset in self.flat[0] else offset
-            return f"{ptr} + ({offset})", "rmask" if self.rows else "xmask"
-        if self.rows:
-            return f"{ptr} + ({offset})", None  # one scalar per row
+            return f"{ptr} + ({offset})", ("xmask & rmask" if down else "rmask") if self.rows else "xmask"
+        if down:
+            return f"{ptr} + ({offset})", "xmask"  # one element per row: a column of XBLOCK
         return f"{ptr} + ({offset}) + 0 * xindex", "xmask"  # the same element in every lane: a vector, not a scalar
 
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
@@ -304,17 +305,15 @@ class KernelWriter:
         x = self.operand(node.args[0], self.index, dt)
         n = self.rows.rnumel
         if node.target in (aten.amax.default, aten.amin.default):
-            big, fn = (
-                ('float("-inf")', "_maximum") if node.target is aten.amax.default else ('float("inf")', "_minimum")
-            )
-            out = self.emit(f"tl.reduce(tl.where(rmask, {x}, {big}), 0, {fn})", dt, node)
+            big, fn = ("-inf", "_maximum") if node.target is aten.amax.default else ("inf", "_minimum")
+            out = self.emit(f'tl.reduce(tl.where(rmask, {x}, float("{big}")), 1, {fn})[:, None]', dt, node)
         else:
-            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 0, _add)", dt, node)
+            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 1, _add)[:, None]", dt, node)
             out = total if node.target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
         if node.target.overloadpacket in (aten.var_mean, aten.var):
             corr = bind_args(node).get("correction")
             centered = self.emit(f"tl.where(rmask, {x} - {out[0]}, 0.0)", dt)
-            sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 0, _add)", dt)
+            sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 1, _add)[:, None]", dt)
             var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt)
             out = (var, out) if node.target is aten.var_mean.correction else var
         self.cache[key] = out
@@ -339,13 +338,13 @@ class KernelWriter:
             cast = "" if compute_dtype(val.dtype) == val.dtype else f".to({tl_dtype(val.dtype)})"
             stores.append(f"tl.store({', '.join(filter(None, (pointer, src + cast, mask)))})  # {node.name}")
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
-        head = [f"def {name}({', '.join(ptrs)}, {'RBLOCK' if self.rows else 'XBLOCK'}: tl.constexpr):"]
+        head = [f"def {name}({', '.join(ptrs)}, XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.rows else ''}):"]
         ops = [n.name for n in self.region.nodes if not is_view(n) and n.target is not operator.getitem]
         body = [f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}"]
         if self.rows:
-            body += [f"# one program per row: {math.prod(self.shape[:nrow])} rows of {self.rows.rnumel} ({self.shape})",
-                     "xindex = tl.program_id(0)", "rindex = tl.arange(0, RBLOCK)",
-                     f"rmask = rindex < {self.rows.rnumel}"]  # fmt: skip
+            body += [f"# XBLOCK rows per program: {(rows := math.prod(self.shape[:nrow]))} rows of {self.rows.rnumel}",
+                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
+                     "rindex = tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {self.rows.rnumel}"]  # fmt: skip
         else:
             body += [f"# elementwise over {self.shape}: {math.prod(self.shape)} elements",
                      "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
@@ -370,8 +369,8 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     inputs = list(writer.inputs)
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.rows:
-        rows, warps = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), min(8, max(2, writer.rows.rblock // 1024))  # fmt: skip
-        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": writer.rows.rblock}, warps)  # fmt: skip
+        rows, rblock = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), writer.rows.rblock
+        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock))  # fmt: skip
     return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))
 
 
@@ -429,7 +428,7 @@ def run(quick: bool = False) -> None:
     (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())
     print(f"softmax(x * 0.125): {soft.name}, ops {' → '.join(n.name for n in soft.region.nodes)}")
     (norm,) = generated_sources(models.NormGELUResidual(), models.norm_inputs())
-    print(f"x + gelu(layer_norm(x)): one kernel, one program per row:\n\n{norm.source}")
+    print(f"x + gelu(layer_norm(x)): one kernel, XBLOCK rows per program:\n\n{norm.source}")
     if not runs:
         print(f"These kernels cannot run here: {why}.")
         return

@@ -373,6 +373,18 @@ def test_reductions_sum_mean_amax_var_keepdim_or_not():
     check(lambda x: torch.softmax(x.half() * 2.0, dim=-1), x, kernels=1, atol=1e-3, rtol=1e-3)
 
 
+def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
+    from fusion.compiler.ir import ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, row_warps, rows_per_program
+
+    for rows, rblock in itertools.product((1, 7, 64, 4096, 100352), (1, 2, 128, 1024, 16384)):
+        xblock = rows_per_program(rows, rblock)
+        assert xblock & (xblock - 1) == 0 and (xblock == 1 or xblock * rblock <= ELEMENTS_PER_PROGRAM)
+        assert xblock == 1 or -(-rows // xblock) >= FILL_PROGRAMS  # never fewer programs than the GPU wants
+        assert 2 <= row_warps(rows, rblock) <= 8
+    assert rows_per_program(100352, 128) == 32  # ConvNeXt's LayerNorm over 96 channels: 32 rows a program
+    assert rows_per_program(64, 16384) == 1
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The course's models
 
@@ -408,6 +420,16 @@ def test_cuda_kernels_match_eager():
     c = compile_regions(m, (x,))
     with torch.no_grad():
         torch.testing.assert_close(c(x), m(x), atol=2e-2, rtol=2e-2)
+    ln = lambda x, w, b: F.layer_norm(x * 2.0, (96,), w, b)  # noqa: E731  ConvNeXt's rows of 96: several a program
+    check(
+        ln,
+        _rand((2, 37, 41, 96), 3).cuda(),
+        _rand((96,), 4).cuda(),
+        _rand((96,), 5).cuda(),
+        kernels=1,
+        atol=1e-5,
+        rtol=1e-4,
+    )
     check(unary_ops, _rand((33, 70), 1).cuda(), kernels=1)
     check(binary_ops, _rand((33, 70), 1).cuda(), _rand((70,), 2).cuda(), kernels=1)
 

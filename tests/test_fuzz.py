@@ -476,6 +476,42 @@ def _describe(program, inputs) -> str:
     return f"inputs: {ins}\nsteps: {program['steps']}\noutputs: {program['outputs']}"
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))],
+)
+def test_several_rows_per_program_write_nothing_past_a_partial_last_block(monkeypatch, device):
+    """A reduction kernel takes XBLOCK rows per program: per-row loads and stores masked by xmask (or they land in the
+    guard zone), row-invariant loads (a weight) by rmask, a 0-d input in every lane. CPU: 37 rows in blocks of 4 (the
+    last program has one real row); CUDA: 1027 rows in blocks of 4, 257 programs (at least 256 to fill the GPU)."""
+    from fusion.compiler import ir
+
+    monkeypatch.setattr(ir, "INTERPRETER_ELEMENTS", 64)  # RBLOCK 16 -> XBLOCK 4 in the interpreter
+    rows_, gen = (37 if device == "cpu" else 1027), torch.Generator().manual_seed(0)
+    x, w, s, b = (
+        torch.randn(rows_, 12, generator=gen).to(device),
+        torch.randn(12, generator=gen).to(device),
+        torch.tensor(1.5, device=device),
+        torch.randn(rows_, 1, generator=gen).to(device),
+    )
+
+    def rows(x, w, s, b):
+        y = x * s + b
+        return torch.softmax(y, -1) * w, y.amax(-1), y.var(-1, keepdim=True), (y - y.mean(-1, keepdim=True)).sum(-1)
+
+    class Rows(torch.nn.Module):
+        forward = staticmethod(rows)
+
+    compiled = compile_regions(Rows(), (x, w, s, b))
+    with guarded_outputs() as allocated:
+        got = compiled(x, w, s, b)
+    check_guards(allocated)
+    torch.testing.assert_close(got, rows(x, w, s, b), atol=1e-5, rtol=1e-4)
+    (launcher,) = compiled.compiled.launchers
+    programs = 10 if device == "cpu" else 257
+    assert compiled.num_kernels == 1 and launcher.owner.config(x.device) == (programs, {"RBLOCK": 16, "XBLOCK": 4})
+
+
 def run_compiled(program: dict, inputs):
     """``program`` through ``compile_regions``, its outputs inside guard zones (an out-of-bounds write fails), no
     region refused for an internal error: (outputs, the compiled module)."""

@@ -104,16 +104,38 @@ class KernelPlan:
     input_meta: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # (shape, stride, dtype) specialised on
     stored: list[fx.Node]  # members written by the kernel, in argument order
     outputs: list[fx.Node]  # the region's external outputs, in the order the launch returns them
-    grid: int  # number of programs of a reduction kernel (one per row); 0 for a pointwise kernel
+    grid: int  # rows of a reduction kernel (XBLOCK rows per program, chosen at launch); 0 for a pointwise kernel
     constexprs: dict[str, int]  # e.g. {"RBLOCK": 1024}
     num_warps: int = 4
     xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
 
     def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
         """(programs, constexprs): a pointwise kernel takes 1024 elements per program on a GPU, and many more in the
-        interpreter, where every program costs ~1 ms of Python."""
+        interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its rows
+        (:func:`rows_per_program`)."""
         if not self.xnumel:
-            return self.grid, self.constexprs
+            xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda")
+            return -(-self.grid // xblock), {**self.constexprs, "XBLOCK": xblock}
         cap = 1024 if device.type == "cuda" else 16384
         block = min(cap, 1 << max(self.xnumel - 1, 0).bit_length())
         return -(-self.xnumel // block), {"XBLOCK": block}
+
+
+# A reduction kernel's block of XBLOCK rows x RBLOCK lanes, as a table (Inductor autotunes over a few such configs):
+# short rows share a program up to ~4096 elements (16 per thread at 8 warps), but never so many that fewer than
+# FILL_PROGRAMS programs are left to spread over the SMs (an H100 has 132). The interpreter takes far more: each
+# program costs it ~1 ms of Python.
+ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, INTERPRETER_ELEMENTS = 4096, 256, 16384
+
+
+def rows_per_program(rows: int, rblock: int, cuda: bool = True) -> int:
+    """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128)."""
+    xblock = min(1 << max(rows - 1, 0).bit_length(), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock))
+    while cuda and xblock > 1 and -(-rows // xblock) < FILL_PROGRAMS:
+        xblock //= 2
+    return xblock
+
+
+def row_warps(rows: int, rblock: int) -> int:
+    """Warps for a reduction kernel on a GPU: one per 512 elements of its block, 2 to 8."""
+    return min(8, max(2, rows_per_program(rows, rblock) * rblock // 512))
