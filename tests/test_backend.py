@@ -933,7 +933,11 @@ def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
     raw((a, b), 99)
     kernel.run(7, 1, 1, 99, a, b)
     first, second = _FakeStaticKernel.calls
-    assert first[:7] == second[:7] and first[8] == second[8] and all(x is y for x, y in zip(first[7], second[7]))
+    assert (
+        first[:7] == second[:7]
+        and first[8] == second[8]
+        and all(x is y for x, y in zip(first[7], second[7], strict=True))
+    )
     kernel.has_profile_scratch = True  # one more trailing argument, in both
     _FakeStaticKernel.calls = []
     rt._raw_launch(kernel, 7)((a, b), 99)
