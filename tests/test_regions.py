@@ -700,6 +700,68 @@ def test_collapse_refuses_regions_of_another_graph():
         collapse_regions(gm2, build_fusion_regions(gm1))
 
 
+def _plan(name, nodes, inputs, outputs):
+    """A hand-made KernelPlan (never launched): enough for build_compiled_graph to place its call."""
+    from fusion.compiler.ir import Kernel, KernelPlan, Region
+
+    return KernelPlan(Kernel(name, "", Region(list(nodes))), list(inputs), [], list(outputs), list(outputs), 0, {})
+
+
+def test_collapse_and_the_compiled_graph_share_one_rebuild(monkeypatch):
+    from fusion.aten import collapse
+    from fusion.compiler import partition
+    from fusion.fxutils.rebuild import rebuild
+    from fusion.kernels.triton_runtime import Launcher, RegionKernel
+
+    calls = []
+
+    def spy(gm, groups, emit, *args, **kwargs):
+        calls.append([(g.name, g.returns_tuple) for g in groups])
+        return rebuild(gm, groups, emit, *args, **kwargs)
+
+    monkeypatch.setattr(collapse, "rebuild", spy)
+    monkeypatch.setattr(partition, "rebuild", spy)
+    b = Builder()
+    x = b.input("x", torch.randn(3, 3, dtype=torch.float64))
+    w = b.input("w", torch.randn(3, 3, dtype=torch.float64))
+    relu = b.op(aten.relu.default, b.op(aten.add.Tensor, x, 1.0))
+    out = b.op(aten.mul.Tensor, b.op(aten.tanh.default, b.op(aten.mm.default, relu, w)), 2.0)
+    gm = b.done(out, relu)
+    code = gm.code
+    region_of = build_fusion_regions(gm)
+    collapsed = collapse_regions(gm, region_of)
+    assert calls == [[("fusion_region_0", False), ("fusion_region_1", False)]]  # one output each: no getitem
+    assert not any(n.target is operator.getitem for n in collapsed.graph.nodes)
+    torch.testing.assert_close(collapsed(*b.inputs), gm(*b.inputs))
+
+    plans = [_plan(f"k{r.index}", r.nodes, r.external_inputs, r.external_outputs) for r in unique_regions(region_of)]
+    compiled = partition.build_compiled_graph(gm, plans)
+    assert calls[1] == [("k0", True), ("k1", True)]
+    launches = [n for n in compiled.graph.nodes if isinstance(n.target, Launcher)]
+    assert [n.meta["kernel"] for n in launches] == ["k0", "k1"]
+    assert [type(m) for _, m in compiled.named_children()] == [RegionKernel, RegionKernel]
+    items = [n for n in compiled.graph.nodes if n.target is operator.getitem]
+    assert [n.args[0] for n in items] == launches and all("val" in n.meta for n in items)
+    assert gm.code == code  # neither rebuild touches its input
+
+
+def test_non_convex_group_is_a_value_error_in_collapse_and_the_compiled_graph():
+    from fusion.compiler.partition import build_compiled_graph
+
+    b = Builder()
+    x = b.input("x", torch.randn(3, 3, dtype=torch.float64))
+    w = b.input("w", torch.randn(3, 3, dtype=torch.float64))
+    relu = b.op(aten.relu.default, x)
+    mm = b.op(aten.mm.default, relu, w)  # leaves the group [relu, add] and comes back
+    add = b.op(aten.add.Tensor, mm, relu)
+    gm = b.done(add)
+    region = FusionRegion([relu, add], index=0)
+    with pytest.raises(ValueError, match=r"group fusion_region_0 .*'relu'.* reads 'mm'.*not convex"):
+        collapse_regions(gm, {relu: region, add: region})
+    with pytest.raises(ValueError, match=r"group k0 .*'relu'.* reads 'mm'.*not convex"):
+        build_compiled_graph(gm, [_plan("k0", [relu, add], [x, mm], [add])])
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # capture_aten and the demo models
 

@@ -13,75 +13,77 @@ import torch.fx as fx
 
 from fusion.aten.nodes import MissingMetaError, is_view_node, unique_regions
 from fusion.aten.report import fmt_bytes
-from fusion.common import FusionReport, attach_report, finish_rewrite
+from fusion.common import FusionReport, attach_report, finish_rewrite, mutates_an_input
+from fusion.fxutils.rebuild import Group, group_module, rebuild
 
 REGION_PREFIX = "fusion_region_"  # collapse_regions names each region submodule fusion_region_<i>
-
-
-def _copy_graph_module(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
-    """A new GraphModule over a copy of ``gm``'s graph (node meta kept) and the old→new node map.
-
-    The copy shares parameters with ``gm`` but not its graph: rewriting it leaves ``gm`` untouched.
-    """
-    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    env: dict[fx.Node, fx.Node] = {}
-    out, old_output = graph.graph_copy(gm.graph, env, return_output_node=True)
-    new_output = graph.output(out, type_expr=getattr(old_output, "type", None))
-    new_output.meta = copy.copy(old_output.meta)
-    env[old_output] = new_output
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
-    new = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    new.meta.update({k: v for k, v in gm.meta.items() if k != "fusion_report"})
-    return new, env
 
 
 def collapse_regions(gm: fx.GraphModule, region_of: dict) -> fx.GraphModule:
     """A new GraphModule in which every region is one ``call_module`` node (``fusion_region_<i>``).
 
-    Uses ``torch.fx.passes.utils.fuser_utils.fuse_by_partitions``. Dead code is removed first, so a region whose
-    result nobody uses (a dead fusible chain) is dropped rather than fused, and the report says so. ``gm`` is not
+    Built by :func:`~fusion.fxutils.rebuild.rebuild`, the rebuild Phase 8's compiled graph uses too. Dead code is
+    left out first, so a region whose result nobody uses (a dead fusible chain) is dropped rather than fused, and the
+    report says so. A region with one output returns it, one with several a tuple (read by getitems). ``gm`` is not
     modified. The report (``report_of(result)``) lists each region fused or skipped.
     """
-    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
-
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(
             f"collapse_regions needs the torch.fx.GraphModule the regions were built on, got {type(gm).__name__}"
         )
-    new, env = _copy_graph_module(gm)
     report = FusionReport("collapse_regions")
     regions = unique_regions(region_of)
     for region in regions:
-        stranger = next((n for n in region.nodes if n not in env), None)
+        stranger = next((n for n in region.nodes if n.graph is not gm.graph), None)
         if stranger is not None:
             raise ValueError(
                 f"region {region.index} contains node {stranger.name!r}, which is not in this graph. "
                 "Fix: pass the region_of that build_fusion_regions returned for this same GraphModule"
             )
 
-    new.graph.eliminate_dead_code()  # mutating ops (copy_) are impure and stay
-    alive = set(new.graph.nodes)
-    partitions: list[dict[fx.Node, None]] = []
-    names: list[str] = []
+    live = _live_nodes(gm)
+    groups: list[Group] = []
+    modules: dict[str, fx.GraphModule] = {}
     for region in regions:
-        kept = [env[n] for n in region.nodes if env[n] in alive]
+        kept = [n for n in region.nodes if n in live]
         if sum(not is_view_node(n) for n in kept) < 2:
             why = "dead code: nothing uses its result" if not kept else f"only {len(kept)} live node(s) after DCE"
             report.skip("region", [n.name for n in region.nodes], why)
             continue
-        name = f"{REGION_PREFIX}{len(partitions)}"
-        partitions.append(dict.fromkeys(kept))
-        names.append(name)
+        members = set(kept)
+        inputs = dict.fromkeys(i for n in kept for i in n.all_input_nodes if i not in members)
+        outputs = [n for n in kept if any(u in live and u not in members for u in n.users)]
+        group = Group(f"{REGION_PREFIX}{len(groups)}", kept, list(inputs), outputs, returns_tuple=len(outputs) != 1)
+        groups.append(group)
+        modules[group.name] = group_module(gm, group)
         dropped = len(region.nodes) - len(kept)
         note = f"{fmt_bytes(region.total_bytes)} external" if _has_meta(region) else "not costed (no meta)"
         if dropped:
             note += f"; {dropped} dead member(s) removed first"
-        report.fuse("region", [n.name for n in kept], replacement=name, reason=note)
-    if partitions:
-        fuse_by_partitions(new, partitions, prefix=REGION_PREFIX)
+        report.fuse("region", [n.name for n in kept], replacement=group.name, reason=note)
+    new = rebuild(gm, groups, _call_region, modules, dead=set(gm.graph.nodes) - live)
+    new.meta.update({k: v for k, v in gm.meta.items() if k != "fusion_report"})
     finish_rewrite(new)
-    new.meta["fusion_region_modules"] = names
+    new.meta["fusion_region_modules"] = list(modules)
     return attach_report(new, report)
+
+
+def _live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes dead-code elimination keeps (as :func:`finish_rewrite` runs it): those with an effect (placeholders,
+    the output, mutating ops such as ``copy_``) and every node they read, directly or not."""
+    modules = dict(gm.named_modules())
+    live: set[fx.Node] = set()
+    for node in reversed(gm.graph.nodes):
+        if not live.isdisjoint(node.users) or node.is_impure() or mutates_an_input(node, modules):
+            live.add(node)
+    return live
+
+
+def _call_region(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:
+    call = graph.call_module(group.name, args)
+    if group.returns_tuple:
+        call.meta["val"] = tuple(n.meta.get("val") for n in group.outputs)
+    return call
 
 
 def _has_meta(region) -> bool:

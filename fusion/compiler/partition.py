@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import operator
 from collections.abc import Iterator, Sequence
 
@@ -36,6 +35,7 @@ from fusion.aten.nodes import is_view_node, reinterpret, strided_view
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.ir import Kernel, KernelPlan, Region, Unsupported
 from fusion.fxutils.pieces import connected_pieces
+from fusion.fxutils.rebuild import Group, rebuild
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile
 
@@ -175,43 +175,22 @@ def split_region(region: Region, bad: fx.Node) -> list[Region]:
 
 
 def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
-    """A copy of ``gm`` where each plan's region is one ``call_module`` (named after its kernel) + getitems.
+    """A copy of ``gm`` where each plan's region is one call of its kernel's launcher + getitems (the
+    :class:`~fusion.kernels.triton_runtime.RegionKernel` kept as a submodule named after the kernel).
 
-    The call sits where the region's first member was: every external input of a region comes before its span,
-    every outside user after it (Phase 6's regions never reach across a non-fusible node).
+    The call sits where the region's first member was (:func:`~fusion.fxutils.rebuild.rebuild`): every external input
+    of a region comes before its span, every outside user after it (Phase 6's regions never reach across a
+    non-fusible node).
     """
-    graph = fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
-    owner: dict[fx.Node, KernelPlan] = {n: p for p in plans for n in p.kernel.region.nodes}
-    env: dict[fx.Node, fx.Node] = {}
-    done: set[int] = set()
-    root = torch.nn.Module()
-    for name, mod in gm.named_children():
-        root.add_module(name, mod)
-    for name, p in gm.named_parameters(recurse=False):
-        root.register_parameter(name, p)
-    for name, b in gm.named_buffers(recurse=False):
-        root.register_buffer(name, b)
-    for node in gm.graph.nodes:
-        plan = owner.get(node)
-        if plan is None:
-            env[node] = graph.node_copy(node, env.__getitem__)
-            continue
-        if id(plan) in done:
-            continue
-        done.add(id(plan))
-        kernel = rt.RegionKernel(plan)
-        root.add_module(plan.kernel.name, kernel)  # kept to inspect; the graph calls its launcher, not the module
-        call = graph.call_function(kernel.launch, tuple(env[n] for n in plan.inputs))
-        call.meta["kernel"] = plan.kernel.name
-        for i, out in enumerate(plan.outputs):
-            item = graph.call_function(operator.getitem, (call, i))
-            item.meta = copy.copy(out.meta)
-            env[out] = item
-    new = fx.GraphModule(root, graph, class_name="CompiledGraph")
-    for name, mod in root.named_children():  # GraphModule keeps only the modules its code calls: keep the kernels too
-        if isinstance(mod, rt.RegionKernel) and not hasattr(new, name):
-            new.add_module(name, mod)
+    kernels = {p.kernel.name: rt.RegionKernel(p) for p in plans}
+    groups = [Group(p.kernel.name, p.kernel.region.nodes, p.inputs, p.outputs) for p in plans]
+
+    def launch(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:
+        call = graph.call_function(kernels[group.name].launch, args)
+        call.meta["kernel"] = group.name
+        return call
+
+    new = rebuild(gm, groups, launch, kernels, class_name="CompiledGraph")
     new.meta["prims_to_aten"] = prims_to_aten(new)
     new.meta["views_as_strides"] = views_as_strides(new)
     new.graph.lint()

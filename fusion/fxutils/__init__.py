@@ -1,1 +1,2 @@
-"""torch.fx helpers the passes share: reading BatchNorms in a graph, naming new submodules, hashable argument keys."""
+"""torch.fx helpers the passes share: reading BatchNorms in a graph, naming new submodules, hashable argument keys,
+connected pieces of a node set, and the one rebuild that replaces groups of nodes by one call each."""
