@@ -1060,3 +1060,75 @@ def test_batch_norm_is_not_folded_by_default_so_a_write_through_data_is_seen():
         model.bn1.running_var.data.mul_(4.0)
         model.conv1.weight.data.mul_(-2.0)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Library calls through torch's Python bindings (fusion/compiler/bindings.py)
+
+
+def _binding_samples(device: str) -> dict:
+    """One call per entry of BINDINGS: (args, kwargs), odd sizes, a non-contiguous operand where the op takes one."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    aten = torch.ops.aten
+    x4, q = r(2, 3, 7, 5), r(2, 3, 9, 8, dtype=torch.float16 if device == "cuda" else torch.float32)
+    mean, var, w3 = r(3), r(3).abs() + 0.5, r(3)
+    sdpa = (q, q * 0.5, q.flip(-1))
+    return {
+        aten.convolution.default: ((x4, r(4, 3, 3, 3), r(4), [1, 2], [1, 0], [1, 1], False, [0, 0], 1), {}),
+        aten.mm.default: ((r(5, 3), r(7, 3).t()), {}),
+        aten.addmm.default: ((r(7), r(5, 3), r(3, 7)), {"beta": 0.5, "alpha": 2.0}),
+        aten.bmm.default: ((r(2, 5, 3), r(2, 3, 4)), {}),
+        aten.baddbmm.default: ((r(2, 5, 4), r(2, 5, 3), r(2, 3, 4)), {"alpha": 0.5}),
+        aten.cat.default: (([r(2, 3), r(2, 1)], 1), {}),
+        aten.clone.default: ((x4.transpose(1, 3),), {"memory_format": torch.contiguous_format}),
+        aten.embedding.default: ((r(10, 4), torch.tensor([[1, 9], [0, 0]], device=device)), {}),
+        aten.where.self: ((r(3, 4) > 0, r(3, 4), r(4)), {}),
+        aten.cumsum.default: ((r(3, 5), 1), {"dtype": torch.float64}),
+        aten.mean.dim: ((x4, [-1, -2], True), {}),
+        aten.sum.dim_IntList: ((x4, [1]), {}),
+        aten.amax.default: ((x4, [0, 2]), {}),
+        aten.constant_pad_nd.default: ((x4, [1, 2, 0, 1], 0.5), {}),
+        aten._adaptive_avg_pool2d.default: ((x4, [3, 2]), {}),
+        aten._native_batch_norm_legit_no_training.default: ((x4, w3, r(3), mean, var, 0.1, 1e-5), {}),
+        aten.native_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
+        aten.cudnn_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
+        aten._scaled_dot_product_flash_attention.default: (sdpa, {"scale": 0.3}),
+        aten._scaled_dot_product_efficient_attention.default: ((*sdpa, None, False), {"scale": 0.3}),
+        aten._scaled_dot_product_cudnn_attention.default: ((*sdpa, None, False, 0.0, False), {"scale": 0.3}),
+        aten._scaled_dot_product_flash_attention_for_cpu.default: (sdpa, {"scale": 0.3}),
+    }
+
+
+CUDA_ONLY = ("cudnn_batch_norm", "_scaled_dot_product_flash_attention.", "efficient_attention", "cudnn_attention")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])  # fmt: skip
+def test_each_python_binding_computes_what_its_overload_computes(device):
+    from fusion.compiler.bindings import BINDINGS
+
+    samples = _binding_samples(device)
+    assert set(BINDINGS) <= set(samples), f"add a sample for {set(BINDINGS) - set(samples)}"
+    for op, binding in BINDINGS.items():
+        if device == "cpu" and any(k in str(op) for k in CUDA_ONLY) or device == "cuda" and "for_cpu" in str(op):
+            continue
+        args, kwargs = samples[op]
+        want, got = op(*args, **kwargs), binding(*args, **kwargs)
+        torch.testing.assert_close(got, want, msg=lambda m, op=op: f"{op}: {m}")
+
+
+def test_library_calls_of_a_compiled_graph_go_through_python_bindings():
+    """ResNet-18's convolutions and its classifier's addmm are torch.convolution / torch.addmm in the compiled graph's
+    code (no OpOverload on the call path), and the answers are unchanged."""
+    torch._dynamo.reset()
+    backend.reset()
+    m, x = models.resnet18_block().eval(), models.conv_inputs(batch=2, size=16)
+    with torch.no_grad():
+        got, want = torch.compile(m, backend="fusion")(*x), m(*x)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    code = "\n".join(part.graph.code for e in backend.reports for part in e.parts if part.graph is not None)
+    assert "torch.convolution(" in code and "torch.ops.aten.convolution" not in code, code

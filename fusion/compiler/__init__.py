@@ -9,6 +9,8 @@
   Conv+BatchNorm weights (computed from the live parameters, refreshed when they change), the cuDNN
   conv+bias(+add)+ReLU epilogue, and the conv bias moved into the next generated kernel.
 * :mod:`fusion.compiler.partition` — the cut-and-retry loop over regions and the graph rebuilt around the kernels.
+* :mod:`fusion.compiler.bindings` — library calls of a compiled graph through torch's Python bindings
+  (``torch.convolution`` instead of the ``aten.convolution.default`` OpOverload: less CPU per call).
 * :mod:`fusion.compiler.report` — what the backend did to each graph: regions, generated kernels, library calls,
   fallbacks with reasons, graph breaks, printed as tables.
 

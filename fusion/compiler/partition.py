@@ -16,9 +16,11 @@
 * :func:`build_compiled_graph` — the original graph with every kernel's region replaced by one call of its
   :class:`~fusion.kernels.triton_runtime.Launcher` (the :class:`~fusion.kernels.triton_runtime.RegionKernel` stays a
   submodule, to inspect); everything else (matmul, conv, fallbacks) stays aten, with ``prims`` ops outside kernels
-  mapped to their aten ops (:func:`prims_to_aten`). The GraphModule's generated ``forward`` is the wrapper a call
-  runs: straight-line Python, one line per launch or library call, intermediates freed after their last use (what
-  Inductor's ``call(args)`` is, written by fx's code generator instead of ours).
+  mapped to their aten ops (:func:`prims_to_aten`) and library calls made through torch's Python bindings
+  (:mod:`fusion.compiler.bindings`: ``torch.convolution``, ~5 µs less CPU a call than the OpOverload). The
+  GraphModule's generated ``forward`` is the wrapper a call runs: straight-line Python, one line per launch or
+  library call, intermediates freed after their last use (what Inductor's ``call(args)`` is, written by fx's code
+  generator instead of ours).
 * :class:`CompiledGraph` / :class:`CompiledModel` — what Phase 8 and Phase 9 run.
 """
 
@@ -33,6 +35,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node, reinterpret, strided_view
 from fusion.common import FusionReport, fallback_reason
+from fusion.compiler.bindings import python_bindings
 from fusion.compiler.ir import Kernel, KernelPlan, Region, Unsupported
 from fusion.fxutils.pieces import connected_pieces
 from fusion.fxutils.rebuild import Group, rebuild
@@ -193,6 +196,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
     new = rebuild(gm, groups, launch, kernels, class_name="CompiledGraph")
     new.meta["prims_to_aten"] = prims_to_aten(new)
     new.meta["views_as_strides"] = views_as_strides(new)
+    new.meta["python_bindings"] = python_bindings(new)  # library calls: torch.convolution, not an OpOverload
     new.graph.lint()
     new.recompile()
     return new
