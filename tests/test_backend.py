@@ -923,6 +923,48 @@ class _FakeStaticKernel:
                                    stream)  # fmt: skip
 
 
+def _is_rocm() -> bool:
+    return False
+
+
+class _FakeStaticKernel211(_FakeStaticKernel):
+    """torch 2.11's actual run(): a comment that names has_*_scratch, a loop variable has_scratch, an is_rocm() branch."""
+
+    def run(self, grid_x, grid_y, grid_z, stream, *args):
+        arg_tys = self.arg_tys
+        if _is_rocm():
+            # the HIP ABI always has both has_*_scratch parameters
+            arg_tys, args = arg_tys + "OO", (*args, None, None)
+        else:
+            for has_scratch in [self.has_global_scratch, self.has_profile_scratch]:
+                if has_scratch:
+                    arg_tys, args = arg_tys + "O", (*args, None)
+        self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, self.num_warps, self.shared, arg_tys, args,
+                                   stream)  # fmt: skip
+
+
+class _FakeStaticKernelNewFlag(_FakeStaticKernel):
+    def run(self, grid_x, grid_y, grid_z, stream, *args):
+        if self.has_cluster_dims:  # a flag _raw_launch does not know: it must keep run()
+            raise NotImplementedError
+        self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, self.num_warps, self.shared, "OO", args,
+                                   stream)  # fmt: skip
+
+
+def test_the_raw_launch_reads_run_code_not_its_comments():
+    from fusion.kernels import triton_runtime as rt
+
+    kernel, a, b = _FakeStaticKernel211(), torch.zeros(1), torch.ones(1)
+    _FakeStaticKernel.calls = []
+    raw = rt._raw_launch(kernel, 7)
+    assert raw is not None  # has_scratch, is_rocm and the comment's has_ are known or ignored
+    raw((a, b), 99)
+    kernel.run(7, 1, 1, 99, a, b)
+    first, second = _FakeStaticKernel.calls
+    assert first[:7] == second[:7] and first[8] == second[8] and len(first[7]) == len(second[7]) == 3
+    assert rt._raw_launch(_FakeStaticKernelNewFlag(), 7) is None
+
+
 def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
     from fusion.kernels import triton_runtime as rt
 

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import textwrap
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -357,7 +358,21 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
     return launch
 
 
-_RUN_FLAGS = {"_has_tensordesc", "is_rocm", "has_global_scratch", "has_profile_scratch"}  # what _raw_launch reads
+# what _raw_launch reads (has_scratch: torch 2.11's loop variable over the two scratch flags)
+_RUN_FLAGS = {"_has_tensordesc", "is_rocm", "has_global_scratch", "has_profile_scratch", "has_scratch"}
+
+
+def _code_names(source: str) -> set[str]:
+    """The names a function's code uses: comments and strings left out (torch 2.11's run() explains ``has_*_scratch``
+    in a comment), each attribute of a dotted name on its own."""
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return set(re.findall(r"[A-Za-z_]+", source))  # unreadable: every word counts (any flag keeps run())
+    return {t.string for t in tokens if t.type == tokenize.NAME}
 
 
 def _raw_launch(kernel, grid: int) -> Callable | None:
@@ -371,7 +386,7 @@ def _raw_launch(kernel, grid: int) -> Callable | None:
         source = inspect.getsource(type(kernel).run)
     except (OSError, TypeError):
         return None
-    words = set(re.findall(r"[A-Za-z_]+", source))
+    words = _code_names(source)
     unknown = {w for w in words if w.startswith(("has_", "_has_", "is_"))} - _RUN_FLAGS
     function, c_launch = (
         getattr(kernel, "function", None),
