@@ -1138,14 +1138,11 @@ def _binding_samples(device: str) -> dict:
         aten._native_batch_norm_legit_no_training.default: ((x4, w3, r(3), mean, var, 0.1, 1e-5), {}),
         aten.native_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
         aten.cudnn_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
-        aten._scaled_dot_product_flash_attention.default: (sdpa, {"scale": 0.3}),
-        aten._scaled_dot_product_efficient_attention.default: ((*sdpa, None, False), {"scale": 0.3}),
-        aten._scaled_dot_product_cudnn_attention.default: ((*sdpa, None, False, 0.0, False), {"scale": 0.3}),
         aten._scaled_dot_product_flash_attention_for_cpu.default: (sdpa, {"scale": 0.3}),
     }
 
 
-CUDA_ONLY = ("cudnn_batch_norm", "_scaled_dot_product_flash_attention.", "efficient_attention", "cudnn_attention")
+CUDA_ONLY = ("cudnn_batch_norm",)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

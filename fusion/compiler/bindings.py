@@ -8,8 +8,10 @@ call as an OpOverload and 15.7 µs as ``torch.convolution``; a depthwise 3x3 16.
 that is CPU-bound (EfficientNet-B0: 81 convolutions a call) pays that on every library call. Inductor's output code
 calls ``extern_kernels.convolution`` (``torch.convolution``) and ``extern_kernels.mm`` for the same reason.
 
-Only ops whose binding takes exactly the overload's arguments (same order, same keyword names) and cannot resolve
-to another overload for them are listed; none of them mutates an input. A missing binding (another torch) is skipped.
+Only ops whose binding takes exactly the overload's arguments (same order, same keyword names), cannot resolve to
+another overload for them and returns what the overload returns are listed; none of them mutates an input. A
+missing binding (another torch) is skipped. Not listed: the CUDA attention kernels (flash, efficient, cuDNN): their
+bindings return the sequence lengths as tensors where the overloads return ints (a backward reads them).
 """
 
 from __future__ import annotations
@@ -39,9 +41,6 @@ _NAMES = {
     aten._native_batch_norm_legit_no_training.default: "_native_batch_norm_legit_no_training",
     aten.native_batch_norm.default: "native_batch_norm",
     aten.cudnn_batch_norm.default: "cudnn_batch_norm",
-    aten._scaled_dot_product_flash_attention.default: "_scaled_dot_product_flash_attention",
-    aten._scaled_dot_product_efficient_attention.default: "_scaled_dot_product_efficient_attention",
-    aten._scaled_dot_product_cudnn_attention.default: "_scaled_dot_product_cudnn_attention",
     aten._scaled_dot_product_flash_attention_for_cpu.default: "_scaled_dot_product_flash_attention_for_cpu",
 }
 BINDINGS = {op: getattr(torch._C._VariableFunctions, name) for op, name in _NAMES.items()
