@@ -76,7 +76,17 @@ c)
         --timeout 170 --out "$OUT/diag" 2>&1 | tail -6 | tee "$OUT/diag.log"
     suite $((560 - (SECONDS - start))) vit_b_16,bert,gpt2,llama "$all_fusion"
     ;;
-d) suite 540 bert_train,resnet50_train eager,fusion,inductor ;;
+d)
+    cuda_tests 120
+    step "which launch path the static-launcher test took (raw C++ launch on this torch?)"
+    timeout 60 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_backend.py -k static_launcher 2>&1 \
+        | grep -E "launch paths|passed|failed" | tee "$OUT/launch_paths.log"
+    step "CPU cost per launch and CUDA graphs on a small MLP"
+    timeout 60 "$PY" scripts/gpu_launch_cost.py 2>&1 | tee "$OUT/launch_cost.log"
+    step "the suite's timing against a plain loop (EfficientNet-B0)"
+    timeout 150 "$PY" scripts/gpu_probe_suite_timing.py --out "$OUT" 2>&1 | tail -12 | tee "$OUT/probe_suite_timing.log"
+    suite $((560 - (SECONDS - start))) bert_train,resnet50_train eager,fusion,inductor
+    ;;
 *) echo "part must be a, b, c or d" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
