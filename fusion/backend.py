@@ -43,6 +43,7 @@ import operator
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from torch._dynamo.utils import counters
 
 from fusion import models
 from fusion.aten.capture import decomposition_table
@@ -61,8 +62,6 @@ reports: list[GraphReport] = []  # one per graph compiled since reset()
 
 def reset() -> None:
     """Forget every compiled graph: clear :data:`reports`, Dynamo's caches and its counters."""
-    from torch._dynamo.utils import counters
-
     reports.clear()
     torch._dynamo.reset()
     counters.clear()
@@ -152,6 +151,8 @@ PASSES = [
     passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
                 doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
+    passes.Pass("reinplace", lambda gm, part: aten_passes.reinplace_buffer_updates(gm, part.note_pass),
+                doc="BatchNorm's running statistics updated in place, as eager (no copy_ per buffer)"),
     passes.Pass("reorder", lambda gm, part: aten_passes.reorder_for_locality(gm, part.note_pass),
                 doc="each op just before its first user, constants at the top: fusible runs meet"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib
+import operator
 
 import pytest
 import torch
@@ -346,6 +347,35 @@ def _ops_of(part) -> set[str]:
     return set(part.library_calls)
 
 
+def test_training_batch_norm_updates_its_statistics_in_place_as_eager():
+    """Pass ``reinplace``: no copy_ into the BatchNorm buffers (the in-place _native_batch_norm_legit and add_), the
+    same running statistics, counters and gradients as eager over two steps, and over two forwards before their
+    backwards (the backward is handed the buffer: a version-counter error would show here)."""
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1), nn.BatchNorm2d(2))
+
+    eager, mine = net().train(), net().train()
+    compiled = torch.compile(mine, backend="fusion")
+    xs = [torch.randn(2, 3, 6, 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    for x in xs[:2]:  # two steps
+        compiled(x).square().sum().backward()
+        eager(x).square().sum().backward()
+    a, b = compiled(xs[2]).sum(), compiled(xs[0]).square().sum()  # two forwards, then their backwards
+    c, d = eager(xs[2]).sum(), eager(xs[0]).square().sum()
+    for loss in (a, b, c, d):
+        loss.backward()
+    for (name, t), u in zip(mine.state_dict().items(), eager.state_dict().values(), strict=True):
+        torch.testing.assert_close(t, u, rtol=1e-5, atol=1e-6, msg=name)  # running stats, num_batches_tracked
+    for (name, p), q in zip(mine.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    forward = backend.reports[0].part("forward")
+    code = forward.graph.code
+    assert "copy_" not in code and "_native_batch_norm_legit.default" in code and "add_" in code, code
+    assert ("reinplace", "4 buffer update(s)") in [p[:2] for p in forward.passes], forward.passes
+
+
 def test_training_keeps_batch_norm_max_pool_and_embedding_backward_whole_and_exact():
     """A training graph keeps capture.TRAINING_KEEP whole (the library's kernels, as eager runs them); inference
     still decomposes batch norm into the ops its kernels fuse. Outputs, running stats and gradients equal eager."""
@@ -373,7 +403,7 @@ def test_training_keeps_batch_norm_max_pool_and_embedding_backward_whole_and_exa
     torch.testing.assert_close(mine.bn.running_var, eager.bn.running_var)
     (report,) = backend.reports
     forward, backward = report.part("forward"), report.part("backward")
-    assert "_native_batch_norm_legit_functional" in _ops_of(forward), report.table()
+    assert "_native_batch_norm_legit" in _ops_of(forward), report.table()  # in place: pass reinplace
     assert "max_pool2d_with_indices" in _ops_of(forward), report.table()
     assert {"native_batch_norm_backward", "embedding_dense_backward"} <= _ops_of(backward), report.table()
     backend.reset()
@@ -1171,3 +1201,17 @@ def test_library_calls_of_a_compiled_graph_go_through_python_bindings():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     code = "\n".join(part.graph.code for e in backend.reports for part in e.parts if part.graph is not None)
     assert "torch.convolution(" in code and "torch.ops.aten.convolution" not in code, code
+
+
+def test_cuda_graphs_see_every_input_a_graph_writes():
+    """copy_ into an input, add_ on one, and the running statistics an in-place BatchNorm writes (args 3 and 4)."""
+    from fusion.compiler.cudagraphs import mutated_input_indices
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x, w, b, rm, rv, n, out = (g.placeholder(s) for s in ("x", "w", "b", "rm", "rv", "n", "out"))
+    bn = g.call_function(aten._native_batch_norm_legit.default, (x, w, b, rm, rv, True, 0.1, 1e-5))
+    g.call_function(aten.add_.Tensor, (n, 1))
+    g.call_function(aten.copy_.default, (out, g.call_function(operator.getitem, (bn, 0))))
+    g.output(())
+    assert mutated_input_indices(torch.fx.GraphModule(torch.nn.Module(), g)) == [3, 4, 5, 6]

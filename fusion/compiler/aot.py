@@ -55,6 +55,7 @@ def lower_with_aot(
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         decompositions=decompositions,
+        keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
 

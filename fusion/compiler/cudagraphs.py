@@ -44,16 +44,18 @@ def static_input_indices(gm: fx.GraphModule) -> set[int]:
 
 
 def mutated_input_indices(gm: fx.GraphModule) -> list[int]:
-    """Inputs the graph writes: a ``copy_`` (or another in-place op) whose first argument is a placeholder."""
+    """Inputs the graph writes: a placeholder passed as an argument its op's schema marks written (``Tensor(a!)``):
+    a ``copy_`` into it, an ``add_``, the running statistics of an in-place BatchNorm (pass ``reinplace``)."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     index = {n: i for i, n in enumerate(placeholders)}
     out = []
     for node in gm.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not node.args:
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
             continue
-        if target._schema.is_mutable and node.args[0] in index:
-            out.append(index[node.args[0]])
+        for arg, value in zip(target._schema.arguments, node.args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in index:
+                out.append(index[value])
     return sorted(set(out))
 
 
