@@ -596,7 +596,7 @@ def test_direct_launcher_passes_what_tritons_compiled_launcher_takes():
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from fusion.kernels.triton_runtime import direct_launcher
+    from fusion.kernels.launchers import direct_launcher
 
     class Jit:
         arg_names = ["in_ptr0", "out_ptr0", "xnumel_unused", "XBLOCK"]
@@ -924,23 +924,27 @@ class _FakeStaticKernel:
 
 
 def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
-    from fusion.kernels import triton_runtime as rt
+    from fusion.kernels import launchers
 
     kernel, a, b = _FakeStaticKernel(), torch.zeros(1), torch.ones(1)
     _FakeStaticKernel.calls = []
-    raw = rt._raw_launch(kernel, 7)
+    raw = launchers._raw_launch(kernel, 7)
     assert raw is not None
     raw((a, b), 99)
     kernel.run(7, 1, 1, 99, a, b)
     first, second = _FakeStaticKernel.calls
-    assert first[:7] == second[:7] and first[8] == second[8] and all(x is y for x, y in zip(first[7], second[7]))
+    assert (
+        first[:7] == second[:7]
+        and first[8] == second[8]
+        and all(x is y for x, y in zip(first[7], second[7], strict=True))
+    )
     kernel.has_profile_scratch = True  # one more trailing argument, in both
     _FakeStaticKernel.calls = []
-    rt._raw_launch(kernel, 7)((a, b), 99)
+    launchers._raw_launch(kernel, 7)((a, b), 99)
     kernel.run(7, 1, 1, 99, a, b)
     assert _FakeStaticKernel.calls[0][6] == _FakeStaticKernel.calls[1][6] == "OOOO"
     kernel.global_scratch_size = 64  # scratch memory of a size: run() allocates it per call, so no raw path
-    assert rt._raw_launch(kernel, 7) is None
+    assert launchers._raw_launch(kernel, 7) is None
 
     class Unknown(_FakeStaticKernel):
         def run(self, grid_x, grid_y, grid_z, stream, *args):  # a flag _raw_launch does not replay
@@ -948,7 +952,7 @@ def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
                 args = (*args, 0)
             self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, 4, 0, "O", args, stream)
 
-    assert rt._raw_launch(Unknown(), 7) is None
+    assert launchers._raw_launch(Unknown(), 7) is None
 
 
 def test_precompile_is_skipped_off_cuda():
