@@ -39,9 +39,10 @@ the speedup of fusion before we measure it; the tables put both side by side.
 
 You write the three measurements the whole benchmark stands on — the timing loop, the peak memory and the roofline
 bound — below. The harness that builds the workloads, profiles the GPU and prints the tables lives in
-``fusion/bench/`` (plumbing, no exercise): ``workloads.py`` (what is measured, sizes per device), ``counting.py``
-(FLOPs and bytes per node), ``profile.py`` (peaks, GPU profiler, CPU allocation log), ``harness.py`` (the run),
-``report.py`` (tables, verdicts, targets) and ``plot.py`` (the roofline picture).
+``fusion/bench/`` (plumbing, no exercise): ``workloads.py`` (what is measured), ``config.py`` (sizes per device),
+``counting.py`` (FLOPs and bytes per node), ``profile.py`` (peaks, GPU profiler, CPU allocation log), ``harness.py``
+(the run), ``rows.py`` (one row's numbers), ``report.py`` (tables, verdicts, targets) and ``plot.py`` (the roofline
+picture).
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ from dataclasses import dataclass
 import torch
 from torch.utils import benchmark as tbench
 
+from fusion.bench.config import default_config
 from fusion.bench.counting import NodeCost
 from fusion.bench.counting import kernels_bound as per_node_bound
 from fusion.bench.harness import SCHEMA_VERSION, Lesson, benchmark  # noqa: F401 (the JSON's schema version)
 from fusion.bench.plot import PLOT_HINT, have_matplotlib, plot_roofline
 from fusion.bench.profile import AllocationLog, Peaks
 from fusion.bench.report import check_targets, print_report
-from fusion.bench.workloads import default_config
 from fusion.common import run_lesson
 
 # ----------------------------------------------------------------------------------------------------------------------

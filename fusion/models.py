@@ -27,50 +27,28 @@
 
 Every constructor takes ``seed=`` and draws its parameters from its own generator, so building a model never
 disturbs (or depends on) the global RNG. ``ConvBNNet`` gets random, non-trivial BatchNorm statistics so that
-folding BN is a real test, not the identity.
+folding BN is a real test, not the identity. The seeding helpers live in ``fusion/demo_models/seeding.py``, the
+Phase 7 models (``QKVAttention`` … ``qkv_inputs``) in ``fusion/demo_models/siblings.py``; both are imported here,
+so every model of the table is ``models.<name>``.
 """
 
 from __future__ import annotations
-
-import functools
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SEED = 0
-
-
-def _seeded(module: nn.Module, seed: int) -> nn.Module:
-    """Re-draw every parameter of ``module`` from a private generator: deterministic, global RNG untouched."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() == 1 and name.rsplit(".", 1)[-1] in ("weight", "scale", "a", "c"):  # multiplicative: near 1
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif p.dim() == 1:  # additive (biases): small
-                p.copy_(torch.rand(p.shape, generator=g) * 0.2 - 0.1)
-            else:
-                fan_in = p[0].numel() if p.dim() > 1 else p.numel()
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(max(fan_in, 1)))
-    return module
-
-
-def _private_rng(init):
-    """Decorate ``__init__`` so the default initializers it triggers never touch the caller's global RNG."""
-
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        with torch.random.fork_rng(devices=[]):
-            init(self, *args, **kwargs)
-
-    return wrapper
-
-
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
+from fusion.demo_models.seeding import SEED, private_rng, randn, randomize_batchnorm_, seeded
+from fusion.demo_models.siblings import (  # noqa: F401 - Phase 7's models, re-exported: models.QKVAttention etc.
+    InceptionBlock,
+    InPlaceBetweenSiblings,
+    PointwiseSiblings,
+    QKVAttention,
+    QKVProjections,
+    attention_inputs,
+    inception_inputs,
+    qkv_inputs,
+)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Phase 1: one model, all six opcodes
@@ -83,12 +61,12 @@ class TinyNet(nn.Module):
     call_method (.relu()), output (return).
     """
 
-    @_private_rng
+    @private_rng
     def __init__(self, d: int = 8, seed: int = SEED):
         super().__init__()
         self.linear = nn.Linear(d, d)
         self.scale = nn.Parameter(torch.ones(d))
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
         h = self.linear(x)  # call_module
@@ -97,7 +75,7 @@ class TinyNet(nn.Module):
 
 
 def tiny_inputs(batch: int = 4, d: int = 8, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, d, seed=seed),)
+    return (randn(batch, d, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -111,7 +89,7 @@ class MLP(nn.Module):
     the add needs: a correct pass leaves it alone.
     """
 
-    @_private_rng
+    @private_rng
     def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 10, seed: int = SEED):
         super().__init__()
         self.encoder = nn.Sequential(
@@ -121,7 +99,7 @@ class MLP(nn.Module):
         self.skip = nn.Linear(hidden, hidden)
         self.act = nn.ReLU()
         self.head = nn.Linear(hidden, d_out)
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
         h = self.encoder(x)  # (..., hidden)
@@ -133,7 +111,7 @@ class MLP(nn.Module):
 class FunctionalMLP(nn.Module):
     """ReLU spelled four ways: ``F.relu``, ``torch.relu``, ``Tensor.relu`` and in-place ``F.relu(..., inplace=True)``."""
 
-    @_private_rng
+    @private_rng
     def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 10, seed: int = SEED):
         super().__init__()
         self.fc1 = nn.Linear(d_in, hidden)
@@ -141,7 +119,7 @@ class FunctionalMLP(nn.Module):
         self.fc3 = nn.Linear(hidden, hidden)
         self.fc4 = nn.Linear(hidden, hidden)
         self.out = nn.Linear(hidden, d_out)
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
         x = F.relu(self.fc1(x))
@@ -152,7 +130,7 @@ class FunctionalMLP(nn.Module):
 
 
 def mlp_inputs(batch: int = 8, d_in: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, d_in, seed=seed),)
+    return (randn(batch, d_in, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -166,7 +144,7 @@ class MatmulAddReLU(nn.Module):
     ``relu(relu(x @ w0 + b0) @ w1 + b1)``.
     """
 
-    @_private_rng
+    @private_rng
     def __init__(self, *dims: int, seed: int = SEED):
         super().__init__()
         dims = dims or (32, 64)
@@ -175,7 +153,7 @@ class MatmulAddReLU(nn.Module):
         self.dims = dims
         self.weights = nn.ParameterList(nn.Parameter(torch.empty(a, b)) for a, b in zip(dims, dims[1:], strict=False))
         self.biases = nn.ParameterList(nn.Parameter(torch.empty(b)) for b in dims[1:])
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., dims[0])
         for w, b in zip(self.weights, self.biases, strict=True):
@@ -184,27 +162,11 @@ class MatmulAddReLU(nn.Module):
 
 
 def matmul_inputs(batch: int = 8, d_in: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, d_in, seed=seed),)
+    return (randn(batch, d_in, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Phase 5: a small ResNet-style conv net
-
-
-def randomize_batchnorm_(model: nn.Module, seed: int = SEED) -> nn.Module:
-    """Give every BatchNorm non-trivial running stats (and affine params): folding must be a real test."""
-    g = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                c = m.num_features
-                if m.running_mean is not None:
-                    m.running_mean.copy_(torch.randn(c, generator=g) * 0.5)
-                    m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.25)
-                if m.affine:
-                    m.weight.copy_(torch.rand(c, generator=g) + 0.5)
-                    m.bias.copy_(torch.randn(c, generator=g) * 0.2)
-    return model
 
 
 class ConvBNNet(nn.Module):
@@ -215,7 +177,7 @@ class ConvBNNet(nn.Module):
     head:  global average pool → Linear
     """
 
-    @_private_rng
+    @private_rng
     def __init__(self, in_ch: int = 3, width: int = 16, num_classes: int = 10, seed: int = SEED):
         super().__init__()
         self.stem = nn.Sequential(
@@ -227,7 +189,7 @@ class ConvBNNet(nn.Module):
         self.bn2 = nn.BatchNorm2d(width)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(width, num_classes)
-        _seeded(self, seed)
+        seeded(self, seed)
         randomize_batchnorm_(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, C, H, W)
@@ -239,7 +201,7 @@ class ConvBNNet(nn.Module):
 
 
 def conv_inputs(batch: int = 2, in_ch: int = 3, size: int = 16, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, in_ch, size, size, seed=seed),)
+    return (randn(batch, in_ch, size, size, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -249,13 +211,13 @@ def conv_inputs(batch: int = 2, in_ch: int = 3, size: int = 16, seed: int = 1) -
 class TransformerMLP(nn.Module):
     """``x + fc2(gelu(fc1(layer_norm(x))))``: the feed-forward half of a transformer block."""
 
-    @_private_rng
+    @private_rng
     def __init__(self, d_model: int = 64, expansion: int = 4, seed: int = SEED):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
         self.fc1 = nn.Linear(d_model, expansion * d_model)
         self.fc2 = nn.Linear(expansion * d_model, d_model)
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         h = self.fc1(self.norm(x))  # (B, T, 4C)
@@ -264,7 +226,7 @@ class TransformerMLP(nn.Module):
 
 
 def transformer_inputs(batch: int = 2, seq: int = 8, d_model: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, seq, d_model, seed=seed),)
+    return (randn(batch, seq, d_model, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -274,88 +236,24 @@ def transformer_inputs(batch: int = 2, seq: int = 8, d_model: int = 64, seed: in
 class ElementwiseChain(nn.Module):
     """``relu(x * a + b) * c + x`` with per-feature ``a, b, c``: five elementwise ops, zero matmuls."""
 
-    @_private_rng
+    @private_rng
     def __init__(self, d: int = 64, seed: int = SEED):
         super().__init__()
         self.a = nn.Parameter(torch.empty(d))
         self.b = nn.Parameter(torch.empty(d))
         self.c = nn.Parameter(torch.empty(d))
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d)
         return torch.relu(x * self.a + self.b) * self.c + x
 
 
 def elementwise_inputs(batch: int = 8, d: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, d, seed=seed),)
+    return (randn(batch, d, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Phase 7: siblings that read one input (horizontal fusion)
-
-
-class QKVAttention(nn.Module):
-    """Multi-head self-attention with separate Q, K, V projections: three sibling Linears that all read ``x``.
-
-    ``v`` has no bias (as in some LLMs), so merging the three must handle a missing bias. ``out`` reads the
-    attention result, not ``x``: it is no sibling of the three.
-    """
-
-    @_private_rng
-    def __init__(self, d_model: int = 32, n_head: int = 4, seed: int = SEED):
-        super().__init__()
-        if d_model % n_head:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
-        self.n_head = n_head
-        self.q = nn.Linear(d_model, d_model)
-        self.k = nn.Linear(d_model, d_model)
-        self.v = nn.Linear(d_model, d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model)
-        _seeded(self, seed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        q, k, v = self.q(x), self.k(x), self.v(x)  # 3 x (B, T, C): three GEMMs that read x three times
-        q, k, v = (t.unflatten(-1, (self.n_head, -1)).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        h = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return self.out(h.transpose(1, 2).flatten(-2))  # (B, T, C)
-
-
-def attention_inputs(batch: int = 2, seq: int = 8, d_model: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, seq, d_model, seed=seed),)
-
-
-class InceptionBlock(nn.Module):
-    """GoogLeNet-style Inception block: four branches concatenated on the channel dim.
-
-    ``b1``, ``b2_reduce`` and ``b3_reduce`` are 1x1 convs that read ``x``: siblings with equal hyper-parameters.
-    ``b5`` is a 3x3 conv that reads ``x`` too but has another kernel size, so it cannot join them. ``pool_proj``
-    reads the max-pooled ``x``: a different value, no sibling of the others.
-    """
-
-    @_private_rng
-    def __init__(self, in_ch: int = 8, seed: int = SEED):
-        super().__init__()
-        self.b1 = nn.Conv2d(in_ch, 8, 1)
-        self.b2_reduce = nn.Conv2d(in_ch, 6, 1)
-        self.b2 = nn.Conv2d(6, 8, 3, padding=1)
-        self.b3_reduce = nn.Conv2d(in_ch, 4, 1, bias=False)
-        self.b3 = nn.Conv2d(4, 4, 3, padding=2, dilation=2)
-        self.b5 = nn.Conv2d(in_ch, 4, 3, padding=1)
-        self.pool = nn.MaxPool2d(3, stride=1, padding=1)
-        self.pool_proj = nn.Conv2d(in_ch, 4, 1)
-        _seeded(self, seed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, C, H, W)
-        a = F.relu(self.b1(x))  # (B, 8, H, W)
-        b = F.relu(self.b2(F.relu(self.b2_reduce(x))))  # (B, 8, H, W)
-        c = F.relu(self.b3(F.relu(self.b3_reduce(x))))  # (B, 4, H, W)
-        d = F.relu(self.b5(x))  # (B, 4, H, W)
-        e = F.relu(self.pool_proj(self.pool(x)))  # (B, 4, H, W)
-        return torch.cat([a, b, c, d, e], dim=1)  # (B, 28, H, W)
-
-
-def inception_inputs(batch: int = 2, in_ch: int = 8, size: int = 8, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, in_ch, size, size, seed=seed),)
+# Phase 7: siblings that read one input (horizontal fusion): fusion/demo_models/siblings.py, imported above
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -365,11 +263,11 @@ def inception_inputs(batch: int = 2, in_ch: int = 8, size: int = 8, seed: int = 
 class NormGELUResidual(nn.Module):
     """``x + gelu(layer_norm(x))``: after decomposition a var_mean, its pointwise tail and GELU — one region."""
 
-    @_private_rng
+    @private_rng
     def __init__(self, d_model: int = 64, seed: int = SEED):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         return x + F.gelu(self.norm(x))  # (B, T, C)
@@ -387,7 +285,7 @@ class ScaledSoftmax(nn.Module):
 
 
 def norm_inputs(batch: int = 2, seq: int = 8, d_model: int = 64, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, seq, d_model, seed=seed),)
+    return (randn(batch, seq, d_model, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -401,14 +299,14 @@ class DataDependentBlock(nn.Module):
     graph 2: relu(h·c − 0.5) + x  or  sigmoid(h)·h + x  (whichever branch runs; each is compiled on first use)
     """
 
-    @_private_rng
+    @private_rng
     def __init__(self, d: int = 32, seed: int = SEED):
         super().__init__()
         self.fc = nn.Linear(d, d)
         self.a = nn.Parameter(torch.empty(d))
         self.b = nn.Parameter(torch.empty(d))
         self.c = nn.Parameter(torch.empty(d))
-        _seeded(self, seed)
+        seeded(self, seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
         h = torch.tanh(self.fc(x) * self.a + self.b)  # (B, d)
@@ -418,7 +316,7 @@ class DataDependentBlock(nn.Module):
 
 
 def data_dependent_inputs(batch: int = 4, d: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(batch, d, seed=seed),)
+    return (randn(batch, d, seed=seed),)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -447,58 +345,6 @@ def mobilenet_v2_block(channels: int = 32, seed: int = SEED) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Phase 7: what "the same value" means, and elementwise siblings
-
-
-class InPlaceBetweenSiblings(nn.Module):
-    """``a(x)``, then ``x.add_(1)``, then ``b(x)``: one node, two values, so ``a`` and ``b`` must not merge."""
-
-    @_private_rng
-    def __init__(self, d: int = 4, seed: int = SEED):
-        super().__init__()
-        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
-        _seeded(self, seed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, d)
-        x = x.clone()
-        h = self.a(x)  # reads x
-        x.add_(1)  # the same node now holds another value
-        return h + self.b(x)  # reads x + 1
-
-
-class PointwiseSiblings(nn.Module):
-    """``h = x * s``, then two pointwise consumers of ``h`` (relu, sigmoid): elementwise siblings."""
-
-    @_private_rng
-    def __init__(self, d: int = 64, seed: int = SEED):
-        super().__init__()
-        self.s = nn.Parameter(torch.empty(d))
-        _seeded(self, seed)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # x: (..., d)
-        h = x * self.s
-        return torch.relu(h), torch.sigmoid(h)
-
-
-class QKVProjections(nn.Module):
-    """Just the Q, K and V projections of attention, returned as they are: Phase 4's horizontal-fusion workload
-    (x (tokens, d) -> three (tokens, d) outputs; a launch-bound decode size and a compute-bound prefill size)."""
-
-    @_private_rng
-    def __init__(self, d_model: int = 32, seed: int = SEED):
-        super().__init__()
-        self.q, self.k, self.v = (nn.Linear(d_model, d_model) for _ in range(3))
-        _seeded(self, seed)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: (..., d)
-        return self.q(x), self.k(x), self.v(x)  # 3 x (..., d)
-
-
-def qkv_inputs(tokens: int = 32, d_model: int = 32, seed: int = 1) -> tuple[torch.Tensor]:
-    return (_randn(tokens, d_model, seed=seed),)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Phase 5: a conv shared between two call sites
 
 
@@ -506,12 +352,12 @@ class SharedConvNet(nn.Module):
     """One conv called at two sites, each followed by its own BatchNorm: ``bn1(conv(x)) + bn2(conv(x))``.
     ``torch.fx.experimental.optimization.fuse`` edits the shared conv in place (pytorch issue 104593)."""
 
-    @_private_rng
+    @private_rng
     def __init__(self, ch: int = 4, seed: int = SEED):
         super().__init__()
         self.conv = nn.Conv2d(ch, ch, 3, padding=1)
         self.bn1, self.bn2 = nn.BatchNorm2d(ch), nn.BatchNorm2d(ch)
-        _seeded(self, seed)
+        seeded(self, seed)
         randomize_batchnorm_(self, seed)  # bn1 and bn2 get different statistics
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, ch, H, W)

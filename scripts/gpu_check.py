@@ -24,7 +24,9 @@ from fusion import benchmark as B
 from fusion.bench import harness as H
 from fusion.bench import report as R
 from fusion.bench import workloads as W
+from fusion.bench.config import SIZES, Config
 from fusion.bench.profile import gpu_profile, measure_peaks
+from fusion.bench.rows import max_diffs, summarize, tolerance
 from fusion.conv_bn_fusion import CUDNN_EPILOGUE
 
 t_start = time.time()
@@ -38,7 +40,7 @@ bad = []
 
 
 def rel(a, b):
-    return H._diffs(a, b)[0]
+    return max_diffs(a, b)[0]
 
 
 # -- 1. the fused cuDNN ops against eager ----------------------------------------------------------------------------
@@ -71,7 +73,7 @@ for dtype in (torch.bfloat16, torch.float32):
                     got = torch.cudnn_convolution_relu(x, w, b, *args)
                 torch.cuda.synchronize()
                 d = rel(got, ref)
-                ok = bool(torch.isfinite(got).all()) and d <= H.tolerance(dtype)
+                ok = bool(torch.isfinite(got).all()) and d <= tolerance(dtype)
                 print(
                     f"  {str(dtype)[6:]:<9} {'CL' if cl else 'NCHW':<4} {name:<18} rel diff {d:.2e} "
                     f"finite {bool(torch.isfinite(got).all())} {'ok' if ok else 'BAD'}"
@@ -105,10 +107,10 @@ for name, conv in (
 
 # -- 3. the two workloads through run_workload -----------------------------------------------------------------------
 print("\n== 3. run_workload (cuda-quick, no compile): linear_relu_memory and conv_bn_relu")
-config = W.Config(device="cuda", sizes="cuda-quick", compile=False, threads=torch.get_num_threads())
+config = Config(device="cuda", sizes="cuda-quick", compile=False, threads=torch.get_num_threads())
 result = {"meta": {"device": "cuda", "sizes": "cuda-quick"}, "workloads": []}
 with torch.no_grad():
-    s = W.SIZES[config.sizes]
+    s = SIZES[config.sizes]
     peaks = measure_peaks(
         B.time_variants,
         device="cuda",
@@ -163,7 +165,7 @@ with torch.no_grad():
         f()
     times = B.time_variants(fns, rounds=3, min_run_time=0.1, sync=torch.cuda.synchronize, threads=1)
     for name, f in fns.items():
-        med, iqr = H.summarize(times[name].times_s)
+        med, iqr = summarize(times[name].times_s)
         prof = gpu_profile(f, calls=50)
         print(
             f"  {name:<22} wall {med * 1e6:6.1f} µs (IQR {iqr * 1e6:.1f}) | GPU {prof['gpu_s'] * 1e6:5.1f} µs in "

@@ -61,18 +61,20 @@ def main(argv: list[str]) -> None:
             print(f"\n===== {name} {label}: {wall * 1e3:.2f} ms per call, {cpu * 1e3:.2f} ms of it to enqueue (CPU)")
             if label == "fusion":
                 launchers = [lch for r in backend.reports for p in r.parts for lch in p.launchers()]
-                paths = Counter(
-                    (lch.kind or "jit", lch.fallback[:70], lch.static_refused[:70]) for lch in launchers
-                )
+                paths = Counter((lch.kind or "jit", lch.fallback[:70], lch.static_refused[:70]) for lch in launchers)
                 direct = sum(lch.launches for lch in launchers)
-                print(f"generated kernels: {len(launchers)} in {len(backend.reports)} graph(s); "
-                      f"direct launches so far {direct}")
+                print(
+                    f"generated kernels: {len(launchers)} in {len(backend.reports)} graph(s); "
+                    f"direct launches so far {direct}"
+                )
                 for (kind, fb, refused), count in paths.most_common(8):
                     print(f"  {count:4d} × {kind}  fallback={fb!r} static_refused={refused!r}")
                 for r in backend.reports:
                     for p in r.parts:
-                        print(f"  part {p.kind}: kernels {len(p.launchers())}, library calls "
-                              f"{sum(p.library_calls.values())}: {dict(p.library_calls.most_common(8))}")
+                        print(
+                            f"  part {p.kind}: kernels {len(p.launchers())}, library calls "
+                            f"{sum(p.library_calls.values())}: {dict(p.library_calls.most_common(8))}"
+                        )
             for key in ("tottime", "cumulative"):
                 out = io.StringIO()
                 pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)

@@ -91,8 +91,11 @@ def main(argv: list[str]) -> None:
                         refused[str(k)[:100]] += 1
                 row["library_calls"] = dict(calls.most_common(20))
                 row["graphs"] = len(backend.reports)
-            print(f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
-                  f"{row['launches']:.0f} launches, first call {first:.1f} s", flush=True)
+            print(
+                f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
+                f"{row['launches']:.0f} launches, first call {first:.1f} s",
+                flush=True,
+            )
             for k in row["top"]:
                 print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['kernel'][:110]}")
             if "library_calls" in row:
@@ -102,8 +105,16 @@ def main(argv: list[str]) -> None:
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
     if out:
         with open(os.path.join(out, "profile_models.json"), "w") as f:
-            json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name() if not dry else "cpu",
-                       "date": time.strftime("%Y-%m-%d"), "rows": results}, f, indent=1)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name() if not dry else "cpu",
+                    "date": time.strftime("%Y-%m-%d"),
+                    "rows": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -626,7 +626,7 @@ def test_direct_launcher_passes_what_tritons_compiled_launcher_takes():
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from fusion.kernels.triton_runtime import direct_launcher
+    from fusion.kernels.launchers import direct_launcher
 
     class Jit:
         arg_names = ["in_ptr0", "out_ptr0", "xnumel_unused", "XBLOCK"]
@@ -982,7 +982,7 @@ class _FakeStaticKernelNewFlag(_FakeStaticKernel):
 
 
 def test_the_raw_launch_reads_run_code_not_its_comments():
-    from fusion.kernels import triton_runtime as rt
+    from fusion.kernels import launchers as rt
 
     kernel, a, b = _FakeStaticKernel211(), torch.zeros(1), torch.ones(1)
     _FakeStaticKernel.calls = []
@@ -996,11 +996,11 @@ def test_the_raw_launch_reads_run_code_not_its_comments():
 
 
 def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
-    from fusion.kernels import triton_runtime as rt
+    from fusion.kernels import launchers
 
     kernel, a, b = _FakeStaticKernel(), torch.zeros(1), torch.ones(1)
     _FakeStaticKernel.calls = []
-    raw = rt._raw_launch(kernel, 7)
+    raw = launchers._raw_launch(kernel, 7)
     assert raw is not None
     raw((a, b), 99)
     kernel.run(7, 1, 1, 99, a, b)
@@ -1012,11 +1012,11 @@ def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
     )
     kernel.has_profile_scratch = True  # one more trailing argument, in both
     _FakeStaticKernel.calls = []
-    rt._raw_launch(kernel, 7)((a, b), 99)
+    launchers._raw_launch(kernel, 7)((a, b), 99)
     kernel.run(7, 1, 1, 99, a, b)
     assert _FakeStaticKernel.calls[0][6] == _FakeStaticKernel.calls[1][6] == "OOOO"
     kernel.global_scratch_size = 64  # scratch memory of a size: run() allocates it per call, so no raw path
-    assert rt._raw_launch(kernel, 7) is None
+    assert launchers._raw_launch(kernel, 7) is None
 
     class Unknown(_FakeStaticKernel):
         def run(self, grid_x, grid_y, grid_z, stream, *args):  # a flag _raw_launch does not replay
@@ -1024,7 +1024,7 @@ def test_the_raw_launch_passes_what_the_static_launchers_run_passes():
                 args = (*args, 0)
             self.C_impl._launch_kernel(self.function, grid_x, grid_y, grid_z, 4, 0, "O", args, stream)
 
-    assert rt._raw_launch(Unknown(), 7) is None
+    assert launchers._raw_launch(Unknown(), 7) is None
 
 
 def test_precompile_is_skipped_off_cuda():

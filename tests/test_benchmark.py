@@ -26,6 +26,8 @@ from fusion.bench import harness as H
 from fusion.bench import profile as P
 from fusion.bench import report as R
 from fusion.bench import workloads as W
+from fusion.bench.config import SIZES, Config
+from fusion.bench.rows import row_metrics, summarize
 from fusion.common import is_todo, trace_module
 from fusion.conv_bn_fusion import CUDNN_CONV_THEN_BIAS, cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
 
@@ -229,18 +231,18 @@ def test_kernels_bound_adds_one_roofline_per_node():
 
 def test_row_metrics_hand_computed():
     w = B.Roofline(flops=3_000_000, nbytes=8_000_000, intensity=0.375, bound_s=80e-6, bound_by="memory")
-    m = H.row_metrics(200e-6, 500e-6, w, eager_kernels_s=240e-6, variant_kernels_s=80e-6)
+    m = row_metrics(200e-6, 500e-6, w, eager_kernels_s=240e-6, variant_kernels_s=80e-6)
     assert m.speedup_vs_eager == pytest.approx(2.5)  # 500 / 200
     assert m.pct_of_limit == pytest.approx(40.0)  # 80 / 200
     assert m.gbps == pytest.approx(40.0)  # 8e6 B / 200e-6 s = 4e10 B/s
     assert m.tflops == pytest.approx(0.015)  # 3e6 / 200e-6 = 1.5e10
     assert m.predicted_speedup == pytest.approx(3.0)  # 240 / 80
-    assert H.row_metrics(1e-6, 1e-6, w, 5e-8, None).predicted_speedup is None
+    assert row_metrics(1e-6, 1e-6, w, 5e-8, None).predicted_speedup is None
 
 
 def test_summarize_median_and_iqr():
-    assert H.summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == pytest.approx((3.0, 2.0))
-    assert H.summarize([7.0]) == (7.0, 0.0)
+    assert summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == pytest.approx((3.0, 2.0))
+    assert summarize([7.0]) == (7.0, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -467,7 +469,7 @@ def test_the_label_check_catches_a_name_that_contradicts_the_roofline():
 def test_cpu_shapes_show_both_sides_of_the_ridge(sizes):
     """On CPU the small-batch Linear sits below any CPU's ridge (measured 1.4-6.2 FLOP/byte), the large-batch one far
     above it: the contrast the phase teaches shows on the machine it runs on."""
-    s = W.SIZES[sizes]
+    s = SIZES[sizes]
     for (m, k, n), lo, hi in ((s.linear_memory, 0, 1.0), (s.linear_compute, 30, 1e9)):
         model, x = W._linear_relu(k, n, 0), torch.randn(m, k)
         costs = C.graph_costs(trace_module(model), x)
@@ -565,7 +567,7 @@ def test_a_failing_workload_is_recorded_and_the_others_still_run(monkeypatch):
         return [W.Workload("broken", "broken", "-", broken), chain]
 
     monkeypatch.setattr(H, "workloads", two)
-    config = W.Config(device="cpu", sizes="tiny", compile=False, threads=1)
+    config = Config(device="cpu", sizes="tiny", compile=False, threads=1)
     result = H.benchmark(config, B.LESSON, log=lambda msg: None)
     assert [w["key"] for w in result["workloads"]] == ["elementwise_chain"]
     assert result["errors"][0]["workload"] == "broken" and "boom" in result["errors"][0]["error"]
@@ -608,7 +610,7 @@ def test_a_variant_whose_phase_is_missing_unsolved_or_broken_is_a_row_with_its_r
     small = W.Workload("qkv", "QKV", "-", lambda: (models.QKVProjections(8), (torch.randn(2, 8),)), specs)
     big = W.Workload("big", "big", "-", lambda: (nn.ReLU(), (torch.randn(1024, 1024),)), specs[3:])
     monkeypatch.setattr(H, "workloads", lambda config: [small, big])
-    config = W.Config(device="cpu", sizes="tiny", compile=False, threads=1)
+    config = Config(device="cpu", sizes="tiny", compile=False, threads=1)
     result = H.benchmark(config, B.LESSON, log=lambda msg: None)
     assert result["errors"] == []
     v = {x["name"]: x for x in result["workloads"][0]["variants"]}
@@ -625,8 +627,8 @@ def test_a_variant_whose_phase_is_missing_unsolved_or_broken_is_a_row_with_its_r
 
 def test_only_names_the_workloads_it_knows():
     with pytest.raises(ValueError, match="no workload.*Fix: pick from"):
-        H.benchmark(W.Config(device="cpu", sizes="tiny", only=("no_such",)), B.LESSON, log=lambda msg: None)
-    keys = [w.key for w in W.workloads(W.Config(sizes="tiny", only=("qkv_decode", "resnet50")))]
+        H.benchmark(Config(device="cpu", sizes="tiny", only=("no_such",)), B.LESSON, log=lambda msg: None)
+    keys = [w.key for w in W.workloads(Config(sizes="tiny", only=("qkv_decode", "resnet50")))]
     assert keys == ["qkv_decode", "resnet50"]
 
 
@@ -713,7 +715,7 @@ def test_conv_bias_is_a_separate_pass_on_cudnn(monkeypatch):
 def test_cudnn_epilogue_unavailable_says_why():
     assert "CUDA" in cudnn_epilogue_unavailable("cpu", torch.float32)
     with pytest.raises(W.VariantUnavailable, match="CUDA"):
-        W.cudnn_epilogue_after_fold(nn.Identity(), None, W.Config(device="cpu"))
+        W.cudnn_epilogue_after_fold(nn.Identity(), None, Config(device="cpu"))
 
 
 def test_flops_of_the_fused_conv_module():

@@ -127,8 +127,9 @@ def test_each_lesson_file_reads_in_one_sitting(phase):
 
 def test_machinery_never_imports_a_lesson():
     """Dependencies point from lessons to machinery: nothing in a subpackage of fusion/ (kernels, bench, aten,
-    fxutils, compiler, practice) imports a lesson module, lazily or not. (fusion.bench runs the lessons' passes as
-    benchmark variants through importlib, by name, so that an unsolved phase becomes a row with its reason.)"""
+    fxutils, compiler, demo_models, practice) imports a lesson module, lazily or not. (fusion.bench runs the lessons'
+    passes as benchmark variants through importlib, by name, so that an unsolved phase becomes a row with its
+    reason.)"""
     lessons = {f"fusion.{p.module}" for p in PHASES}
     graph = import_graph()
     backwards = sorted(

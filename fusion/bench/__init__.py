@@ -1,9 +1,11 @@
 """Phase 4's benchmark harness: plumbing beside the lesson ``fusion/benchmark.py``, no exercise here.
 
-workloads.py  what is measured: the workloads, their sizes per device, how each variant is built (lazy imports)
+workloads.py  what is measured: the workloads and how each variant is built (lazy imports)
+config.py     a run's Config and the workloads' sizes per device (cuda, cpu, their quick sizes, the tests' tiny)
 counting.py   FLOPs and bytes of every FX node (ShapeProp), intermediates, minimum bytes
 profile.py    the machine's peaks, what the GPU did per call (torch.profiler), the CPU allocation log
 harness.py    the run: build, check, count, time (with the lesson's loop), profile; the JSON's schema
+rows.py       one variant's row: its record (Variant), median/IQR, speedups, % of the limit, diffs from eager
 report.py     the tables, the verdicts, the issues' targets, the cost-model check of generated kernels
 plot.py       the roofline picture (matplotlib)
 suite.py      the model suite (--suite): real models through every backend, pass/accuracy/speed-up/compile/memory

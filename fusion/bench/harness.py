@@ -1,6 +1,6 @@
 """The loop that runs Phase 4's benchmark: build every variant of every workload, check it against eager, count its
 bytes, time the variants interleaved, measure memory, profile the GPU, and return every number as one dict (the
-JSON's schema, ``SCHEMA_VERSION``).
+JSON's schema, ``SCHEMA_VERSION``). One variant's record and the numbers of its row are ``fusion.bench.rows``.
 
 The lesson (``fusion.benchmark``) hands in the three functions the learner writes — the roofline, the timing loop,
 the peak-memory measurement — as a :class:`Lesson`; nothing here imports the lesson.
@@ -12,34 +12,24 @@ import dataclasses
 import datetime
 import gc
 import json
-import math
 import os
 import platform
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fusion.bench.counting import (
-    NodeCost,
-    flat_tensors,
-    flop_count,
-    graph_costs,
-    intermediate_bytes,
-    kernels_bound,
-    min_bytes,
-)
+from fusion.bench.config import SIZES, Config
+from fusion.bench.counting import NodeCost, flop_count, graph_costs, intermediate_bytes, kernels_bound, min_bytes
 from fusion.bench.profile import Peaks, device_name, gpu_profile, measure_peaks, sync_for
+from fusion.bench.rows import Variant, generated_kernels, max_diffs, row_metrics, summarize, tolerance
 from fusion.bench.workloads import (
-    SIZES,
     TRITON_INTERPRETER,
-    Config,
     VariantSpec,
     VariantUnavailable,
     Workload,
@@ -64,95 +54,6 @@ class Lesson:
     peak_memory: Callable[[Callable[[], object], str], int | None]  # (fn, device) -> bytes
 
 
-def summarize(times: list[float] | tuple[float, ...]) -> tuple[float, float]:
-    """(median, IQR) of a list of times."""
-    p25, p50, p75 = np.percentile(np.asarray(times, dtype=float), [25, 50, 75])
-    return float(p50), float(p75 - p25)
-
-
-@dataclass(frozen=True)
-class RowMetrics:
-    speedup_vs_eager: float  # eager median / this median
-    pct_of_limit: float  # roofline bound / this median, in percent (100 = at the ceiling)
-    gbps: float  # effective bandwidth: the workload's minimum bytes / this median, in GB/s
-    tflops: float  # achieved: the workload's FLOPs / this median, in TFLOP/s
-    predicted_speedup: float | None  # roofline bound of eager's kernels / that of this variant's kernels
-
-
-def row_metrics(
-    median_s: float,
-    eager_median_s: float,
-    workload: object,
-    eager_kernels_s: float | None,
-    variant_kernels_s: float | None,
-) -> RowMetrics:
-    """What one table row says about one variant: measured speedup, % of the roofline limit, and the prediction.
-
-    ``workload`` is the roofline of the whole workload (its FLOPs and *minimum* bytes); the kernels bounds are
-    :func:`~fusion.bench.counting.kernels_bound` of the eager graph and of this variant's graph (None: unknown).
-    """
-    predicted = eager_kernels_s / variant_kernels_s if eager_kernels_s and variant_kernels_s else None
-    return RowMetrics(
-        speedup_vs_eager=eager_median_s / median_s,
-        pct_of_limit=100.0 * workload.bound_s / median_s,
-        gbps=workload.nbytes / median_s / 1e9,
-        tflops=workload.flops / median_s / 1e12,
-        predicted_speedup=predicted,
-    )
-
-
-def _diffs(out: object, ref: object) -> tuple[float, float]:
-    """(max |out - ref| / max |ref|, max |out - ref|) over every output tensor, in float64."""
-    rel, absolute = 0.0, 0.0
-    outs, refs = flat_tensors(out), flat_tensors(ref)
-    if len(outs) != len(refs):
-        return math.inf, math.inf
-    for o, r in zip(outs, refs, strict=True):
-        r64 = r.detach().double()
-        d = (o.detach().double() - r64).abs().max().item() if r.numel() else 0.0
-        rel = max(rel, d / (r64.abs().max().item() or 1.0) if r.numel() else 0.0)
-        absolute = max(absolute, d)
-    return rel, absolute
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
-
-
-@dataclass
-class Variant:
-    name: str  # "eager" | "fx" | "fx_epilogue" | "codegen" | "fusion_backend" | "compile"
-    label: str
-    available: bool = True
-    reason: str = ""
-    timed: bool = True  # False: built and checked, not timed (the reason says why)
-    times_s: list[float] = field(default_factory=list)
-    median_s: float | None = None
-    iqr_s: float | None = None
-    speedup_vs_eager: float | None = None
-    predicted_speedup: float | None = None
-    pct_of_limit: float | None = None
-    gbps: float | None = None
-    tflops: float | None = None
-    peak_memory_bytes: int | None = None
-    intermediate_bytes: int | None = None
-    bytes_removed: int | None = None
-    kernels_bound_s: float | None = None
-    kernels: int | None = None  # kernels of its graph (one per node, as eager runs them); None: not an FX graph
-    max_rel_diff: float | None = None
-    max_abs_diff: float | None = None
-    outputs_match: bool | None = None
-    first_call_s: float | None = None  # the first call: for compiled variants, the compilation
-    compile_s: float | None = None  # the same, for the torch.compile row (schema 1's name)
-    fusion_report: list[dict] | None = None
-    kernel_paths: list[str] = field(default_factory=list)
-    gpu: dict | None = None  # CUDA: gpu_profile() of one call (kernel time, kernels per call, top kernels)
-    gpu_speedup: float | None = None  # eager's GPU kernel time / this one's: what the roofline's bytes predict
-    overhead_s: float | None = None  # median wall time - GPU kernel time: the part of a call the GPU did not work
-    gpu_vs_bound: float | None = None  # GPU kernel time / the workload's roofline bound (1.0: at the ceiling)
-    generated: list[dict] | None = None  # Phase 8's kernels: name, region bytes, predicted and measured GPU time
-
-
 def _report_rows(gm: object) -> list[dict] | None:
     try:
         rep = report_of(gm)
@@ -173,28 +74,6 @@ def _costs(mod: object, inputs: tuple[torch.Tensor, ...]) -> list[NodeCost] | No
         return graph_costs(gm, *inputs)
     except Exception:
         return None
-
-
-def _generated(mod: object, gpu: dict | None, peaks: Peaks) -> list[dict] | None:
-    """Phase 8's kernels of ``mod`` (``mod.kernels``): Phase 6's prediction (region bytes ÷ measured copy
-    bandwidth) beside the kernel's measured GPU time (profiler events matched by the kernel's name)."""
-    kernels = getattr(mod, "kernels", None)
-    if not kernels:
-        return None
-    by_name = (gpu or {}).get("by_name") or {}
-    rows = []
-    for k in kernels:
-        name = str(getattr(k, "name", ""))
-        region = getattr(k, "region", None)
-        nbytes = getattr(region, "total_bytes", None)
-        predicted = nbytes / peaks.bytes_per_s if nbytes else None
-        us = by_name.get(name)
-        if us is None:  # some Triton versions decorate the name: match on the function's name as a prefix
-            us = sum(v for n, v in by_name.items() if name and n.startswith(name)) or None
-        measured = us / 1e6 if us is not None else None
-        ratio = measured / predicted if measured and predicted else None
-        rows.append({"name": name, "bytes": nbytes, "predicted_s": predicted, "measured_s": measured, "ratio": ratio})
-    return rows
 
 
 def _build(spec: VariantSpec, src: nn.Module, inputs: tuple, config: Config) -> tuple[object | None, Variant]:
@@ -277,7 +156,7 @@ def run_workload(
         if name == "compile":
             v.compile_s = v.first_call_s
             log(f"    torch.compile: first call took {v.compile_s:.1f} s")
-        v.max_rel_diff, v.max_abs_diff = _diffs(out, ref) if name != "eager" else (0.0, 0.0)
+        v.max_rel_diff, v.max_abs_diff = max_diffs(out, ref) if name != "eager" else (0.0, 0.0)
         v.outputs_match = v.max_rel_diff <= tolerance(config.dtype)
         if not v.outputs_match:
             log(f"    WARNING: {name} differs from eager by {v.max_rel_diff:.2e} (relative to max |eager|)")
@@ -314,7 +193,7 @@ def run_workload(
     device_built = {sp.name for sp in w.variants if sp.stage == "device"}
     for name, v in variants.items():
         if name in modules:
-            v.generated = _generated(modules[name], v.gpu, peaks)
+            v.generated = generated_kernels(modules[name], v.gpu, peaks)
         if name not in timings:
             continue
         v.times_s = list(timings[name].times_s)

@@ -130,7 +130,9 @@ ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, INTERPRETER_ELEMENTS = 4096, 256, 16384
 
 def rows_per_program(rows: int, rblock: int, cuda: bool = True) -> int:
     """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128)."""
-    xblock = min(1 << max(rows - 1, 0).bit_length(), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock))
+    xblock = min(
+        1 << max(rows - 1, 0).bit_length(), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock)
+    )
     while cuda and xblock > 1 and -(-rows // xblock) < FILL_PROGRAMS:
         xblock //= 2
     return xblock
