@@ -17,9 +17,9 @@ What you learn
   (``xindex``, a column) of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the
   pointwise work before and after in the same kernel: softmax is one kernel. Short rows share a program.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
-* What the generator cannot do (an op without a Triton line, a reduction over dims that are not innermost in memory)
-  is cut out the way Phase 6 cuts a span: that op runs as one aten call, with the reason in the report, and the
-  pieces around it still become kernels. Never a crash, never a wrong answer.
+* What the generator cannot do (an op without a Triton line, a reduction over dims not innermost in memory that too
+  few rows share a program to read coalesced) is cut out the way Phase 6 cuts a span: that op runs as one aten call,
+  with the reason in the report, and the pieces around it still become kernels. Never a crash, never a wrong answer.
 
 Does Phase 6's cost model hold? ``run()`` on a GPU prints each kernel's time beside bytes ÷ copy bandwidth: pointwise
 kernels land close; row reductions less so (load → reduce → reduce again → store: more passes over registers).

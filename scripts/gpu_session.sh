@@ -5,7 +5,8 @@
 #                                       # suite: resnet50, mobilenet_v2
 #     bash scripts/gpu_session.sh b     # suite: resnet18, efficientnet_b0, mobilenet_v3_large, convnext_tiny
 #     bash scripts/gpu_session.sh c     # suite: vit_b_16, bert, gpt2, llama
-#     bash scripts/gpu_session.sh d     # suite: the training steps (bert_train, resnet50_train)
+#     bash scripts/gpu_session.sh d     # launch paths and cost, a probe of the suite's timing, the training steps
+#     bash scripts/gpu_session.sh e     # after reinplace and non-innermost reductions: SE models, training again
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -87,6 +88,11 @@ d)
     timeout 150 "$PY" scripts/gpu_probe_suite_timing.py --out "$OUT" 2>&1 | tail -12 | tee "$OUT/probe_suite_timing.log"
     suite $((560 - (SECONDS - start))) bert_train,resnet50_train eager,fusion,inductor
     ;;
-*) echo "part must be a, b, c or d" && exit 2 ;;
+e)
+    cuda_tests 120
+    suite 250 efficientnet_b0,mobilenet_v3_large eager,fusion,fusion+cudagraphs,inductor
+    suite $((560 - (SECONDS - start))) bert_train,resnet50_train eager,fusion,inductor
+    ;;
+*) echo "part must be a, b, c, d or e" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -251,6 +251,9 @@ def test_a_reduction_over_dims_that_are_not_innermost_in_memory_runs_as_aten():
     assert all(k.kind == "pointwise" for k in c.kernels) and c.num_kernels >= 1
     c = check(f, x)
     assert not c.report.skipped and any(k.kind == "reduction" for k in c.kernels), c.report.table()
+    # An SE block's mean over 3x3 of 2048 channels: 16 neighbouring channels a program (a GPU's tile), one kernel.
+    c = check(f, _rand((2, 2048, 3, 3), 1).contiguous(memory_format=torch.channels_last), atol=1e-5, rtol=1e-5)
+    assert not c.report.skipped and [k.kind for k in c.kernels] == ["reduction"], c.report.table()
 
 
 def test_contiguous_tensors_are_read_and_written_at_the_flat_index():
@@ -430,6 +433,9 @@ def test_cuda_kernels_match_eager():
         atol=1e-5,
         rtol=1e-4,
     )
+    se = lambda x: (lambda h: (h.mean((2, 3), keepdim=True) * 3.0, h))(torch.sigmoid(x * 2.0))  # noqa: E731
+    x = _rand((8, 960, 7, 7), 6, torch.bfloat16).cuda().contiguous(memory_format=torch.channels_last)
+    assert check(se, x, atol=1e-2, rtol=1e-2).kernels[0].kind == "reduction"  # channels_last SE mean: 16 rows a tile
     check(unary_ops, _rand((33, 70), 1).cuda(), kernels=1)
     check(binary_ops, _rand((33, 70), 1).cuda(), _rand((70,), 2).cuda(), kernels=1)
 

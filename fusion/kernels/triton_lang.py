@@ -15,7 +15,9 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.compiler.ir import Unsupported
+from fusion.compiler.ir import Unsupported, rows_per_program
+
+COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
 
 _names = itertools.count()
 
@@ -38,8 +40,9 @@ class Line:
 
 @dataclass(frozen=True)
 class Rows:
-    """How a reduction kernel walks its region: one program per row of ``shape[:-nred]``; the row is the last ``nred``
-    dimensions, ``rnumel`` elements in one block of ``rblock`` lanes. A pointwise kernel has none."""
+    """How a reduction kernel walks its region: XBLOCK rows of ``shape[:-nred]`` per program (chosen at launch); a row
+    is the last ``nred`` dimensions, ``rnumel`` elements in one block of ``rblock`` lanes. A pointwise kernel has
+    none."""
 
     shape: tuple[int, ...]
     nred: int
@@ -65,19 +68,23 @@ class Rows:
                 raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
                                   "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
         val = reductions[0].args[0].meta["val"]
-        kept = [st for st, size in zip(val.stride()[:nrow], shape[:nrow], strict=True) if size > 1]
+        kept = [(st, size) for st, size in zip(val.stride()[:nrow], shape[:nrow], strict=True) if size > 1]
         reduced = [st for st, size in zip(val.stride()[nrow:], shape[nrow:], strict=True) if size > 1]
-        if kept and reduced and max(reduced) > min(kept):  # channels_last, mean over H, W: C is innermost
-            raise Unsupported(f"{reductions[0].name} reduces dims {list(range(nrow, ndim))} of strides "
-                              f"{tuple(val.stride())}: not the innermost in memory, a program would read its row "
-                              "one scattered element at a time (aten's reduction reads it coalesced)",
-                              reductions[0])  # fmt: skip
+        rnumel = math.prod(shape[nrow:])
+        rblock = 1 << max(rnumel - 1, 0).bit_length()
+        if kept and reduced and max(reduced) > min(st for st, _ in kept):  # channels_last, mean over H, W
+            # The lanes of a row are scattered; the rows are what is contiguous (C). Worth generating only when a
+            # program takes enough neighbouring rows that a warp reads whole sectors: the tile's column is C.
+            xblock = rows_per_program(math.prod(shape[:nrow]), rblock)
+            if not (kept[-1][0] == 1 and kept[-1][1] >= COALESCED_ROWS and xblock >= COALESCED_ROWS):
+                raise Unsupported(f"{reductions[0].name} reduces dims {list(range(nrow, ndim))} of strides "
+                                  f"{tuple(val.stride())}: not the innermost in memory, and a program would take "
+                                  f"{xblock} neighbouring row(s) of them (< {COALESCED_ROWS}): its reads would be "
+                                  "scattered (aten's reduction reads them coalesced)", reductions[0])  # fmt: skip
         for n in stored:
             if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
                 raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"
                                   " per row: stored by another kernel", n)  # fmt: skip
-        rnumel = math.prod(shape[nrow:])
-        rblock = 1 << max(rnumel - 1, 0).bit_length()
         if rblock > max_rblock:
             raise Unsupported(f"a row of {rnumel} elements does not fit one block ({max_rblock})")
         return cls(shape, nred, rnumel, rblock)
