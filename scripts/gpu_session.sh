@@ -7,6 +7,8 @@
 #     bash scripts/gpu_session.sh c     # suite: vit_b_16, bert, gpt2, llama
 #     bash scripts/gpu_session.sh d     # launch paths and cost, a probe of the suite's timing, the training steps
 #     bash scripts/gpu_session.sh e     # after reinplace and non-innermost reductions: SE models, training again
+#     bash scripts/gpu_session.sh f     # the final code: the vision suite (5 models, every backend)
+#     bash scripts/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -93,6 +95,8 @@ e)
     suite 250 efficientnet_b0,mobilenet_v3_large eager,fusion,fusion+cudagraphs,inductor
     suite $((560 - (SECONDS - start))) bert_train,resnet50_train eager,fusion,inductor
     ;;
-*) echo "part must be a, b, c, d or e" && exit 2 ;;
+f) suite 540 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 "$all_fusion" ;;
+g) suite 540 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion" ;;
+*) echo "part must be one of a to g" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
