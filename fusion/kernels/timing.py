@@ -117,8 +117,8 @@ def gpu_numbers(cases: Sequence[tuple[str, torch.nn.Module, tuple, CompiledModel
     print(f"predicted = the region's external bytes ÷ {bw:.0f} GB/s (a copy measured here); GPU µs from CUDA events.")
     for name, kind in misses:
         why = (
-            "one program per row is a dependent chain (load, cross-warp reduction, second reduction, store) with "
-            "little memory-level parallelism per SM: the lesson's docstring says why, and what Inductor does instead"
+            "a row reduction is a dependent chain (load, cross-warp reduction, second reduction, store) with "
+            "less memory-level parallelism per SM than a stream: several rows per program (XBLOCK) helps short rows"
             if kind == "reduction"
             else "a pointwise kernel should stream at copy bandwidth: look at its loads (broadcast, strides) and XBLOCK"
         )

@@ -54,7 +54,7 @@ class Rows:
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
         every reduction reduces the trailing dims of that shape and every store lies inside the walk (a whole row,
         or one element per row: anything else would be written out of its bounds)."""
-        shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): one program per row
+        shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
 
         def dims_of(r: fx.Node) -> list[int]:
