@@ -147,16 +147,16 @@ def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
 
 # The backend's passes, in the order they run; each is ``run(gm, part) -> None`` and its name is its option
 # (options={"fold_bn": False}). Adding a pass: one function, one entry here, one test.
+noted = passes.noted  # a machinery rewrite f(gm, note) as a pass: f(gm, part.note_pass)
 PASSES = [
     passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
                 doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
-    passes.Pass("reinplace", lambda gm, part: aten_passes.reinplace_buffer_updates(gm, part.note_pass),
-                doc="BatchNorm's running statistics updated in place, as eager (no copy_ per buffer)"),
-    passes.Pass("reorder", lambda gm, part: aten_passes.reorder_for_locality(gm, part.note_pass),
-                doc="each op just before its first user, constants at the top: fusible runs meet"),
+    passes.Pass("reinplace", noted(aten_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
+    passes.Pass("bmm_as_mm", noted(aten_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
+    passes.Pass("reorder", noted(aten_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
-    passes.Pass("conv_bias", lambda gm, part: aten_passes.split_conv_bias(gm, part.note_pass), kinds=("inference",),
+    passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
     passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
                 doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),

@@ -9,6 +9,7 @@
 #     bash scripts/gpu_session.sh e     # after reinplace and non-innermost reductions: SE models, training again
 #     bash scripts/gpu_session.sh f     # the final code: the vision suite (5 models, every backend)
 #     bash scripts/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
+#     bash scripts/gpu_session.sh h     # after pass bmm_as_mm (ViT's in-projection as one GEMM): ViT and BERT
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -97,6 +98,10 @@ e)
     ;;
 f) suite 540 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 "$all_fusion" ;;
 g) suite 540 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion" ;;
-*) echo "part must be one of a to g" && exit 2 ;;
+h)
+    cuda_tests 120
+    suite 400 vit_b_16,bert "$all_fusion"
+    ;;
+*) echo "part must be one of a to h" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -1215,3 +1215,32 @@ def test_cuda_graphs_see_every_input_a_graph_writes():
     g.call_function(aten.copy_.default, (out, g.call_function(operator.getitem, (bn, 0))))
     g.output(())
     assert mutated_input_indices(torch.fx.GraphModule(torch.nn.Module(), g)) == [3, 4, 5, 6]
+
+
+def test_a_bmm_of_a_weight_broadcast_over_the_batch_becomes_one_mm():
+    """nn.MultiheadAttention's inference path (ViT's encoder block, parameters frozen) projects its transposed input
+    with bmm(x, weight expanded over the batch): S small GEMMs. Pass bmm_as_mm makes it one mm with the same
+    outputs; on its own, the rewrite equals the bmm for a contiguous and a transposed operand."""
+    from torchvision.models.vision_transformer import EncoderBlock
+
+    from fusion.regions import capture_aten
+
+    torch.manual_seed(0)
+    block = EncoderBlock(2, 16, 32, 0.0, 0.0).eval().requires_grad_(False)
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(block, backend="fusion")(x), block(x), rtol=1e-5, atol=1e-5)
+    (part,) = backend.reports[0].parts
+    assert [p[0] for p in part.passes].count("bmm as mm") == 1, part.passes
+
+    class Bmm(nn.Module):
+        def forward(self, a, w):
+            return torch.bmm(a, w.expand(a.shape[0], *w.shape)) * 2.0
+
+    w = torch.randn(7, 4, dtype=torch.float64)
+    for a in (torch.randn(5, 3, 7, dtype=torch.float64), torch.randn(3, 5, 7, dtype=torch.float64).transpose(0, 1)):
+        gm = capture_aten(Bmm(), (a, w))
+        assert aten_passes.bmm_as_mm(gm, lambda *note: None) == 1
+        assert "bmm" not in gm.code and "mm" in gm.code, gm.code
+        out = gm(a, w)
+        torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, Bmm()(a, w))

@@ -63,6 +63,16 @@ class Options:
         return f"Options({self.enabled})"
 
 
+def noted(rewrite: Callable[[fx.GraphModule, Callable[..., None]], object]) -> Callable[[fx.GraphModule, object], None]:
+    """A machinery rewrite ``rewrite(gm, note)`` as a pass ``run(gm, part)``: its decisions go to ``part.note_pass``."""
+
+    def run(gm: fx.GraphModule, part) -> None:
+        rewrite(gm, part.note_pass)
+
+    run.__name__ = run.__qualname__ = getattr(rewrite, "__name__", "rewrite")
+    return run
+
+
 def run_passes(gm: fx.GraphModule, part, opts: Options) -> None:
     """Every enabled pass for ``part.kind``, in order, each noting its decisions in ``part``."""
     for p in opts.passes_for(part.kind):
