@@ -295,6 +295,12 @@ def mutates_an_input(node: fx.Node, modules: dict[str, torch.nn.Module]) -> bool
     return bound.arguments.get("inplace", False) is True
 
 
+def has_effect(node: fx.Node, modules: dict[str, torch.nn.Module]) -> bool:
+    """Must ``node`` stay although nobody reads its result? fx's impure nodes (placeholders, the output, random
+    ops, ...) and every node that writes into one of its inputs (:func:`mutates_an_input`)."""
+    return node.is_impure() or mutates_an_input(node, modules)
+
+
 def finish_rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """The clean-up every rewrite ends with: lint, dead-code elimination, drop unused submodules, recompile.
 
@@ -303,7 +309,7 @@ def finish_rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """
     gm.graph.lint()
     modules = dict(gm.named_modules())
-    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or mutates_an_input(n, modules))
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: has_effect(n, modules))
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

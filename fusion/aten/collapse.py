@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import MissingMetaError, is_view_node, unique_regions
 from fusion.aten.report import fmt_bytes
-from fusion.common import FusionReport, attach_report, finish_rewrite, mutates_an_input
+from fusion.common import FusionReport, attach_report, finish_rewrite, has_effect
 from fusion.fxutils.rebuild import Group, group_module, rebuild
 
 REGION_PREFIX = "fusion_region_"  # collapse_regions names each region submodule fusion_region_<i>
@@ -74,7 +74,7 @@ def _live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     modules = dict(gm.named_modules())
     live: set[fx.Node] = set()
     for node in reversed(gm.graph.nodes):
-        if not live.isdisjoint(node.users) or node.is_impure() or mutates_an_input(node, modules):
+        if not live.isdisjoint(node.users) or has_effect(node, modules):
             live.add(node)
     return live
 

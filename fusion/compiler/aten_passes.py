@@ -276,11 +276,9 @@ def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
             continue
         shape = [1, -1] + [1] * (val.dim() - 2)
         with gm.graph.inserting_after(conv):
-            view = gm.graph.call_function(aten.view.default, (bias, shape))
-            view.meta["val"] = aten.view.default(bias_val, shape)
+            view = _call_with_meta(gm.graph, aten.view.default, (bias, shape))
         with gm.graph.inserting_after(view):
-            add = gm.graph.call_function(aten.add.Tensor, (conv, view))
-            add.meta["val"] = aten.add.Tensor(val, view.meta["val"])  # fake tensors: shape, strides, dtype
+            add = _call_with_meta(gm.graph, aten.add.Tensor, (conv, view))
         conv.replace_all_uses_with(add, delete_user_cb=lambda u, add=add: u is not add)
         conv.args = (conv.args[0], conv.args[1], None, *conv.args[3:])
         note("conv bias", [conv.name, add.name], "split", "the bias add joins the generated kernel after the conv")
@@ -404,9 +402,9 @@ def _same_kind(a: object, b: object) -> bool:
 def bmm_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """``bmm(a, w expanded over the batch)`` -> one ``mm`` over every row of ``a``: the same products, one GEMM.
 
-    ``nn.MultiheadAttention(batch_first=True)`` transposes its input to (S, B, E) before its in-projection; that
-    input is not contiguous, so the decomposition of ``linear`` cannot view it as one (S·B, E) matrix and emits a
-    ``bmm`` with the weight expanded to (S, E, 3E) at batch stride 0. cuBLAS runs that as S small GEMMs: 76 µs per
+    ``nn.MultiheadAttention(batch_first=True)``'s inference path (frozen parameters, as ViT runs it in the suite)
+    projects its input transposed to (S, B, E), a layout that is not one (S·B, E) matrix, as a ``bmm`` with the
+    weight expanded to (S, E, 3E) at batch stride 0. cuBLAS runs that as S small GEMMs: 76 µs per
     ViT-B/16 layer on an H100 against 34 µs for the same FLOPs as one GEMM (eager's linear folds it; Inductor does
     not: ``scripts/results/h100-2026-11-24-r2-profile_vit.log``). Rewritten: ``a`` copied in row order when it is
     not contiguous (a memory-bound copy the next kernel may absorb), one ``mm`` with the 2-D weight, a view back to

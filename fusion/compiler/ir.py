@@ -117,7 +117,7 @@ class KernelPlan:
             xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda")
             return -(-self.grid // xblock), {**self.constexprs, "XBLOCK": xblock}
         cap = 1024 if device.type == "cuda" else 16384
-        block = min(cap, 1 << max(self.xnumel - 1, 0).bit_length())
+        block = min(cap, next_power_of_2(self.xnumel))
         return -(-self.xnumel // block), {"XBLOCK": block}
 
 
@@ -128,11 +128,14 @@ class KernelPlan:
 ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, INTERPRETER_ELEMENTS = 4096, 256, 16384
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for 0 and 1): a block that holds ``n`` lanes."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def rows_per_program(rows: int, rblock: int, cuda: bool = True) -> int:
     """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128)."""
-    xblock = min(
-        1 << max(rows - 1, 0).bit_length(), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock)
-    )
+    xblock = min(next_power_of_2(rows), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock))
     while cuda and xblock > 1 and -(-rows // xblock) < FILL_PROGRAMS:
         xblock //= 2
     return xblock

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.compiler.ir import Unsupported, rows_per_program
+from fusion.compiler.ir import Unsupported, next_power_of_2, rows_per_program
 
 COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
 
@@ -71,7 +71,7 @@ class Rows:
         kept = [(st, size) for st, size in zip(val.stride()[:nrow], shape[:nrow], strict=True) if size > 1]
         reduced = [st for st, size in zip(val.stride()[nrow:], shape[nrow:], strict=True) if size > 1]
         rnumel = math.prod(shape[nrow:])
-        rblock = 1 << max(rnumel - 1, 0).bit_length()
+        rblock = next_power_of_2(rnumel)
         if kept and reduced and max(reduced) > min(st for st, _ in kept):  # channels_last, mean over H, W
             # The lanes of a row are scattered; the rows are what is contiguous (C). Worth generating only when a
             # program takes enough neighbouring rows that a warp reads whole sectors: the tile's column is C.
