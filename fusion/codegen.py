@@ -13,9 +13,11 @@ What you learn
   is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``. Other
   strides, views, the *mask* ``xindex < numel`` for the last block's tail: all index arithmetic. The walk follows the
   first output's memory order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
-* **Reductions over the last dimension** that fit one block (softmax, LayerNorm): a program takes ``XBLOCK`` rows
-  (``xindex``, a column) of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the
-  pointwise work before and after in the same kernel: softmax is one kernel. Short rows share a program.
+* **Reductions over the last dimension** (softmax, LayerNorm): a program takes ``XBLOCK`` rows (``xindex``, a column)
+  of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the pointwise work before
+  and after in the same kernel: softmax is one kernel. Short rows share a program. A row longer than one block is
+  walked in a loop over blocks (a *looped* reduction): each reduction folds block after block into partials, the
+  values after it are computed again in a later loop: softmax reads its row three times, still one kernel.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
 * What the generator cannot do (an op without a Triton line, a reduction over dims not innermost in memory that too
   few rows share a program to read coalesced) is cut out the way Phase 6 cuts a span: that op runs as one aten call,
@@ -50,7 +52,7 @@ from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
-MAX_RBLOCK = 16384  # the longest row one program holds in registers (Triton's softmax tutorial: one row per block)
+MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop over blocks
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -178,7 +180,8 @@ class KernelWriter:
         self.body: list[tlang.Line] = []  # the kernel body as data: source and op list are read off it
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
-        reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
+        self.depth = 0  # inside how many loops the next line goes (a looped reduction's loop over blocks)
+        self.reductions = reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
         tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
         # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
@@ -206,7 +209,7 @@ class KernelWriter:
     def emit(self, expr: str, dtype: torch.dtype, node: fx.Node | None = None) -> tuple[str, torch.dtype]:
         """Append ``tmp<i> = expr`` (computing ``node``, if any); returns (tmp, dtype)."""
         expr = self.bf16.reuse(expr)  # a bfloat16 (a load, a rounding) rounded again is itself: no ALU spent
-        self.body.append(tlang.Line(tmp := f"tmp{len(self.body)}", expr, dtype, node))
+        self.body.append(tlang.Line(tmp := f"tmp{len(self.body)}", expr, dtype, node, self.depth))
         self.bf16.note(tmp, expr, loaded=node is not None and node not in self.members and node.meta["val"].dtype)
         return tmp, dtype
 
@@ -302,20 +305,24 @@ class KernelWriter:
         dt = compute_dtype((val[0] if isinstance(val, (tuple, list)) else val).dtype)  # sum(dtype=float64): float64
         if not dt.is_floating_point:
             raise Unsupported(f"{node.name}: reductions to {dt} are not generated")
-        x = self.operand(node.args[0], self.index, dt)
-        n = self.rows.rnumel
-        if node.target in (aten.amax.default, aten.amin.default):
-            big, fn = ("-inf", "_maximum") if node.target is aten.amax.default else ("inf", "_minimum")
-            out = self.emit(f'tl.reduce(tl.where(rmask, {x}, float("{big}")), 1, {fn})[:, None]', dt, node)
+        n, target = self.rows.rnumel, node.target
+
+        def x() -> str:  # the row's values (a looped reduction computes them once per block, inside its loop)
+            return self.operand(node.args[0], self.index, dt)
+
+        def squares() -> str:  # variance: a second pass over the row, the squares about its mean
+            return (c := self.emit(f"{x()} - {out[0]}", dt)[0]) + f" * {c}"
+
+        if target in (aten.amax.default, aten.amin.default):
+            out = tlang.row_reduction(self, x, "_maximum" if target is aten.amax.default else "_minimum", dt, node)
         else:
-            total = self.emit(f"tl.reduce(tl.where(rmask, {x}, 0.0), 1, _add)[:, None]", dt, node)
-            out = total if node.target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
-        if node.target.overloadpacket in (aten.var_mean, aten.var):
+            total = tlang.row_reduction(self, x, "_add", dt, node)
+            out = total if target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
+        if target.overloadpacket in (aten.var_mean, aten.var):
             corr = bind_args(node).get("correction")
-            centered = self.emit(f"tl.where(rmask, {x} - {out[0]}, 0.0)", dt)
-            sq = self.emit(f"tl.reduce({centered[0]} * {centered[0]}, 1, _add)[:, None]", dt)
+            sq = tlang.row_reduction(self, squares, "_add", dt)
             var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt)
-            out = (var, out) if node.target is aten.var_mean.correction else var
+            out = (var, out) if target is aten.var_mean.correction else var
         self.cache[key] = out
         return out
 
@@ -323,50 +330,58 @@ class KernelWriter:
         """The aten ops the kernel computes, in body order, read off the records (loads and helpers left out)."""
         return list(dict.fromkeys(f"{ln.node.name} = {ln.node.target}" for ln in self.body if ln.node in self.members))
 
+    def store(self, i: int, node: fx.Node) -> None:
+        """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
+        val, nrow = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1
+        own = self.index[:nrow] if len(val.shape) == nrow else self.index  # a reduction without keepdim
+        idx = broadcast_index(own, val.shape)
+        src = self.operand(node, own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
+        if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
+            src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
+        pointer, mask = self.address(f"out_ptr{i}", offset_expr(idx, val.stride()))
+        cast = "" if compute_dtype(val.dtype) == val.dtype else f".to({tl_dtype(val.dtype)})"
+        store = f"tl.store({', '.join(filter(None, (pointer, src + cast, mask)))})  # {node.name}"
+        self.body.append(tlang.Line("", store, None, None, self.depth))
+
     def source(self, name: str) -> str:
-        """Assemble the kernel: signature, index setup, the body (values of the stored members), the stores."""
-        stores = []
-        nrow = len(self.index) - self.rows.nred if self.rows else -1
-        for i, node in enumerate(self.stored):
-            val = node.meta["val"]
-            own = self.index[:nrow] if len(val.shape) == nrow else self.index  # a reduction without keepdim
-            idx = broadcast_index(own, val.shape)
-            src = self.operand(node, own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
-            if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
-                src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
-            pointer, mask = self.address(f"out_ptr{i}", offset_expr(idx, val.stride()))
-            cast = "" if compute_dtype(val.dtype) == val.dtype else f".to({tl_dtype(val.dtype)})"
-            stores.append(f"tl.store({', '.join(filter(None, (pointer, src + cast, mask)))})  # {node.name}")
+        """Assemble the kernel: signature, index setup, the body (values of the stored members, their stores)."""
+        nrow, looped = len(self.index) - self.rows.nred if self.rows else -1, self.rows and self.rows.looped
+        for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
+            self.reduce(r, self.index)
+        whole = [looped and tuple(n.meta["val"].shape) == self.shape for n in self.stored]
+        for i in [i for i, w in enumerate(whole) if not w]:
+            self.store(i, self.stored[i])
+        if any(whole):  # whole rows of a looped reduction: one last loop over the blocks
+            with tlang.row_loop(self):
+                for i in [i for i, w in enumerate(whole) if w]:
+                    self.store(i, self.stored[i])
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
-        head = [f"def {name}({', '.join(ptrs)}, XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.rows else ''}):"]
+        head = f"def {name}({', '.join(ptrs)}, XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.rows else ''}):"
         ops = [n.name for n in self.region.nodes if not is_view(n) and n.target is not operator.getitem]
         body = [f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}"]
         if self.rows:
-            body += [f"# XBLOCK rows per program: {(rows := math.prod(self.shape[:nrow]))} rows of {self.rows.rnumel}",
-                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}",
-                     "rindex = tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {self.rows.rnumel}"]  # fmt: skip
+            body += [f"# XBLOCK rows per program: {(rows := math.prod(self.shape[:nrow]))} rows of {self.rows.rnumel}"
+                     + (", RBLOCK lanes at a time" if looped else ""),
+                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}"]  # fmt: skip
+            body += [] if looped else ["rindex = tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {self.rows.rnumel}"]
         else:
-            body += [f"# elementwise over {self.shape}: {math.prod(self.shape)} elements",
-                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)",
-                     f"xmask = xindex < {math.prod(self.shape)}"]  # fmt: skip
-        body += [f"{v} = {e}" for v, e in self.splits if v != "0"]
+            body += [f"# elementwise over {self.shape}: {(n := math.prod(self.shape))} elements",
+                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)", f"xmask = xindex < {n}"]  # fmt: skip
+        body += [f"{v} = {e}" for v, e in self.splits if v != "0" and not (looped and v[0] == "r")]
         for ln in self.body:
             what = ln.node and (f"{ln.node.name} = {ln.node.target}" if ln.node in self.members else ln.node.name)
-            body.append(f"{ln.tmp} = {ln.expr}" + (f"  # {what}" if what else ""))
-        lines = ["import triton", "import triton.language as tl", "", ""]
-        if self.rows:  # tl.reduce with our own combine functions: tl.sum is a @jit helper, not a builtin
-            lines += [*tlang.COMBINE_FUNCTIONS, ""]
-        lines += ["@triton.jit", *head]
-        return "\n".join(lines + ["    " + b for b in body + stores]) + "\n"
+            body.append(ln.source() + (f"  # {what}" if what else ""))
+        return tlang.module_source(head, body, reduction=self.rows is not None)  # imports, @triton.jit, indented body
 
 
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    name = tlang.kernel_name(region, writer.rows is not None)
-    source = writer.source(name)
-    kernel = GeneratedKernel(name, source, region, "reduction" if writer.rows else "pointwise", writer.ops())
-    inputs = list(writer.inputs)
+    source = writer.source(name := tlang.kernel_name(region, writer.rows))
+    kernel, inputs = (
+        GeneratedKernel(name, source, region, "reduction" if writer.rows else "pointwise", writer.ops()),
+        list(writer.inputs),
+    )
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.rows:
         rows, rblock = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), writer.rows.rblock
@@ -416,19 +431,16 @@ def run(quick: bool = False) -> None:
     demo.show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
 
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
-    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"
-          + "\n".join(f"    {var} = {expr}" for var, expr in split_index("xindex", (8, 64))))  # fmt: skip
-    b, xt = broadcast_index(["x1", "x0"], (64,)), offset_expr(["x1", "x0"], (1, 64))
-    print(f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))} (the kernel writes xindex); "
-          f"a (64,) broadcasts: index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same "
-          f"element sits at {xt}. Nothing is copied: broadcasting is index arithmetic. 1000 elements, XBLOCK=1024: "
-          "the mask xindex < 1000 switches off the last 24 lanes.")  # fmt: skip
+    demo.show_indexing(split_index, broadcast_index, offset_expr)  # prints what these three functions give
 
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
     (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())
     print(f"softmax(x * 0.125): {soft.name}, ops {' → '.join(n.name for n in soft.region.nodes)}")
     (norm,) = generated_sources(models.NormGELUResidual(), models.norm_inputs())
     print(f"x + gelu(layer_norm(x)): one kernel, XBLOCK rows per program:\n\n{norm.source}")
+    (long,) = generated_sources(models.ScaledSoftmax(), (torch.randn(tlang.LOOPED_MIN_ROWS, MAX_RBLOCK + 1),))
+    print(f"softmax over rows of {MAX_RBLOCK + 1} (> MAX_RBLOCK): a loop per reduction, one more for the stores:\n")
+    print(long.source.split("@triton.jit\ndef triton")[1])
     if not runs:
         print(f"These kernels cannot run here: {why}.")
         return

@@ -10,6 +10,7 @@
 #     bash scripts/gpu_session.sh f     # the final code: the vision suite (5 models, every backend)
 #     bash scripts/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
 #     bash scripts/gpu_session.sh h     # after pass bmm_as_mm (ViT's in-projection as one GEMM): ViT and BERT
+#     bash scripts/gpu_session.sh i     # looped reductions on CUDA; where Llama and GPT-2 lose GPU time (profiles)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -41,7 +42,7 @@ suite() {  # suite BUDGET MODELS BACKENDS
 cuda_tests() {  # cuda_tests LIMIT
     step "CUDA tests of Phases 8-9 (generated kernels, several rows per program, launchers, CUDA graphs, attention)"
     timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py \
-        -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows" 2>&1 | tail -15 \
+        -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes" 2>&1 | tail -15 \
         | tee "$OUT/cuda_tests.log"
 }
 case "$part" in
@@ -102,6 +103,12 @@ h)
     cuda_tests 120
     suite 400 vit_b_16,bert "$all_fusion"
     ;;
-*) echo "part must be one of a to h" && exit 2 ;;
+i)
+    cuda_tests 150
+    step "GPU kernels of Llama and GPT-2 under eager, fusion and Inductor"
+    timeout 400 "$PY" scripts/gpu_profile_models.py llama gpt2 --backends=eager,fusion,inductor \
+        2>&1 | tee "$OUT/profile_models.log" | tail -80
+    ;;
+*) echo "part must be one of a to i" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusion import models
+from fusion import codegen, models
 from fusion.codegen import (
     broadcast_index,
     compile_graph,
@@ -19,6 +21,7 @@ from fusion.codegen import (
     offset_expr,
     split_index,
 )
+from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, capture_aten
 
@@ -386,6 +389,73 @@ def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
         assert 2 <= row_warps(rows, rblock) <= 8
     assert rows_per_program(100352, 128) == 32  # ConvNeXt's LayerNorm over 96 channels: 32 rows a program
     assert rows_per_program(64, 16384) == 1
+
+
+@contextlib.contextmanager
+def short_blocks(max_rblock=16, min_rows=1):
+    """Rows longer than ``max_rblock`` are looped (RBLOCK max_rblock // 4), however few: small tensors take the loop."""
+    with mock.patch.object(codegen, "MAX_RBLOCK", max_rblock), mock.patch.object(tlang, "LOOPED_MIN_ROWS", min_rows):
+        yield
+
+
+@given(rows=st.integers(1, 5), n=st.integers(1, 70), seed=st.integers(0, 2**16), special=st.booleans())
+def test_rows_longer_than_a_block_are_reduced_in_a_loop(rows, n, seed, special):
+    """A row of more than MAX_RBLOCK elements: each reduction is a loop over blocks (partials folded, then one
+    tl.reduce), the whole-row stores one more loop; the same answers as one block, NaN and inf included."""
+    x = _rand((rows, n), seed) * 4
+    if special:  # (eager's var_mean of a row holding inf is NaN, Welford's artefact: the mean is inf)
+        x[0, n // 2], x[-1, 0] = float("nan"), float("inf")
+
+    def rows_(x):
+        y = x * 2.0
+        return torch.softmax(y, -1), y.amax(-1), y.amin(-1, keepdim=True), y.sum(-1)
+
+    def moments(x):
+        y = x * 2.0
+        return torch.var_mean(y, -1, correction=0), torch.var(y, -1, keepdim=True), F.layer_norm(y, (n,))
+
+    with short_blocks():
+        compiled = check(rows_, x, kernels=1, atol=1e-5, rtol=1e-4)
+        check(moments, _rand((rows, n), seed + 1) * 4, kernels=1, atol=1e-5, rtol=1e-4)
+    assert compiled.kernels[0].name.startswith("triton_red_fused_" if n > 16 else "triton_per_fused_")
+    if n > 16:
+        assert "for roffset in range(0, " in compiled.kernels[0].source
+
+
+def test_looped_reductions_of_every_kind():
+    """Loops over one and several reduced dims, float64 exact to the last bits, half rounded where eager rounds, a
+    transposed input, a whole tensor as one row."""
+    x = _rand((3, 5, 7), 1)
+    with short_blocks():
+        check(lambda x: (x * 2.0).sum((-1, -2)) + 1.0, x, kernels=1)  # a row of 35 in blocks of 4
+        check(lambda x: (x * 2.0).sum() + 1.0, x, kernels=1)  # everything is one row
+        check(lambda x: torch.softmax(x.double() * 3.0, -1), _rand((4, 40), 2, torch.float64), kernels=1)
+        check(lambda x: torch.softmax(x.half() * 2.0, -1), _rand((4, 40), 3), kernels=1, atol=1e-3, rtol=1e-3)
+        check(lambda x: torch.softmax(x.t() * 2.0, -1), _rand((40, 3), 4), kernels=1)
+        check(lambda x: torch.softmax(x.bfloat16() * 2.0, -1), _rand((4, 40), 5), kernels=1, atol=1e-2, rtol=1e-2)
+
+
+def test_few_long_rows_run_as_aten_with_the_reason():
+    """Rows past one block, fewer than LOOPED_MIN_ROWS: one program a row would idle the GPU; aten's reduction spreads
+    a row over it. The refusal names the counts; the answer is eager's."""
+    with short_blocks(min_rows=tlang.LOOPED_MIN_ROWS):
+        c = check(lambda x: torch.softmax(x * 2.0, -1), _rand((3, 40), 0))
+    reasons = " ".join(d.reason for d in c.report.skipped)
+    assert "3 row(s) of 40 elements" in reasons and f"< {tlang.LOOPED_MIN_ROWS}" in reasons, reasons
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))],
+)
+def test_a_row_past_max_rblock_at_the_real_sizes(device):
+    """No row-length limit: rows of MAX_RBLOCK (16384) + 1 elements, a softmax in one looped kernel (on the CPU one row,
+    the interpreter takes ~0.4 s a row; on a GPU LOOPED_MIN_ROWS rows)."""
+    rows = tlang.LOOPED_MIN_ROWS if device == "cuda" else 1
+    x = _rand((rows, codegen.MAX_RBLOCK + 1), 0).to(device)
+    with mock.patch.object(tlang, "LOOPED_MIN_ROWS", rows):
+        c = check(lambda x: torch.softmax(x * 2.0, -1), x, kernels=1)
+    assert c.kernels[0].name.startswith("triton_red_fused_")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -607,6 +607,19 @@ def test_fuzz_compile_regions_equals_eager(case):
     check_compile_regions(*case)
 
 
+@fuzz_settings(ci_examples=6)
+@given(programs())
+def test_fuzz_looped_reductions_equal_eager(case):
+    """The same programs with every row longer than 4 elements reduced in a loop over blocks of 1 (looped kernels)."""
+    from unittest import mock
+
+    from fusion import codegen
+    from fusion.kernels import triton_lang
+
+    with mock.patch.object(codegen, "MAX_RBLOCK", 4), mock.patch.object(triton_lang, "LOOPED_MIN_ROWS", 1):
+        check_compile_regions(*case)
+
+
 @pytest.mark.phase9
 @fuzz_settings(ci_examples=6)
 @given(programs())

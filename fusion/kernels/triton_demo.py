@@ -22,6 +22,17 @@ def show_region(kernel: GeneratedKernel) -> None:
     print(kernel.source)
 
 
+def show_indexing(split_index: Callable, broadcast_index: Callable, offset_expr: Callable) -> None:
+    """What the lesson's indexing functions give for an (8, 64) output, a broadcast (64,) and a transposed input."""
+    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"
+          + "\n".join(f"    {var} = {expr}" for var, expr in split_index("xindex", (8, 64))))  # fmt: skip
+    b, xt = broadcast_index(["x1", "x0"], (64,)), offset_expr(["x1", "x0"], (1, 64))
+    print(f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))} (the kernel writes xindex); "
+          f"a (64,) broadcasts: index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same "
+          f"element sits at {xt}. Nothing is copied: broadcasting is index arithmetic. 1000 elements, XBLOCK=1024: "
+          "the mask xindex < 1000 switches off the last 24 lanes.")  # fmt: skip
+
+
 class Fallbacks(torch.nn.Module):
     """Regions the generator cannot compile whole: an op with no Triton line (digamma: the region is cut there and the
     pieces around it still become kernels), a reduction over dim 0."""

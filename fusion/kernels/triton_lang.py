@@ -8,7 +8,8 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,10 @@ from fusion.aten.nodes import is_view_node
 from fusion.compiler.ir import Unsupported, next_power_of_2, rows_per_program
 
 COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
+# A row longer than one block is reduced in a loop over blocks, one program per row (a looped reduction). With fewer
+# rows than a GPU has SMs (an H100 has 132) most of the GPU would idle while a few programs walk their rows; Inductor
+# splits such a reduction over two kernels, we leave it to aten's reduction, which spreads one row over the GPU.
+LOOPED_MIN_ROWS = 128
 
 _names = itertools.count()
 
@@ -30,12 +35,17 @@ def next_kernel_index() -> int:
 @dataclass(frozen=True)
 class Line:
     """One line of a kernel body, ``tmp = expr``: a load of the input ``node``, one op computing member ``node``,
-    or a helper step (``node`` None). The generator writes the source and the kernel's op list from these records."""
+    or a helper step (``node`` None); with ``tmp`` empty, a statement (a store, a loop's header). ``depth``: inside
+    how many loops. The generator writes the source and the kernel's op list from these records."""
 
     tmp: str
     expr: str
-    dtype: torch.dtype  # the dtype the tmp holds (half/bf16 values are held in float32)
+    dtype: torch.dtype | None  # the dtype the tmp holds (half/bf16 values are held in float32)
     node: fx.Node | None = None
+    depth: int = 0
+
+    def source(self) -> str:
+        return "    " * self.depth + (f"{self.tmp} = {self.expr}" if self.tmp else self.expr)
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class Rows:
     nred: int
     rnumel: int
     rblock: int
+    looped: bool = False  # the row is longer than one block: reduced in a loop over blocks of RBLOCK
 
     @classmethod
     def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int) -> Rows:
@@ -85,9 +96,51 @@ class Rows:
             if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
                 raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"
                                   " per row: stored by another kernel", n)  # fmt: skip
-        if rblock > max_rblock:
-            raise Unsupported(f"a row of {rnumel} elements does not fit one block ({max_rblock})")
-        return cls(shape, nred, rnumel, rblock)
+        if rblock <= max_rblock:
+            return cls(shape, nred, rnumel, rblock)
+        if (rows := math.prod(shape[:nrow])) < LOOPED_MIN_ROWS:
+            raise Unsupported(f"{rows} row(s) of {rnumel} elements: longer than one block ({max_rblock}) and too few "
+                              f"to fill the GPU one program a row (< {LOOPED_MIN_ROWS}); aten splits them",
+                              reductions[0])  # fmt: skip
+        return cls(shape, nred, rnumel, max_rblock // 4, looped=True)
+
+
+# How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
+IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
+STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
+        "_minimum": "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"}  # fmt: skip
+
+
+@contextmanager
+def row_loop(writer):
+    """The lines ``writer`` emits inside are the body of ``for roffset in range(0, rnumel, RBLOCK)``, with ``rindex``,
+    ``rmask`` and the row's split indices of that block. Values computed inside belong to one block: on leaving, the
+    writer's cache forgets them (a later loop computes them again, as Inductor's looped reductions do)."""
+    rows, saved, depth = writer.rows, dict(writer.cache), writer.depth
+    header = [f"for roffset in range(0, {rows.rnumel}, RBLOCK):", "    rindex = roffset + tl.arange(0, RBLOCK)[None, :]",
+              f"    rmask = rindex < {rows.rnumel}", *(f"    {v} = {e}" for v, e in writer.splits if v[0] == "r")]  # fmt: skip
+    writer.body += [Line("", text, None, None, depth) for text in header]
+    writer.depth += 1
+    try:
+        yield
+    finally:
+        writer.depth = depth
+        writer.cache.clear()
+        writer.cache.update(saved)
+
+
+def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:
+    """(tmp, dtype): each row reduced with ``combine`` over the values ``operand()`` emits (masked lanes hold the
+    identity). One block: one ``tl.reduce`` over the row in registers. Looped: partials of XBLOCK x RBLOCK folded block
+    by block in a loop, then one ``tl.reduce`` of the partials."""
+    identity = IDENTITY[combine]
+    if not writer.rows.looped:
+        return writer.emit(f"tl.reduce(tl.where(rmask, {operand()}, {identity}), 1, {combine})[:, None]", dtype, node)
+    acc = writer.emit(f"tl.full([XBLOCK, RBLOCK], {identity}, {tl_dtype(dtype)})", dtype)[0]
+    with row_loop(writer):
+        block = writer.emit(f"tl.where(rmask, {operand()}, {identity})", dtype)[0]
+        writer.body.append(Line(acc, STEP[combine].format(acc, block), dtype, None, writer.depth))
+    return writer.emit(f"tl.reduce({acc}, 1, {combine})[:, None]", dtype, node)
 
 
 def bind_args(node: fx.Node) -> dict:
@@ -233,6 +286,13 @@ COMBINE_FUNCTIONS = [
 ]  # fmt: skip
 
 
+def module_source(head: str, body: list[str], reduction: bool) -> str:
+    """A kernel's module: the imports, the combine functions a reduction's tl.reduce calls (tl.sum is a @jit helper,
+    not a builtin), then ``@triton.jit``, the signature ``head`` and the ``body`` indented under it."""
+    lines = ["import triton", "import triton.language as tl", "", ""] + ([*COMBINE_FUNCTIONS, ""] if reduction else [])
+    return "\n".join([*lines, "@triton.jit", head] + ["    " + b for b in body]) + "\n"
+
+
 def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
     """The dims of ``shape`` from outermost to innermost *in memory* for an output laid out like ``val`` (largest
     stride first; size-1 dims anywhere): (N, C, H, W) channels_last → [0, 2, 3, 1]. Logical order otherwise."""
@@ -242,10 +302,11 @@ def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
     return order
 
 
-def kernel_name(region, reduction: bool) -> str:
-    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction."""
+def kernel_name(region, rows: Rows | None) -> str:
+    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction (a
+    row in one block), triton_red_fused_… for a looped one."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
-    return f"triton_{'per' if reduction else 'poi'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+    return f"triton_{'poi' if rows is None else 'red' if rows.looped else 'per'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
 
 
 def stored_members(region) -> list[fx.Node]:
