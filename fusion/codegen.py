@@ -11,8 +11,9 @@ What you learn
   ``xindex = program_id * XBLOCK + arange(XBLOCK)``, splits it into one index per dimension with ``//`` and ``%``
   (``x1 = xindex // 64``, ``x0 = xindex % 64``) and loads every tensor at ``sum(index_d * stride_d)``. Broadcasting
   is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``. Other
-  strides, views, the *mask* ``xindex < numel`` for the last block's tail: all index arithmetic. The walk follows the
-  first output's memory order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
+  strides, views, the *mask* ``xindex < numel`` for the last block's tail, a ``cat`` (each input loaded at its shifted
+  index under its own mask, a ``tl.where`` picks): all index arithmetic. The walk follows the first output's memory
+  order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
 * **Reductions over the last dimension** (softmax, LayerNorm): a program takes ``XBLOCK`` rows (``xindex``, a column)
   of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the pointwise work before
   and after in the same kernel: softmax is one kernel. Short rows share a program. A row longer than one block is
@@ -180,7 +181,7 @@ class KernelWriter:
         self.body: list[tlang.Line] = []  # the kernel body as data: source and op list are read off it
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
-        self.depth = 0  # inside how many loops the next line goes (a looped reduction's loop over blocks)
+        self.depth, self.guards = 0, []  # loops around the next line (a looped reduction); masks on its loads (cat)
         self.reductions = reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
         tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
@@ -218,19 +219,22 @@ class KernelWriter:
         down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
         if any(v in offset for v in self.lanes if v != "0"):
             offset = self.flat[1] if offset in self.flat[0] else offset
-            return f"{ptr} + ({offset})", ("xmask & rmask" if down else "rmask") if self.rows else "xmask"
-        if down:
-            return f"{ptr} + ({offset})", "xmask"  # one element per row: a column of XBLOCK
-        return f"{ptr} + ({offset}) + 0 * xindex", "xmask"  # the same element in every lane: a vector, not a scalar
+            pointer, mask = f"{ptr} + ({offset})", ("xmask & rmask" if down else "rmask") if self.rows else "xmask"
+        elif down:
+            pointer, mask = f"{ptr} + ({offset})", "xmask"  # one element per row: a column of XBLOCK
+        else:
+            pointer, mask = f"{ptr} + ({offset}) + 0 * xindex", "xmask"  # one element in every lane: a vector
+        return pointer, " & ".join([mask, *self.guards])  # inside a cat's input: only where the index falls in it
 
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
         """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
         if not isinstance(node, fx.Node):
             return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
         key = (node, tuple(index))
+        compute = tlang.concatenation if node.target is tlang.CAT and node in self.members else KernelWriter._compute
         if key not in self.cache:
-            try:
-                self.cache[key] = self._compute(node, list(index))
+            try:  # a cat: selects between its inputs' loads (tlang.concatenation); anything else, _compute
+                self.cache[key] = compute(self, node, list(index))
             except Unsupported as e:  # remember the op that failed: compile_graph cuts the region there
                 e.node = e.node or node
                 raise

@@ -780,6 +780,29 @@ def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(m
     assert len(rewritten) == 1, rewritten
 
 
+def test_layers_sharing_a_mask_convert_and_reduce_it_once(monkeypatch):
+    """Every layer reads the same boolean mask: one additive mask and one any() for all of them (a GPT-2 profile
+    showed 12 any() of one mask per call), a select per layer; the answer still eager's, rows masked everywhere 0."""
+    from fusion.compiler import attention
+
+    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))
+
+    class TwoLayers(nn.Module):
+        def forward(self, q, k, v, mask):
+            h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return F.scaled_dot_product_attention(h * 0.5, k, v, attn_mask=mask) + h
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.4
+    mask[1, 0, 3] = False
+    backend.reset()
+    got = torch.compile(TwoLayers(), backend="fusion")(q, k, v, mask)
+    torch.testing.assert_close(got, TwoLayers()(q, k, v, mask))
+    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    assert calls["any"] <= 1 and calls["where"] <= 1 + 2, calls  # one conversion + at most a select per layer
+
+
 def test_tiny_bert_has_one_attention_call_no_prims_no_copies(built):
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

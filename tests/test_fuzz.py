@@ -135,6 +135,10 @@ def _views(v: torch.Tensor) -> dict:
         out |= {"narrow": lambda x: x.narrow(-1, min(1, x.shape[-1]), max(0, min(2, x.shape[-1] - 1)))}
         if v.shape[-1] == 1:
             out["expand"] = lambda x: x.expand(*x.shape[:-1], 3)
+        # cat (not a view: selects between masked loads; exact): the halves swapped (rotate_half without its neg, for
+        # every dtype), and a tensor twice along dim 0
+        out["swap_halves"] = lambda x: torch.cat((x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), -1)
+        out["cat_twice"] = lambda x: torch.cat([x, x], 0)
     if v.dim() >= 2:
         out |= {"t": lambda x: x.transpose(-1, -2), "from1": lambda x: x[1:], "permute": lambda x: x.permute(-1, *range(x.dim() - 1))}  # fmt: skip
         out |= {"step_then_slice": lambda x: x[:, ::2][:, 1::2]}

@@ -18,6 +18,7 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node
 from fusion.compiler.ir import Unsupported, next_power_of_2, rows_per_program
 
+CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (:func:`concatenation`)
 COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
 # A row longer than one block is reduced in a loop over blocks, one program per row (a looped reduction). With fewer
 # rows than a GPU has SMs (an H100 has 132) most of the GPU would idle while a few programs walk their rows; Inductor
@@ -127,6 +128,52 @@ def row_loop(writer):
         writer.depth = depth
         writer.cache.clear()
         writer.cache.update(saved)
+
+
+@contextmanager
+def guarded(writer, condition: str):
+    """Loads emitted inside are masked by ``condition`` as well (a cat's input read only where its index falls in
+    that input); the values computed inside are forgotten on leaving: elsewhere the same load is not masked."""
+    saved = dict(writer.cache)
+    writer.guards.append(condition)
+    try:
+        yield
+    finally:
+        writer.guards.pop()
+        writer.cache.clear()
+        writer.cache.update(saved)
+
+
+def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
+    """(tmp, dtype) of ``cat(tensors, dim)`` at ``index``: along ``dim`` each input owns a range of indices [lo, hi);
+    each is read at ``index[dim] - lo``, its loads masked to its range (never out of its bounds), and a chain of
+    ``tl.where`` picks the one the index falls in, as Inductor's pointwise cat does. Inputs are converted to the cat's
+    (promoted) dtype first."""
+    val = node.meta["val"]
+    dim = bind_args(node).get("dim", 0) % val.dim()
+    dtype, i = compute_dtype(val.dtype), index[dim]
+    parts, lo = [], 0
+    for t in node.args[0]:
+        size = t.meta["val"].shape[dim]
+        if size:
+            parts.append((t, lo, lo + size))
+        lo += size
+    if i.isdigit():  # a constant index (a select of the cat): the input it falls in, no select
+        t, lo, _ = next(p for p in parts if p[1] <= int(i) < p[2])
+        return writer.operand(t, [str(int(i) - lo) if d == dim else j for d, j in enumerate(index)], dtype), dtype
+    picks = []
+    for k, (t, lo, hi) in enumerate(parts):
+        bounds = [f"({i} >= {lo})" if k else "", f"({i} < {hi})" if k < len(parts) - 1 else ""]
+        if not (cond := " & ".join(filter(None, bounds))):  # the only input: no select
+            return writer.operand(t, index, dtype), dtype
+        inside = writer.emit(cond, torch.bool)[0]
+        shifted = [f"({j} - {lo})" if d == dim and lo else j for d, j in enumerate(index)]
+        with guarded(writer, inside):
+            picks.append((inside, writer.operand(t, shifted, dtype)))
+    expr = picks[-1][1]
+    for inside, value in reversed(picks[:-1]):
+        expr = f"tl.where({inside}, {value}, {expr})"
+    return writer.emit(expr, dtype, node)
 
 
 def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:
@@ -341,10 +388,10 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
             if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
                 raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
             if not isinstance(t, torch._ops.OpOverload) or not (
-                is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags
+                is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags or t is CAT
             ):
                 raise Unsupported(
-                    f"no Triton expression for {n.name} ({t}): neither pointwise, a view, nor a sum/mean/amax/amin/var/var_mean",
+                    f"no Triton expression for {n.name} ({t}): neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean",
                     n,
                 )
         for v in val if isinstance(val, (tuple, list)) else [val]:
