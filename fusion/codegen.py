@@ -196,7 +196,7 @@ class KernelWriter:
             try:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
             except RuntimeError as e:
-                raise Unsupported(f"outputs of shapes that do not broadcast together: {e}") from None
+                raise tlang.split_by_shape(region, self.stored) from e
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
             walk, flat = [self.shape[d] for d in order], "xindex"

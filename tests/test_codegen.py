@@ -514,6 +514,38 @@ def test_cat_promotes_selects_and_reduces_like_eager():
     check(lambda a, b: torch.cat([a.double() * 3, b.t().double()], 0) - 1, a, _rand((4, 2), 2), kernels=1)
 
 
+def test_outputs_that_do_not_broadcast_together_are_two_kernels_not_aten():
+    """Grouped-query attention's rotary embedding: q (b, 4 heads, s, d) and k (b, 2 heads, s, d) share cos and sin,
+    so Phase 6 puts both in one region; no walk covers both shapes. The region becomes two kernels (what q needs, the
+    rest), nothing runs as aten, the answer is eager's."""
+
+    def rope(q, k, cos, sin):
+        half = q.shape[-1] // 2
+        c, s_ = cos * 1.0, sin * 1.0  # shared members of both sides
+
+        def rot(x):
+            return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+        return q * c + rot(q) * s_, (k * c + rot(k) * s_)[:, :, None].expand(2, 2, 2, 5, 8).clone()
+
+    q, k, cos, sin = _rand((2, 4, 5, 8), 0), _rand((2, 2, 5, 8), 1), _rand((5, 8), 2), _rand((5, 8), 3)
+    c = check(rope, q, k, cos, sin, kernels=2)
+    assert not c.report.skipped, c.report.table()
+
+
+def test_a_side_that_reads_the_other_is_launched_after_it():
+    """The two sides interleave in the graph: b0 (second side) comes before a0 (first side), and b1 reads a0. The
+    second kernel's call must sit after the first's (fusion.compiler.partition.place_after_producers)."""
+
+    def interleaved(x, y, c):
+        b0 = y * 2.0  # (2, 3): the second side, first in the graph
+        a0 = c * 3.0  # (3,): what the first output needs, read by the second side too
+        return x + a0, (b0 + a0) * 0.5  # (4, 3) and (2, 3): no broadcast between them
+
+    c = check(interleaved, _rand((4, 3), 0), _rand((2, 3), 1), _rand((3,), 2), kernels=2)
+    assert not c.report.skipped, c.report.table()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The course's models
 

@@ -30,6 +30,17 @@ class Unsupported(Exception):
         self.node = node
 
 
+class SplitRegion(Unsupported):
+    """The region is fine in two kernels, not in one (its outputs walk shapes that do not broadcast together, as a
+    Llama layer's rotated q (b, heads, s, d) and its k repeated for grouped-query attention (b, kv, rep, s, d)):
+    compile_graph generates the outputs ``first`` (those that broadcast with the first) and the rest as two kernels,
+    or cuts the region just before ``before``; no op is left to aten."""
+
+    def __init__(self, reason: str, before: fx.Node, first: list[fx.Node]) -> None:
+        super().__init__(reason)
+        self.before, self.first = before, first  # the first output that does not fit; the outputs that do
+
+
 @dataclass(eq=False)  # identity semantics: region_of maps every member to the *same* object
 class Region:
     """A group of fusible nodes that one kernel can compute. ``nodes`` are in topological (graph) order."""

@@ -36,7 +36,7 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node, reinterpret, strided_view
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.bindings import python_bindings
-from fusion.compiler.ir import Kernel, KernelPlan, Region, Unsupported
+from fusion.compiler.ir import Kernel, KernelPlan, Region, SplitRegion, Unsupported
 from fusion.fxutils.pieces import connected_pieces
 from fusion.fxutils.rebuild import Group, rebuild
 from fusion.kernels import triton_runtime as rt
@@ -150,6 +150,9 @@ class Worklist:
             reason = str(exc)
         else:
             reason = f"internal error: {reason}"
+        if self.runs and isinstance(exc, SplitRegion):  # two kernels, nothing to aten: no decision to report
+            self.work[:0] = split_by_outputs(region, exc.first) or split_region(region, exc.before, keep=True)
+            return
         bad = getattr(exc, "node", None)
         if self.runs and isinstance(exc, Unsupported) and bad in region.members:  # cut there, generate the rest
             self.report.skip("op", [bad.name], f"runs as an aten call: {reason}")
@@ -164,17 +167,54 @@ class Worklist:
         return compiled
 
 
-def split_region(region: Region, bad: fx.Node) -> list[Region]:
-    """The region without ``bad``, cut there the way Phase 6 cuts a span at a non-fusible node: the members before
-    ``bad`` and those after it are grouped separately (so every piece's inputs come before it), each into its
-    connected pieces; pieces with at least two non-view nodes come back as regions, to be generated in turn."""
+def split_by_outputs(region: Region, first: Sequence[fx.Node]) -> list[Region]:
+    """The region as two sides: what the outputs ``first`` need (their ancestors in the region), and the rest, which
+    may read the first side (its call then sits after the first's: :func:`place_after_producers`). Each side's
+    connected pieces with two or more non-view nodes come back as regions; [] where one side would be the whole."""
+    need, stack = set(), list(first)
+    while stack:
+        n = stack.pop()
+        if n not in need:
+            need.add(n)
+            stack += [i for i in n.all_input_nodes if i in region.members]
+    sides = ([n for n in region.nodes if n in need], [n for n in region.nodes if n not in need])
+    if not all(sides):
+        return []
+    pieces = [region.piece(nodes) for side in sides for nodes in connected_pieces(side)]
+    return [p for p in pieces if sum(not is_view_node(n) for n in p.nodes) >= 2]
+
+
+def split_region(region: Region, bad: fx.Node, keep: bool = False) -> list[Region]:
+    """The region without ``bad`` (with it, first of the second side, if ``keep``), cut there the way Phase 6 cuts a
+    span at a non-fusible node: the members before ``bad`` and those after it are grouped separately (so every
+    piece's inputs come before it), each into its connected pieces; pieces with at least two non-view nodes come back
+    as regions, to be generated in turn."""
     cut = region.nodes.index(bad)
     pieces = []
-    for span in (region.nodes[:cut], region.nodes[cut + 1 :]):
+    for span in (region.nodes[:cut], region.nodes[cut + (0 if keep else 1) :]):
         for nodes in connected_pieces(span):
             if sum(not is_view_node(n) for n in nodes) >= 2:
                 pieces.append(region.piece(nodes))
     return pieces
+
+
+def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
+    """Set ``group.at`` where a group reads another group's output (the two sides of a :class:`SplitRegion`, their
+    members interleaved in the graph): its call sits at its first member after the producer's call. Every other
+    group keeps its first member."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    group_of = {n: g for g in groups for n in g.nodes}
+
+    def call_position(g: Group) -> int:
+        if g.at is None:
+            g.at = g.nodes[0]
+            producers = [call_position(group_of[n]) for n in g.inputs if n in group_of and group_of[n] is not g]
+            if producers and position[g.at] < max(producers):
+                g.at = next(n for n in g.nodes if position[n] > max(producers))
+        return position[g.at]
+
+    for g in groups:
+        call_position(g)
 
 
 def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
@@ -187,6 +227,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
     """
     kernels = {p.kernel.name: rt.RegionKernel(p) for p in plans}
     groups = [Group(p.kernel.name, p.kernel.region.nodes, p.inputs, p.outputs) for p in plans]
+    place_after_producers(gm, groups)
 
     def launch(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:
         call = graph.call_function(kernels[group.name].launch, args)

@@ -23,6 +23,7 @@ class Group:
     inputs: Sequence[fx.Node]
     outputs: Sequence[fx.Node]
     returns_tuple: bool = True  # False: the call's value is its one output itself (no getitem)
+    at: fx.Node | None = None  # the member where the call sits (None: the first); later when it reads another group
 
 
 Emit = Callable[[fx.Graph, Group, tuple[fx.Node, ...]], fx.Node]  # writes the group's call into the new graph
@@ -40,7 +41,7 @@ def rebuild(
 
     Every other node is copied (meta kept). Each output is read back through ``operator.getitem`` (meta copied from
     the output), or is the call itself when the group does not return a tuple. A group's call sits where its first
-    member was, so the group must be convex: an input defined after that point raises a ValueError. ``modules``
+    member was (or at ``group.at``), so the group must be convex: an input defined after that point raises a ValueError. ``modules``
     (the submodules the calls use, or keep to inspect) join the attributes of ``gm`` the new graph names. ``dead``:
     nodes left out (dead code the caller found; no group member may be one). ``gm`` is not modified.
     """
@@ -60,7 +61,7 @@ def rebuild(
             if node in dead:
                 continue
             env[node] = graph.node_copy(node, functools.partial(_defined, env, node))
-        elif node is group.nodes[0]:
+        elif node is (group.at or group.nodes[0]):
             call = emit(graph, group, tuple(_defined(env, group, n) for n in group.inputs))
             if not group.returns_tuple:
                 (out,) = group.outputs

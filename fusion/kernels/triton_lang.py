@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.compiler.ir import Unsupported, next_power_of_2, rows_per_program
+from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2, rows_per_program
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (:func:`concatenation`)
 COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
@@ -354,6 +354,24 @@ def kernel_name(region, rows: Rows | None) -> str:
     row in one block), triton_red_fused_… for a looped one."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
     return f"triton_{'poi' if rows is None else 'red' if rows.looped else 'per'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+
+
+def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
+    """Where to cut a pointwise region whose outputs do not broadcast together: before the first output (in graph
+    order) whose shape does not broadcast with those before it. The first output stays on the first side, so each
+    side is smaller than the region."""
+    position = {n: i for i, n in enumerate(region.nodes)}
+    ordered, shape, first, misfit = sorted(stored, key=position.__getitem__), (), [], None
+    for n in ordered:
+        try:
+            shape = torch.broadcast_shapes(shape, tuple(n.meta["val"].shape))
+            first.append(n)
+        except RuntimeError:
+            misfit = misfit or n
+    assert misfit is not None, "the outputs broadcast together"
+    return SplitRegion(
+        f"{misfit.name} {tuple(misfit.meta['val'].shape)} does not broadcast with {shape}", misfit, first
+    )
 
 
 def stored_members(region) -> list[fx.Node]:
