@@ -11,6 +11,8 @@
 #     bash scripts/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
 #     bash scripts/gpu_session.sh h     # after pass bmm_as_mm (ViT's in-projection as one GEMM): ViT and BERT
 #     bash scripts/gpu_session.sh i     # looped reductions on CUDA; where Llama and GPT-2 lose GPU time (profiles)
+#     bash scripts/gpu_session.sh j     # after cat kernels and the output split: CUDA tests, the text models + ViT
+#     bash scripts/gpu_session.sh k     # the vision suite; compute-sanitizer over the GPU smoke test
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -109,6 +111,19 @@ i)
     timeout 400 "$PY" scripts/gpu_profile_models.py llama gpt2 --backends=eager,fusion,inductor \
         2>&1 | tee "$OUT/profile_models.log" | tail -80
     ;;
-*) echo "part must be one of a to i" && exit 2 ;;
+j)
+    cuda_tests 120
+    suite 440 llama,gpt2,bert,vit_b_16 "$all_fusion"
+    ;;
+k)
+    step "compute-sanitizer memcheck over the GPU smoke test (out-of-bounds accesses of generated kernels)"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$PY" scripts/gpu_smoke.py > "$OUT/sanitizer_full.log" 2>&1
+        grep -E "ERROR SUMMARY|Invalid|out of bounds" "$OUT/sanitizer_full.log" | head -20 | tee "$OUT/sanitizer.log"
+        tail -5 "$OUT/sanitizer_full.log"
+    else echo "compute-sanitizer not found" | tee "$OUT/sanitizer.log"; fi
+    suite $((570 - (SECONDS - start))) resnet50,mobilenet_v2,resnet18,efficientnet_b0,mobilenet_v3_large,convnext_tiny "$all_fusion"
+    ;;
+*) echo "part must be one of a to k" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
