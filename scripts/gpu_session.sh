@@ -13,6 +13,7 @@
 #     bash scripts/gpu_session.sh i     # looped reductions on CUDA; where Llama and GPT-2 lose GPU time (profiles)
 #     bash scripts/gpu_session.sh j     # after cat kernels and the output split: CUDA tests, the text models + ViT
 #     bash scripts/gpu_session.sh k     # the vision suite; compute-sanitizer over the GPU smoke test
+#     bash scripts/gpu_session.sh l     # where ResNet-18 and ConvNeXt lose GPU time to Inductor (kernel profiles)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -124,6 +125,11 @@ k)
     else echo "compute-sanitizer not found" | tee "$OUT/sanitizer.log"; fi
     suite $((570 - (SECONDS - start))) resnet50,mobilenet_v2,resnet18,efficientnet_b0,mobilenet_v3_large,convnext_tiny "$all_fusion"
     ;;
-*) echo "part must be one of a to k" && exit 2 ;;
+l)
+    step "GPU kernels of ResNet-18 and ConvNeXt-T under fusion and Inductor"
+    timeout 400 "$PY" scripts/gpu_profile_models.py resnet18 convnext_tiny --backends=fusion,inductor \
+        2>&1 | tee "$OUT/profile_models.log" | grep -v Warn | tail -80
+    ;;
+*) echo "part must be one of a to l" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
