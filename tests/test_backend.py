@@ -157,11 +157,12 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
     channels_last=st.booleans(),
     depthwise=st.booleans(),
     size=st.integers(1, 5),
-    act=st.sampled_from(["relu", "relu6", "residual"]),
+    act=st.sampled_from(["relu", "relu6", "residual", "permute_layer_norm"]),
 )
 @settings(max_examples=6, deadline=None)
 def test_conv_bias_joins_the_generated_kernel_after_the_conv(channels_last, depthwise, size, act):
-    """A conv's (folded) bias becomes a pointwise add that the region after the conv takes: no separate bias pass."""
+    """A conv's (folded) bias becomes a pointwise add that the region after the conv takes (through views too): no
+    separate bias pass."""
     torch._dynamo.reset()
     backend.reset()
     c = 4
@@ -171,6 +172,8 @@ def test_conv_bias_joins_the_generated_kernel_after_the_conv(channels_last, dept
         y = conv(x)
         if act == "relu":
             return torch.relu(y)
+        if act == "permute_layer_norm":  # ConvNeXt: the conv's output reaches its LayerNorm through a permute
+            return F.layer_norm(y.permute(0, 2, 3, 1), (c,))
         return F.relu6(y) if act == "relu6" else y + x
 
     x = torch.randn(2, c, size, size + 1)
@@ -182,6 +185,24 @@ def test_conv_bias_joins_the_generated_kernel_after_the_conv(channels_last, dept
     split = [p for part in report.parts for p in part.passes if p[0] == "conv bias"]
     assert split and split[0][2] == "split", report.table()
     assert any("add" in k.name for k in report.kernels), report.table()  # the bias add is inside a kernel
+
+
+def test_convnext_conv_bias_joins_the_layer_norm_kernel_through_the_permute():
+    """ConvNeXt's block: depthwise 7x7 conv → permute → LayerNorm. The bias add lands in the LayerNorm's reduction
+    kernel (an H200 profile: 22 separate bias adds, 226 us a call)."""
+    torch._dynamo.reset()
+    backend.reset()
+    conv = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+
+    def block(x):
+        return F.layer_norm(conv(x).permute(0, 2, 3, 1), (8,))
+
+    x = torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(block, backend="fusion")(x), block(x), rtol=1e-5, atol=1e-5)
+    (report,) = backend.reports
+    assert [p[2] for part in report.parts for p in part.passes if p[0] == "conv bias"] == ["split"], report.table()
+    assert any("add" in k.name and k.kind == "reduction" for k in report.kernels), report.table()
 
 
 class FoldCases(nn.Module):

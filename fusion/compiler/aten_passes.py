@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
+
 aten = torch.ops.aten
 
 
@@ -255,8 +257,20 @@ def install_epilogues(gm: fx.GraphModule, grouped_reason: str, note: Callable[..
 # Conv bias as a pointwise add, where a generated kernel can take it
 
 
+def _fusible_readers(node: fx.Node) -> bool:
+    """Does ``node``'s value reach a pointwise op or a reduction, directly or through views (ConvNeXt's permute)?"""
+    for u in node.users:
+        if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload):
+            if torch.Tag.pointwise in u.target.tags or torch.Tag.reduction in u.target.tags:
+                return True
+            if is_view_node(u, getitem=False) and _fusible_readers(u):
+                return True
+    return False
+
+
 def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """``convolution(x, w, b)`` whose output feeds a pointwise op → ``convolution(x, w, None) + b.view(1, C, 1, …)``.
+    """``convolution(x, w, b)`` whose output reaches a pointwise op or a reduction (through views too: ConvNeXt's
+    permute before its LayerNorm) → ``convolution(x, w, None) + b.view(1, C, 1, …)``.
 
     ATen's cuDNN convolution adds its bias in a separate elementwise kernel (one more pass over the output). Split
     out as an aten ``add``, the bias joins the pointwise ops after the conv in one generated kernel (a depthwise
@@ -267,8 +281,7 @@ def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     for conv in list(gm.graph.nodes):
         if conv.op != "call_function" or conv.target is not aten.convolution.default or conv.args[2] is None:
             continue
-        users = [u for u in conv.users if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)]
-        if not any(torch.Tag.pointwise in u.target.tags for u in users):
+        if not _fusible_readers(conv):
             continue
         val, bias = conv.meta.get("val"), conv.args[2]
         bias_val = bias.meta.get("val") if isinstance(bias, fx.Node) else None
