@@ -45,6 +45,7 @@ from fusion.common import heading, lesson_cli, shorten
 from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
 from fusion.kernels import timing
+from fusion.kernels import triton_blocks as blocks
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
@@ -231,9 +232,11 @@ class KernelWriter:
         if not isinstance(node, fx.Node):
             return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
         key = (node, tuple(index))
-        compute = tlang.concatenation if node.target is tlang.CAT and node in self.members else KernelWriter._compute
+        compute = KernelWriter._compute  # a cat, a max-pool: selects and maxima over masked loads (tlang)
+        if node in self.members and (node.target is tlang.CAT or tlang.pooled_values(node)):
+            compute = blocks.concatenation if node.target is tlang.CAT else blocks.window_max
         if key not in self.cache:
-            try:  # a cat: selects between its inputs' loads (tlang.concatenation); anything else, _compute
+            try:
                 self.cache[key] = compute(self, node, list(index))
             except Unsupported as e:  # remember the op that failed: compile_graph cuts the region there
                 e.node = e.node or node
@@ -318,13 +321,13 @@ class KernelWriter:
             return (c := self.emit(f"{x()} - {out[0]}", dt)[0]) + f" * {c}"
 
         if target in (aten.amax.default, aten.amin.default):
-            out = tlang.row_reduction(self, x, "_maximum" if target is aten.amax.default else "_minimum", dt, node)
+            out = blocks.row_reduction(self, x, "_maximum" if target is aten.amax.default else "_minimum", dt, node)
         else:
-            total = tlang.row_reduction(self, x, "_add", dt, node)
+            total = blocks.row_reduction(self, x, "_add", dt, node)
             out = total if target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
         if target.overloadpacket in (aten.var_mean, aten.var):
             corr = bind_args(node).get("correction")
-            sq = tlang.row_reduction(self, squares, "_add", dt)
+            sq = blocks.row_reduction(self, squares, "_add", dt)
             var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt)
             out = (var, out) if target is aten.var_mean.correction else var
         self.cache[key] = out
@@ -349,29 +352,24 @@ class KernelWriter:
 
     def source(self, name: str) -> str:
         """Assemble the kernel: signature, index setup, the body (values of the stored members, their stores)."""
-        nrow, looped = len(self.index) - self.rows.nred if self.rows else -1, self.rows and self.rows.looped
+        looped = self.rows and self.rows.looped
         for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
             self.reduce(r, self.index)
         whole = [looped and tuple(n.meta["val"].shape) == self.shape for n in self.stored]
         for i in [i for i, w in enumerate(whole) if not w]:
             self.store(i, self.stored[i])
         if any(whole):  # whole rows of a looped reduction: one last loop over the blocks
-            with tlang.row_loop(self):
+            with blocks.row_loop(self):
                 for i in [i for i, w in enumerate(whole) if w]:
                     self.store(i, self.stored[i])
         ptrs = [*self.inputs.values(), *(f"out_ptr{i}" for i in range(len(self.stored)))]
         head = f"def {name}({', '.join(ptrs)}, XBLOCK: tl.constexpr{', RBLOCK: tl.constexpr' if self.rows else ''}):"
         ops = [n.name for n in self.region.nodes if not is_view(n) and n.target is not operator.getitem]
-        body = [f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}"]
-        if self.rows:
-            body += [f"# XBLOCK rows per program: {(rows := math.prod(self.shape[:nrow]))} rows of {self.rows.rnumel}"
-                     + (", RBLOCK lanes at a time" if looped else ""),
-                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {rows}"]  # fmt: skip
-            body += [] if looped else ["rindex = tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {self.rows.rnumel}"]
-        else:
-            body += [f"# elementwise over {self.shape}: {(n := math.prod(self.shape))} elements",
-                     "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)", f"xmask = xindex < {n}"]  # fmt: skip
-        body += [f"{v} = {e}" for v, e in self.splits if v != "0" and not (looped and v[0] == "r")]
+        body = [
+            f"# region #{self.region.index}: {shorten(' → '.join(ops), 100)}",
+            *tlang.index_setup(self.shape, self.rows),
+        ]
+        body += [f"{v} = {e}" for v, e in self.splits if v != "0" and not (looped and v[0] == "r")]  # x0 = xindex % 64
         for ln in self.body:
             what = ln.node and (f"{ln.node.name} = {ln.node.target}" if ln.node in self.members else ln.node.name)
             body.append(ln.source() + (f"  # {what}" if what else ""))

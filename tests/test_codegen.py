@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from fusion import codegen, models
@@ -544,6 +544,38 @@ def test_a_side_that_reads_the_other_is_launched_after_it():
 
     c = check(interleaved, _rand((4, 3), 0), _rand((2, 3), 1), _rand((3,), 2), kernels=2)
     assert not c.report.skipped, c.report.table()
+
+
+@given(
+    kernel=st.integers(1, 3), stride=st.integers(1, 3), padding=st.integers(0, 1), dilation=st.integers(1, 2),
+    ceil=st.booleans(), size=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9)),
+    channels_last=st.booleans(), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_max_pool_values_are_one_kernel_with_the_ops_around_them(
+    kernel, stride, padding, dilation, ceil, size, channels_last, seed
+):
+    """A max-pool's values: the max over the window's loads, masked to the input (padding never read), NaN
+    propagated as torch's max-pool does, the ReLU before it and the add after it in the same kernel."""
+    assume(padding <= kernel // 2 and (size[1] + 2 * padding - dilation * (kernel - 1)) >= 1)
+    assume((size[2] + 2 * padding - dilation * (kernel - 1)) >= 1)
+    x = _rand((2, *size), seed) * 3
+    x[0, 0, 0, 0], x[-1, -1, -1, -1] = float("nan"), float("-inf")
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+
+    def pool(x):
+        return F.max_pool2d(torch.relu(x * 2.0 - 1.0), kernel, stride, padding, dilation, ceil_mode=ceil) + 0.5
+
+    check(pool, x, kernels=1)
+
+
+def test_max_pool_in_bfloat16_and_with_its_indices():
+    """bfloat16 pooled exactly (a max rounds nothing); where the indices are read (a backward), the pool runs as aten
+    and the ops before it still fuse."""
+    x = _rand((2, 3, 8, 7), 5)
+    check(lambda x: F.max_pool2d(x.bfloat16() * 2.0, 3, 2, 1) * 1.5, x, kernels=1)
+    c = check(lambda x: F.max_pool2d(torch.relu(x * 2.0), 2, return_indices=True), x, kernels=1)
+    assert any("max_pool" in d.reason or "max_pool" in " ".join(d.nodes) for d in c.report.skipped), c.report.table()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

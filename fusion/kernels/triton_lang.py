@@ -8,8 +8,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +17,23 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node
 from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2, rows_per_program
 
-CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (:func:`concatenation`)
+CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
+# Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
+# Inductor's low-memory prims (values, int8 offsets) and aten's (values, indices); the second output is not generated.
+MAX_POOLS = frozenset({"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets",
+                       "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})  # fmt: skip
+
+
+def is_max_pool(node: object) -> bool:
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name in MAX_POOLS
+
+
+def pooled_values(node: fx.Node) -> bool:
+    """Is ``node`` ``getitem(max_pool(...), 0)``, the values of a max-pool?"""
+    return node.target is operator.getitem and is_max_pool(node.args[0]) and node.args[1] == 0
+
+
 COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
 # A row longer than one block is reduced in a loop over blocks, one program per row (a looped reduction). With fewer
 # rows than a GPU has SMs (an H100 has 132) most of the GPU would idle while a few programs walk their rows; Inductor
@@ -104,90 +119,6 @@ class Rows:
                               f"to fill the GPU one program a row (< {LOOPED_MIN_ROWS}); aten splits them",
                               reductions[0])  # fmt: skip
         return cls(shape, nred, rnumel, max_rblock // 4, looped=True)
-
-
-# How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
-IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
-STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
-        "_minimum": "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"}  # fmt: skip
-
-
-@contextmanager
-def row_loop(writer):
-    """The lines ``writer`` emits inside are the body of ``for roffset in range(0, rnumel, RBLOCK)``, with ``rindex``,
-    ``rmask`` and the row's split indices of that block. Values computed inside belong to one block: on leaving, the
-    writer's cache forgets them (a later loop computes them again, as Inductor's looped reductions do)."""
-    rows, saved, depth = writer.rows, dict(writer.cache), writer.depth
-    header = [f"for roffset in range(0, {rows.rnumel}, RBLOCK):", "    rindex = roffset + tl.arange(0, RBLOCK)[None, :]",
-              f"    rmask = rindex < {rows.rnumel}", *(f"    {v} = {e}" for v, e in writer.splits if v[0] == "r")]  # fmt: skip
-    writer.body += [Line("", text, None, None, depth) for text in header]
-    writer.depth += 1
-    try:
-        yield
-    finally:
-        writer.depth = depth
-        writer.cache.clear()
-        writer.cache.update(saved)
-
-
-@contextmanager
-def guarded(writer, condition: str):
-    """Loads emitted inside are masked by ``condition`` as well (a cat's input read only where its index falls in
-    that input); the values computed inside are forgotten on leaving: elsewhere the same load is not masked."""
-    saved = dict(writer.cache)
-    writer.guards.append(condition)
-    try:
-        yield
-    finally:
-        writer.guards.pop()
-        writer.cache.clear()
-        writer.cache.update(saved)
-
-
-def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
-    """(tmp, dtype) of ``cat(tensors, dim)`` at ``index``: along ``dim`` each input owns a range of indices [lo, hi);
-    each is read at ``index[dim] - lo``, its loads masked to its range (never out of its bounds), and a chain of
-    ``tl.where`` picks the one the index falls in, as Inductor's pointwise cat does. Inputs are converted to the cat's
-    (promoted) dtype first."""
-    val = node.meta["val"]
-    dim = bind_args(node).get("dim", 0) % val.dim()
-    dtype, i = compute_dtype(val.dtype), index[dim]
-    parts, lo = [], 0
-    for t in node.args[0]:
-        size = t.meta["val"].shape[dim]
-        if size:
-            parts.append((t, lo, lo + size))
-        lo += size
-    if i.isdigit():  # a constant index (a select of the cat): the input it falls in, no select
-        t, lo, _ = next(p for p in parts if p[1] <= int(i) < p[2])
-        return writer.operand(t, [str(int(i) - lo) if d == dim else j for d, j in enumerate(index)], dtype), dtype
-    picks = []
-    for k, (t, lo, hi) in enumerate(parts):
-        bounds = [f"({i} >= {lo})" if k else "", f"({i} < {hi})" if k < len(parts) - 1 else ""]
-        if not (cond := " & ".join(filter(None, bounds))):  # the only input: no select
-            return writer.operand(t, index, dtype), dtype
-        inside = writer.emit(cond, torch.bool)[0]
-        shifted = [f"({j} - {lo})" if d == dim and lo else j for d, j in enumerate(index)]
-        with guarded(writer, inside):
-            picks.append((inside, writer.operand(t, shifted, dtype)))
-    expr = picks[-1][1]
-    for inside, value in reversed(picks[:-1]):
-        expr = f"tl.where({inside}, {value}, {expr})"
-    return writer.emit(expr, dtype, node)
-
-
-def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:
-    """(tmp, dtype): each row reduced with ``combine`` over the values ``operand()`` emits (masked lanes hold the
-    identity). One block: one ``tl.reduce`` over the row in registers. Looped: partials of XBLOCK x RBLOCK folded block
-    by block in a loop, then one ``tl.reduce`` of the partials."""
-    identity = IDENTITY[combine]
-    if not writer.rows.looped:
-        return writer.emit(f"tl.reduce(tl.where(rmask, {operand()}, {identity}), 1, {combine})[:, None]", dtype, node)
-    acc = writer.emit(f"tl.full([XBLOCK, RBLOCK], {identity}, {tl_dtype(dtype)})", dtype)[0]
-    with row_loop(writer):
-        block = writer.emit(f"tl.where(rmask, {operand()}, {identity})", dtype)[0]
-        writer.body.append(Line(acc, STEP[combine].format(acc, block), dtype, None, writer.depth))
-    return writer.emit(f"tl.reduce({acc}, 1, {combine})[:, None]", dtype, node)
 
 
 def bind_args(node: fx.Node) -> dict:
@@ -333,6 +264,20 @@ COMBINE_FUNCTIONS = [
 ]  # fmt: skip
 
 
+def index_setup(shape: tuple[int, ...], rows: Rows | None) -> list[str]:
+    """The lines before a kernel's body: this program's lanes (``xindex``) and the mask of the last block's tail; a
+    reduction's XBLOCK rows as a column and its RBLOCK lanes as a row (a looped one sets those in each loop)."""
+    if rows is None:
+        return [f"# elementwise over {shape}: {(n := math.prod(shape))} elements",
+                "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)", f"xmask = xindex < {n}"]  # fmt: skip
+    count = math.prod(shape[: len(shape) - rows.nred])
+    lines = [f"# XBLOCK rows per program: {count} rows of {rows.rnumel}" + (", RBLOCK lanes at a time" if rows.looped else ""),
+             "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {count}"]  # fmt: skip
+    return lines + (
+        [] if rows.looped else ["rindex = tl.arange(0, RBLOCK)[None, :]", f"rmask = rindex < {rows.rnumel}"]
+    )
+
+
 def module_source(head: str, body: list[str], reduction: bool) -> str:
     """A kernel's module: the imports, the combine functions a reduction's tl.reduce calls (tl.sum is a @jit helper,
     not a builtin), then ``@triton.jit``, the signature ``head`` and the ``body`` indented under it."""
@@ -398,8 +343,18 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
             t = n.target
             if n.op != "call_function" or val is None:
                 raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten", n)
+            if is_max_pool(n):  # only its values are generated, read inside the region
+                if any(not pooled_values(u) or u not in region.members for u in n.users):
+                    raise Unsupported(
+                        f"{n.name} ({t}): only a max-pool's values, read inside the region, are generated", n
+                    )
+                if not val[0].dtype.is_floating_point:
+                    raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
+                continue
             if t is operator.getitem:
                 src = n.args[0]
+                if pooled_values(n) and src in region.members:
+                    continue
                 if getattr(src, "target", None) is not torch.ops.aten.var_mean.correction or src not in region.members:
                     raise Unsupported(f"no Triton expression for {n.name} = {src}[{n.args[1]}] ({src.target})", n)
                 continue
