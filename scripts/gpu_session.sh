@@ -14,6 +14,8 @@
 #     bash scripts/gpu_session.sh j     # after cat kernels and the output split: CUDA tests, the text models + ViT
 #     bash scripts/gpu_session.sh k     # the vision suite; compute-sanitizer over the GPU smoke test
 #     bash scripts/gpu_session.sh l     # where ResNet-18 and ConvNeXt lose GPU time to Inductor (kernel profiles)
+#     bash scripts/gpu_session.sh m     # CUDA tests; compute-sanitizer over this round's kernel kinds
+#     bash scripts/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -130,6 +132,19 @@ l)
     timeout 400 "$PY" scripts/gpu_profile_models.py resnet18 convnext_tiny --backends=fusion,inductor \
         2>&1 | tee "$OUT/profile_models.log" | grep -v Warn | tail -80
     ;;
-*) echo "part must be one of a to l" && exit 2 ;;
+m)
+    cuda_tests 150
+    step "compute-sanitizer memcheck: looped reductions, cat, the GQA split, max-pool windows"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool memcheck --print-limit 20 "$PY" scripts/gpu_memcheck_kernels.py \
+            > "$OUT/memcheck.log" 2>&1
+        echo "exit $?" >> "$OUT/memcheck.log"
+        tail -12 "$OUT/memcheck.log"
+    else echo "compute-sanitizer not found" | tee "$OUT/memcheck.log"; fi
+    ;;
+n)
+    suite 540 resnet18,resnet50,convnext_tiny,mobilenet_v2 "$all_fusion"
+    ;;
+*) echo "part must be one of a to n" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
