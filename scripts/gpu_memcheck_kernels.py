@@ -43,7 +43,7 @@ def cases(device: str):
         return torch.randn(*shape, generator=g).to(device)
 
     yield (
-        "looped softmax/var (rows of 300, blocks of 16)",
+        "looped softmax/var (130 rows of 300, blocks of 16)",
         lambda x: (torch.softmax(x, -1), torch.var_mean(x * 2.0, -1)),
         (r(130, 300),),
         True,
