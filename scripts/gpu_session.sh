@@ -16,6 +16,7 @@
 #     bash scripts/gpu_session.sh l     # where ResNet-18 and ConvNeXt lose GPU time to Inductor (kernel profiles)
 #     bash scripts/gpu_session.sh m     # CUDA tests; compute-sanitizer over this round's kernel kinds
 #     bash scripts/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
+#     bash scripts/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -145,6 +146,12 @@ m)
 n)
     suite 540 resnet18,resnet50,convnext_tiny,mobilenet_v2 "$all_fusion"
     ;;
-*) echo "part must be one of a to n" && exit 2 ;;
+o)
+    step "GPU kernels of ViT-B/16 under eager and fusion"
+    timeout 200 "$PY" scripts/gpu_profile_models.py vit_b_16 --backends=eager,fusion \
+        2>&1 | tee "$OUT/profile_models.log" | grep -v Warn | tail -40
+    suite $((570 - (SECONDS - start))) resnet50_train,bert_train eager,fusion,inductor
+    ;;
+*) echo "part must be one of a to o" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
