@@ -340,9 +340,16 @@ class KernelWriter:
     def store(self, i: int, node: fx.Node) -> None:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
         val, nrow = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1
-        own = self.index[:nrow] if len(val.shape) == nrow else self.index  # a reduction without keepdim
+        own, source, at = (
+            self.index[:nrow] if len(val.shape) == nrow else self.index,
+            node,
+            None,
+        )  # (a reduction without keepdim)
+        if self.rows and (moved := tlang.row_permutation(node, self.shape)) and moved[0] != tuple(range(len(own))):
+            (perm, source), at = moved, self.index  # a transposed copy of the rows: dim d of it is row dim perm[d]
+            own = [self.index[p] for p in perm]
         idx = broadcast_index(own, val.shape)
-        src = self.operand(node, own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
+        src = self.operand(source, at or own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
             src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
         pointer, mask = self.address(f"out_ptr{i}", offset_expr(idx, val.stride()))
@@ -352,10 +359,11 @@ class KernelWriter:
 
     def source(self, name: str) -> str:
         """Assemble the kernel: signature, index setup, the body (values of the stored members, their stores)."""
-        looped = self.rows and self.rows.looped
+        looped, nrow = self.rows and self.rows.looped, len(self.index) - self.rows.nred if self.rows else -1
         for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
             self.reduce(r, self.index)
-        whole = [looped and tuple(n.meta["val"].shape) == self.shape for n in self.stored]
+        per_row = (self.shape[:nrow], self.shape[:nrow] + (1,) * self.rows.nred) if self.rows else ()
+        whole = [looped and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
         for i in [i for i, w in enumerate(whole) if not w]:
             self.store(i, self.stored[i])
         if any(whole):  # whole rows of a looped reduction: one last loop over the blocks

@@ -458,6 +458,24 @@ def test_a_row_past_max_rblock_at_the_real_sizes(device):
     assert c.kernels[0].name.startswith("triton_red_fused_")
 
 
+@given(shape=st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 40)), seed=st.integers(0, 2**16))
+def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, seed):
+    """MultiheadAttention's in-projection reads LayerNorm's output transposed, copied to row order: the LayerNorm
+    kernel stores that copy itself (each element from the program holding its row), no separate copy kernel; also
+    when the rows are looped, and for a permute of three dims."""
+    x = _rand(shape, seed)
+
+    def ln_t(x):
+        y = F.layer_norm(x * 2.0, (shape[-1],))
+        return y.transpose(0, 1).contiguous(), y.permute(1, 0, 2).contiguous() * 1.0
+
+    check(ln_t, x, kernels=1, atol=1e-5, rtol=1e-4)
+    with short_blocks():
+        check(ln_t, x, kernels=1, atol=1e-5, rtol=1e-4)
+    # the innermost dim moved: lanes would write scattered addresses, the copy runs as aten (the softmax still fuses)
+    check(lambda x: torch.softmax(x * 2.0, -1).permute(2, 0, 1).contiguous(), x)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # cat: selects between masked loads
 

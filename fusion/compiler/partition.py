@@ -169,7 +169,8 @@ class Worklist:
 
 def split_by_outputs(region: Region, first: Sequence[fx.Node]) -> list[Region]:
     """The region as two sides: what the outputs ``first`` need (their ancestors in the region), and the rest, which
-    may read the first side (its call then sits after the first's: :func:`place_after_producers`). Each side's
+    may read the first side (its call then sits after the first's: :func:`place_after_producers`); a multi-output
+    op's getitems stay on its side. Each side's
     connected pieces with two or more non-view nodes come back as regions; [] where one side would be the whole."""
     need, stack = set(), list(first)
     while stack:
@@ -177,6 +178,7 @@ def split_by_outputs(region: Region, first: Sequence[fx.Node]) -> list[Region]:
         if n not in need:
             need.add(n)
             stack += [i for i in n.all_input_nodes if i in region.members]
+            stack += [u for u in n.users if u.target is operator.getitem and u in region.members]  # var_mean's both
     sides = ([n for n in region.nodes if n in need], [n for n in region.nodes if n not in need])
     if not all(sides):
         return []

@@ -109,9 +109,12 @@ class Rows:
                                   f"{xblock} neighbouring row(s) of them (< {COALESCED_ROWS}): its reads would be "
                                   "scattered (aten's reduction reads them coalesced)", reductions[0])  # fmt: skip
         for n in stored:
+            if not isinstance(n.meta["val"], torch.Tensor):
+                raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
             if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
-                raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape} nor one element"
-                                  " per row: stored by another kernel", n)  # fmt: skip
+                if row_permutation(n, shape) is None:
+                    raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a permutation"
+                                      " of them nor one element per row: stored by another kernel", n)  # fmt: skip
         if rblock <= max_rblock:
             return cls(shape, nred, rnumel, rblock)
         if (rows := math.prod(shape[:nrow])) < LOOPED_MIN_ROWS:
@@ -119,6 +122,41 @@ class Rows:
                               f"to fill the GPU one program a row (< {LOOPED_MIN_ROWS}); aten splits them",
                               reductions[0])  # fmt: skip
         return cls(shape, nred, rnumel, max_rblock // 4, looped=True)
+
+
+def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], fx.Node] | None:
+    """``(perm, rows)`` where ``node`` is a transposed copy of ``rows``, a tensor of ``shape`` (a clone of a permute or
+    transpose, identity views between: MultiheadAttention's ``x.transpose(0, 1)`` before its in-projection, copied to
+    row order by pass ``bmm_as_mm``), ``node.shape[d] == shape[perm[d]]``; None for anything else. A reduction kernel
+    stores ``rows``' values at ``node``'s strides: element ``[i[perm[0]], i[perm[1]], ...]`` from the program that
+    holds row ``i``."""
+    aten = torch.ops.aten
+
+    def shape_of(n: object) -> tuple | None:
+        val = n.meta.get("val") if isinstance(n, fx.Node) else None
+        return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+    same = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default)
+    while (
+        node.args
+        and shape_of(node.args[0]) is not None
+        and (
+            node.target in (aten.clone.default, aten.alias.default)
+            or (node.target in same and shape_of(node.args[0]) == shape_of(node))  # an identity view
+        )
+    ):
+        node = node.args[0]
+    if not node.args or shape_of(node.args[0]) != tuple(shape):
+        return None
+    if node.target is aten.permute.default:
+        perm = [d % len(shape) for d in node.args[1]]
+    elif node.target is aten.transpose.int:
+        perm, (a, b) = list(range(len(shape))), (d % len(shape) for d in node.args[1:3])
+        perm[a], perm[b] = perm[b], perm[a]
+    else:
+        return None
+    # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better)
+    return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 else None
 
 
 def bind_args(node: fx.Node) -> dict:
