@@ -57,6 +57,8 @@ def cases(device: str):
         (r(2, 3, 11, 9),),
         False,
     )
+    ln_t = lambda x: F.layer_norm(x * 2, (64,)).transpose(0, 1).contiguous()  # noqa: E731
+    yield "LayerNorm storing its transposed copy", ln_t, (r(4, 197, 64),), False
     yield (
         "cat of 3 along dim 1",
         lambda a, b, c: torch.cat([a * 2, b, c + 1], 1).relu(),

@@ -17,6 +17,7 @@
 #     bash scripts/gpu_session.sh m     # CUDA tests; compute-sanitizer over this round's kernel kinds
 #     bash scripts/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
 #     bash scripts/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
+#     bash scripts/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -152,6 +153,13 @@ o)
         2>&1 | tee "$OUT/profile_models.log" | grep -v Warn | tail -40
     suite $((570 - (SECONDS - start))) resnet50_train,bert_train eager,fusion,inductor
     ;;
-*) echo "part must be one of a to o" && exit 2 ;;
+p)
+    cuda_tests 120
+    step "compute-sanitizer memcheck over this round's kernel kinds"
+    timeout 200 compute-sanitizer --tool memcheck --print-limit 20 "$PY" scripts/gpu_memcheck_kernels.py \
+        > "$OUT/memcheck.log" 2>&1; echo "exit $?" >> "$OUT/memcheck.log"; tail -10 "$OUT/memcheck.log"
+    suite $((570 - (SECONDS - start))) vit_b_16 "$all_fusion"
+    ;;
+*) echo "part must be one of a to p" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
