@@ -333,26 +333,17 @@ class KernelWriter:
         self.cache[key] = out
         return out
 
-    def ops(self) -> list[str]:
-        """The aten ops the kernel computes, in body order, read off the records (loads and helpers left out)."""
-        return list(dict.fromkeys(f"{ln.node.name} = {ln.node.target}" for ln in self.body if ln.node in self.members))
-
     def store(self, i: int, node: fx.Node) -> None:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
-        val, nrow = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1
-        own, source, at = (
-            self.index[:nrow] if len(val.shape) == nrow else self.index,
-            node,
-            None,
-        )  # (a reduction without keepdim)
-        if self.rows and (moved := tlang.row_permutation(node, self.shape)) and moved[0] != tuple(range(len(own))):
-            (perm, source), at = moved, self.index  # a transposed copy of the rows: dim d of it is row dim perm[d]
-            own = [self.index[p] for p in perm]
-        idx = broadcast_index(own, val.shape)
-        src = self.operand(source, at or own, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
+        val, nrow, source = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1, node
+        own = at = self.index[:nrow] if len(val.shape) == nrow else self.index  # (a reduction without keepdim)
+        moved = self.rows and tlang.row_permutation(node, self.shape)
+        if moved and moved[0] != tuple(range(len(own))):  # a transposed copy of the rows: its dim d is row dim perm[d]
+            source, own = moved[1], [self.index[p] for p in moved[0]]
+        src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
             src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
-        pointer, mask = self.address(f"out_ptr{i}", offset_expr(idx, val.stride()))
+        pointer, mask = self.address(f"out_ptr{i}", offset_expr(broadcast_index(own, val.shape), val.stride()))
         cast = "" if compute_dtype(val.dtype) == val.dtype else f".to({tl_dtype(val.dtype)})"
         store = f"tl.store({', '.join(filter(None, (pointer, src + cast, mask)))})  # {node.name}"
         self.body.append(tlang.Line("", store, None, None, self.depth))
@@ -388,10 +379,8 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
     source = writer.source(name := tlang.kernel_name(region, writer.rows))
-    kernel, inputs = (
-        GeneratedKernel(name, source, region, "reduction" if writer.rows else "pointwise", writer.ops()),
-        list(writer.inputs),
-    )
+    kind, inputs = "reduction" if writer.rows else "pointwise", list(writer.inputs)
+    kernel = GeneratedKernel(name, source, region, kind, tlang.ops(writer.body, region.members))
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.rows:
         rows, rblock = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), writer.rows.rblock
@@ -448,9 +437,7 @@ def run(quick: bool = False) -> None:
     print(f"softmax(x * 0.125): {soft.name}, ops {' → '.join(n.name for n in soft.region.nodes)}")
     (norm,) = generated_sources(models.NormGELUResidual(), models.norm_inputs())
     print(f"x + gelu(layer_norm(x)): one kernel, XBLOCK rows per program:\n\n{norm.source}")
-    (long,) = generated_sources(models.ScaledSoftmax(), (torch.randn(tlang.LOOPED_MIN_ROWS, MAX_RBLOCK + 1),))
-    print(f"softmax over rows of {MAX_RBLOCK + 1} (> MAX_RBLOCK): a loop per reduction, one more for the stores:\n")
-    print(long.source.split("@triton.jit\ndef triton")[1])
+    demo.show_looped(generated_sources(models.ScaledSoftmax(), (torch.randn(128, MAX_RBLOCK + 1),))[0], MAX_RBLOCK)
     if not runs:
         print(f"These kernels cannot run here: {why}.")
         return

@@ -22,6 +22,12 @@ def show_region(kernel: GeneratedKernel) -> None:
     print(kernel.source)
 
 
+def show_looped(kernel: GeneratedKernel, max_rblock: int) -> None:
+    """A softmax over rows longer than one block: its looped kernel, the loops shown."""
+    print(f"softmax over rows of {max_rblock + 1} (> MAX_RBLOCK): a loop per reduction, one more for the stores:\n")
+    print("def triton" + kernel.source.split("@triton.jit\ndef triton")[1])
+
+
 def show_indexing(split_index: Callable, broadcast_index: Callable, offset_expr: Callable) -> None:
     """What the lesson's indexing functions give for an (8, 64) output, a broadcast (64,) and a transposed input."""
     print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"

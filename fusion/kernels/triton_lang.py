@@ -302,6 +302,11 @@ COMBINE_FUNCTIONS = [
 ]  # fmt: skip
 
 
+def ops(body: Sequence[Line], members) -> list[str]:
+    """The aten ops a kernel computes, in body order, read off its lines (loads and helpers left out)."""
+    return list(dict.fromkeys(f"{ln.node.name} = {ln.node.target}" for ln in body if ln.node in members))
+
+
 def index_setup(shape: tuple[int, ...], rows: Rows | None) -> list[str]:
     """The lines before a kernel's body: this program's lanes (``xindex``) and the mask of the last block's tail; a
     reduction's XBLOCK rows as a column and its RBLOCK lanes as a row (a looped one sets those in each loop)."""
