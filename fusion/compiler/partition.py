@@ -170,8 +170,8 @@ class Worklist:
 def split_by_outputs(region: Region, first: Sequence[fx.Node]) -> list[Region]:
     """The region as two sides: what the outputs ``first`` need (their ancestors in the region), and the rest, which
     may read the first side (its call then sits after the first's: :func:`place_after_producers`); a multi-output
-    op's getitems stay on its side. Each side's
-    connected pieces with two or more non-view nodes come back as regions; [] where one side would be the whole."""
+    op's getitems stay on its side. Each side's connected pieces with two or more non-view nodes come back as
+    regions; [] where one side would be the whole."""
     need, stack = set(), list(first)
     while stack:
         n = stack.pop()
