@@ -18,6 +18,7 @@
 #     bash scripts/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
 #     bash scripts/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
 #     bash scripts/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
+#     bash scripts/gpu_session.sh q     # the CPU cost of one launch on the final code (and the launch path taken)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -160,6 +161,13 @@ p)
         > "$OUT/memcheck.log" 2>&1; echo "exit $?" >> "$OUT/memcheck.log"; tail -10 "$OUT/memcheck.log"
     suite $((570 - (SECONDS - start))) vit_b_16 "$all_fusion"
     ;;
-*) echo "part must be one of a to p" && exit 2 ;;
+q)
+    step "which launch path the static-launcher test took (raw C++ launch on this torch?)"
+    timeout 90 "$PY" -m pytest -q -s -p no:cacheprovider tests/test_backend.py -k static_launcher 2>&1 \
+        | grep -E "launch paths|passed|failed" | tee "$OUT/launch_paths.log"
+    step "CPU cost per launch and CUDA graphs on a small MLP"
+    timeout 120 "$PY" scripts/gpu_launch_cost.py 2>&1 | tee "$OUT/launch_cost.log"
+    ;;
+*) echo "part must be one of a to q" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
