@@ -48,7 +48,9 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
     run, raw = kernel.run, _raw_launch(kernel, grid)
 
     def launch(*tensors: torch.Tensor) -> None:
-        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+        if (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None) and (
+            _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
+        ):  # (no hook set, the usual case: two attribute reads, no call)
             raise RuntimeError(HOOKED)
         if raw is not None:
             raw(tensors, get_stream(index))

@@ -252,6 +252,7 @@ class Launcher:
             where.setdefault(n, (0, i))
         picks = [where.get(n) or _view_pick(n, where) for n in plan.outputs]
         self._picks = None if None in picks else picks  # None: an escaping view is rebuilt op by op in Python
+        self._plain = picks == [(1, i) for i in range(len(plan.stored))]  # the outputs are the stored tensors
         self._device: torch.device | None = None
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
@@ -286,7 +287,7 @@ class Launcher:
             self.checked = True
             return self._first(inputs)
         self.launches += 1
-        return self.results(inputs, outs)
+        return tuple(outs) if self._plain else self.results(inputs, outs)
 
     def _first(self, inputs: Sequence[torch.Tensor]) -> tuple:
         """Check (once), allocate, launch through the JIT; on CUDA keep the compiled kernel's launcher."""
