@@ -32,6 +32,7 @@ Anchors: early TorchInductor's ``codegen/triton.py``, Inductor's ``TORCH_LOGS=ou
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -218,23 +219,19 @@ class KernelWriter:
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
         down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
+        guard = "".join(f" & {g}" for g in self.guards)  # inside a cat's input or a pool's window: where it may read
         if any(v in offset for v in self.lanes if v != "0"):
             offset = self.flat[1] if offset in self.flat[0] else offset
-            pointer, mask = f"{ptr} + ({offset})", ("xmask & rmask" if down else "rmask") if self.rows else "xmask"
-        elif down:
-            pointer, mask = f"{ptr} + ({offset})", "xmask"  # one element per row: a column of XBLOCK
-        else:
-            pointer, mask = f"{ptr} + ({offset}) + 0 * xindex", "xmask"  # one element in every lane: a vector
-        return pointer, " & ".join([mask, *self.guards])  # inside a cat's input: only where the index falls in it
+            return f"{ptr} + ({offset})", (("xmask & rmask" if down else "rmask") if self.rows else "xmask") + guard
+        if down:
+            return f"{ptr} + ({offset})", "xmask" + guard  # one element per row: a column of XBLOCK
+        return f"{ptr} + ({offset}) + 0 * xindex", "xmask" + guard  # one element in every lane: a vector
 
     def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
         """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
         if not isinstance(node, fx.Node):
             return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
-        key = (node, tuple(index))
-        compute = KernelWriter._compute  # a cat, a max-pool: selects and maxima over masked loads (tlang)
-        if node in self.members and (node.target is tlang.CAT or tlang.pooled_values(node)):
-            compute = blocks.concatenation if node.target is tlang.CAT else blocks.window_max
+        key, compute = (node, tuple(index)), blocks.rule(node, self.members) or KernelWriter._compute  # (cat, max-pool)
         if key not in self.cache:
             try:
                 self.cache[key] = compute(self, node, list(index))
@@ -314,8 +311,7 @@ class KernelWriter:
             raise Unsupported(f"{node.name}: reductions to {dt} are not generated")
         n, target = self.rows.rnumel, node.target
 
-        def x() -> str:  # the row's values (a looped reduction computes them once per block, inside its loop)
-            return self.operand(node.args[0], self.index, dt)
+        x = functools.partial(self.operand, node.args[0], self.index, dt)  # the row's values (per block if looped)
 
         def squares() -> str:  # variance: a second pass over the row, the squares about its mean
             return (c := self.emit(f"{x()} - {out[0]}", dt)[0]) + f" * {c}"
@@ -425,13 +421,10 @@ def run(quick: bool = False) -> None:
     runs, why = rt.triton_status()
     device = "cuda" if torch.cuda.is_available() and runs else "cpu"
     print(why + (". Interpreter runs check correctness only: no timings are shown." if device == "cpu" else "."))
-
     heading("A region and the kernel generated for it", "-")
     demo.show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
-
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
     demo.show_indexing(split_index, broadcast_index, offset_expr)  # prints what these three functions give
-
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")
     (soft,) = generated_sources(models.ScaledSoftmax(), models.norm_inputs())
     print(f"softmax(x * 0.125): {soft.name}, ops {' → '.join(n.name for n in soft.region.nodes)}")
@@ -441,7 +434,6 @@ def run(quick: bool = False) -> None:
     if not runs:
         print(f"These kernels cannot run here: {why}.")
         return
-
     heading("What falls back, and why: the region is cut at the op, the pieces around it still fuse", "-")
     demo.show_fallbacks(compile_graph)
     heading("The course's models: generated kernels vs eager", "-")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 import torch.fx as fx
 
-from fusion.kernels.triton_lang import Line, bind_args, compute_dtype, tl_dtype
+from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, pooled_values, tl_dtype
 
 # How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
 IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
@@ -82,6 +82,13 @@ def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.d
     for inside, value in reversed(picks[:-1]):
         expr = f"tl.where({inside}, {value}, {expr})"
     return writer.emit(expr, dtype, node)
+
+
+def rule(node: fx.Node, members) -> Callable | None:
+    """The function here that computes member ``node`` (a cat, a max-pool's values), or None: one line per op."""
+    if node not in members:
+        return None
+    return concatenation if node.target is CAT else window_max if pooled_values(node) else None
 
 
 def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
