@@ -19,6 +19,7 @@
 #     bash scripts/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
 #     bash scripts/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
 #     bash scripts/gpu_session.sh q     # the CPU cost of one launch on the final code (and the launch path taken)
+#     bash scripts/gpu_session.sh s     # after the launch trim: the CPU-bound rows again (eager, fusion, Inductor)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -168,6 +169,9 @@ q)
     step "CPU cost per launch and CUDA graphs on a small MLP"
     timeout 120 "$PY" scripts/gpu_launch_cost.py 2>&1 | tee "$OUT/launch_cost.log"
     ;;
-*) echo "part must be one of a to q" && exit 2 ;;
+s)
+    suite 540 efficientnet_b0,convnext_tiny,gpt2,llama,resnet50 eager,fusion,inductor
+    ;;
+*) echo "part must be one of a to s" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
