@@ -333,9 +333,8 @@ class KernelWriter:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
         val, nrow, source = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1, node
         own = at = self.index[:nrow] if len(val.shape) == nrow else self.index  # (a reduction without keepdim)
-        moved = self.rows and tlang.row_permutation(node, self.shape)
-        if moved and moved[0] != tuple(range(len(own))):  # a transposed copy of the rows: its dim d is row dim perm[d]
-            source, own = moved[1], [self.index[p] for p in moved[0]]
+        if moved := self.rows and tlang.row_permutation(node, self.shape):  # a transposed copy of the rows:
+            source, own = moved[1], [self.index[p] for p in moved[0]]  # its dim d is row dim perm[d]
         src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
             src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
@@ -346,10 +345,10 @@ class KernelWriter:
 
     def source(self, name: str) -> str:
         """Assemble the kernel: signature, index setup, the body (values of the stored members, their stores)."""
-        looped, nrow = self.rows and self.rows.looped, len(self.index) - self.rows.nred if self.rows else -1
+        looped = self.rows and self.rows.looped
         for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
             self.reduce(r, self.index)
-        per_row = (self.shape[:nrow], self.shape[:nrow] + (1,) * self.rows.nred) if self.rows else ()
+        per_row = tlang.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
         whole = [looped and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
         for i in [i for i, w in enumerate(whole) if not w]:
             self.store(i, self.stored[i])

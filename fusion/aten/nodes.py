@@ -10,6 +10,11 @@ import torch.fx as fx
 
 R = TypeVar("R")
 
+# Inductor's low-memory max-pool prims (values, int8 window offsets): torch 2.11+ names, then older ones.
+LOW_MEMORY_MAX_POOLS = frozenset(
+    {"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets"}
+)
+
 _VIEW_OPS: dict[object, bool] = {}  # OpOverload -> is it a view? (asked once per op)
 
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node, reinterpret, strided_view
+from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, is_view_node, reinterpret, strided_view
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.bindings import python_bindings
 from fusion.compiler.ir import Kernel, KernelPlan, Region, SplitRegion, Unsupported
@@ -182,8 +182,7 @@ def split_by_outputs(region: Region, first: Sequence[fx.Node]) -> list[Region]:
     sides = ([n for n in region.nodes if n in need], [n for n in region.nodes if n not in need])
     if not all(sides):
         return []
-    pieces = [region.piece(nodes) for side in sides for nodes in connected_pieces(side)]
-    return [p for p in pieces if sum(not is_view_node(n) for n in p.nodes) >= 2]
+    return _kernel_pieces(region, sides)
 
 
 def split_region(region: Region, bad: fx.Node, keep: bool = False) -> list[Region]:
@@ -192,12 +191,13 @@ def split_region(region: Region, bad: fx.Node, keep: bool = False) -> list[Regio
     piece's inputs come before it), each into its connected pieces; pieces with at least two non-view nodes come back
     as regions, to be generated in turn."""
     cut = region.nodes.index(bad)
-    pieces = []
-    for span in (region.nodes[:cut], region.nodes[cut + (0 if keep else 1) :]):
-        for nodes in connected_pieces(span):
-            if sum(not is_view_node(n) for n in nodes) >= 2:
-                pieces.append(region.piece(nodes))
-    return pieces
+    return _kernel_pieces(region, (region.nodes[:cut], region.nodes[cut + (0 if keep else 1) :]))
+
+
+def _kernel_pieces(region: Region, spans: Sequence[list[fx.Node]]) -> list[Region]:
+    """The connected pieces of each span with at least two non-view nodes, as regions of ``region``'s kind."""
+    pieces = [region.piece(nodes) for span in spans for nodes in connected_pieces(span)]
+    return [p for p in pieces if p.non_view_count >= 2]
 
 
 def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
@@ -279,9 +279,6 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-_LOW_MEMORY_MAX_POOL = {"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets"}
-
-
 def _max_pool_values(op):
     def max_pool(x, kernel_size, stride, padding, dilation, ceil_mode):
         return op(x, kernel_size, stride, padding, dilation, ceil_mode)[0], None  # (values, offsets nobody reads)
@@ -326,7 +323,7 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
             node.target, node.args, node.kwargs = aten._to_copy.default, (x,), {"dtype": dtype}
         elif target in PRIMS_TO_ATEN:
             node.target = PRIMS_TO_ATEN[target]
-        elif not (target._schema.name in _LOW_MEMORY_MAX_POOL and _max_pool_as_aten(node)):
+        elif not (target._schema.name in LOW_MEMORY_MAX_POOLS and _max_pool_as_aten(node)):
             continue
         changed.append(f"{node.name}: {target}")
     if changed:

@@ -48,10 +48,8 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
     run, raw = kernel.run, _raw_launch(kernel, grid)
 
     def launch(*tensors: torch.Tensor) -> None:
-        if (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None) and (
-            _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
-        ):  # (no hook set, the usual case: two attribute reads, no call)
-            raise RuntimeError(HOOKED)
+        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:  # none set: no call
+            _refuse_hooked(runtime)
         if raw is not None:
             raw(tensors, get_stream(index))
         else:
@@ -133,8 +131,8 @@ def direct_launcher(
     index, get_stream, runtime = _launch_context(device, get_stream)
 
     def launch(*tensors: torch.Tensor) -> None:
-        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            raise RuntimeError(HOOKED)
+        if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:  # none set: no call
+            _refuse_hooked(runtime)
         run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
 
     return launch
@@ -159,6 +157,12 @@ def _launcher_takes_constexprs(jit_class: type) -> bool:
     import inspect
 
     return "non_constexpr_vals" not in inspect.getsource(jit_class.run)
+
+
+def _refuse_hooked(runtime) -> None:
+    """Raise :data:`HOOKED` where a launch hook is really set (the caller gives the launch to the JIT)."""
+    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+        raise RuntimeError(HOOKED)
 
 
 def _hooked(hook) -> bool:

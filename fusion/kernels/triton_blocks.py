@@ -21,35 +21,44 @@ STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0}
 
 
 @contextmanager
+def _block_scope(writer):
+    """Values the writer computes inside are forgotten on leaving (they belong to one loop's block, or to loads masked
+    for one cat input or window offset); what was cached before stays."""
+    saved = dict(writer.cache)
+    try:
+        yield
+    finally:
+        writer.cache.clear()
+        writer.cache.update(saved)
+
+
+@contextmanager
 def row_loop(writer):
     """The lines ``writer`` emits inside are the body of ``for roffset in range(0, rnumel, RBLOCK)``, with ``rindex``,
     ``rmask`` and the row's split indices of that block. Values computed inside belong to one block: on leaving, the
     writer's cache forgets them (a later loop computes them again, as Inductor's looped reductions do)."""
-    rows, saved, depth = writer.rows, dict(writer.cache), writer.depth
+    rows, depth = writer.rows, writer.depth
     header = [f"for roffset in range(0, {rows.rnumel}, RBLOCK):", "    rindex = roffset + tl.arange(0, RBLOCK)[None, :]",
               f"    rmask = rindex < {rows.rnumel}", *(f"    {v} = {e}" for v, e in writer.splits if v[0] == "r")]  # fmt: skip
     writer.body += [Line("", text, None, None, depth) for text in header]
     writer.depth += 1
     try:
-        yield
+        with _block_scope(writer):
+            yield
     finally:
         writer.depth = depth
-        writer.cache.clear()
-        writer.cache.update(saved)
 
 
 @contextmanager
 def guarded(writer, condition: str):
     """Loads emitted inside are masked by ``condition`` as well (a cat's input read only where its index falls in
     that input); the values computed inside are forgotten on leaving: elsewhere the same load is not masked."""
-    saved = dict(writer.cache)
     writer.guards.append(condition)
     try:
-        yield
+        with _block_scope(writer):
+            yield
     finally:
         writer.guards.pop()
-        writer.cache.clear()
-        writer.cache.update(saved)
 
 
 def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:

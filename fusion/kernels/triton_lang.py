@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2, rows_per_program
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
 # Inductor's low-memory prims (values, int8 offsets) and aten's (values, indices); the second output is not generated.
-MAX_POOLS = frozenset({"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets",
-                       "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})  # fmt: skip
+MAX_POOLS = LOW_MEMORY_MAX_POOLS | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
 
 
 def is_max_pool(node: object) -> bool:
@@ -111,7 +110,7 @@ class Rows:
         for n in stored:
             if not isinstance(n.meta["val"], torch.Tensor):
                 raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
-            if tuple(n.meta["val"].shape) not in (shape, shape[:nrow], shape[:nrow] + (1,) * nred):
+            if tuple(n.meta["val"].shape) not in (shape, *per_row_shapes(shape, nred)):
                 if row_permutation(n, shape) is None:
                     raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a permutation"
                                       " of them nor one element per row: stored by another kernel", n)  # fmt: skip
@@ -122,6 +121,12 @@ class Rows:
                               f"to fill the GPU one program a row (< {LOOPED_MIN_ROWS}); aten splits them",
                               reductions[0])  # fmt: skip
         return cls(shape, nred, rnumel, max_rblock // 4, looped=True)
+
+
+def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of one element per row of ``shape`` (rows of its last ``nred`` dims): keepdim or not."""
+    nrow = len(shape) - nred
+    return shape[:nrow], shape[:nrow] + (1,) * nred
 
 
 def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], fx.Node] | None:
@@ -155,8 +160,9 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
         perm[a], perm[b] = perm[b], perm[a]
     else:
         return None
-    # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better)
-    return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 else None
+    # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better);
+    # the identity is no copy to move
+    return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
 
 
 def bind_args(node: fx.Node) -> dict:
