@@ -373,7 +373,7 @@ class KernelWriter:
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    source = writer.source(name := tlang.kernel_name(region, writer.rows))
+    name, source = tlang.kernel_name(region, writer.rows, writer.source(tlang.UNNAMED))  # a repeated code: one name
     kind, inputs = "reduction" if writer.rows else "pointwise", list(writer.inputs)
     kernel = GeneratedKernel(name, source, region, kind, tlang.ops(writer.body, region.members))
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 scripts/gpu_profile_cpu.py resnet50 bert_train      (on the lent GPU; full suite sizes)
     python3 scripts/gpu_profile_cpu.py --dry-run bert_train                   (CPU, tiny shapes: rehearse it)
+    ... --backends=eager,fusion                                               (a subset of the backends)
 
 Per model (inference or a training step, exactly as the suite runs it) and backend (fusion, inductor): wall time per
 call with the GPU synchronised, the CPU time of the call alone (no sync: how long Python takes to enqueue the work),
@@ -38,7 +39,8 @@ def main(argv: list[str]) -> None:
     for name in names:
         spec = MODELS[name]
         model32, inputs32 = spec.build(cfg.sizes)
-        for label in ("fusion",) if dry else ("fusion", "inductor"):
+        picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "")
+        for label in picked.split(",") if picked else ("fusion",) if dry else ("fusion", "inductor"):
             backend.reset()
             torch._dynamo.reset()
             step = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -52,11 +53,25 @@ def kernels(step, n: int, top: int) -> dict:
         if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA
     ]
     rows.sort(key=lambda r: -r[1])
+    groups: dict[str, list[float]] = {}  # a generated kernel's name without its index, an aten kernel's short name
+    for k, us, c in rows:
+        g = groups.setdefault(kernel_group(k), [0.0, 0.0])
+        g[0], g[1] = g[0] + us, g[1] + c
+    grouped = sorted(groups.items(), key=lambda kv: -kv[1][0])
     return {
         "gpu_ms": sum(r[1] for r in rows) / 1e3,
         "launches": sum(r[2] for r in rows),
         "top": [{"kernel": k[:140], "us": round(us, 1), "count": c} for k, us, c in rows[:top]],
+        "groups": [{"group": k, "us": round(v[0], 1), "count": v[1]} for k, v in grouped[: 2 * top]],
     }
+
+
+def kernel_group(name: str) -> str:
+    """triton_poi_fused_add_erf_mul_31 -> triton_poi_fused_add_erf_mul; a templated aten kernel -> its function."""
+    if name.startswith("triton_"):
+        return re.sub(r"_\d+$", "", name)
+    m = re.search(r"(?:at::native::|void )(?:\(anonymous namespace\)::)?([A-Za-z_0-9]+)", name)
+    return (m.group(1) if m else name)[:80]
 
 
 def main(argv: list[str]) -> None:
@@ -96,8 +111,8 @@ def main(argv: list[str]) -> None:
                 f"{row['launches']:.0f} launches, first call {first:.1f} s",
                 flush=True,
             )
-            for k in row["top"]:
-                print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['kernel'][:110]}")
+            for k in row["groups"]:
+                print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['group'][:110]}")
             if "library_calls" in row:
                 print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
             results.append(row)

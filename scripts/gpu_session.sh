@@ -20,6 +20,9 @@
 #     bash scripts/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
 #     bash scripts/gpu_session.sh q     # the CPU cost of one launch on the final code (and the launch path taken)
 #     bash scripts/gpu_session.sh s     # after the launch trim: the CPU-bound rows again (eager, fusion, Inductor)
+#   2026-11-25:
+#     bash scripts/gpu_session.sh u     # CUDA tests (hardware bf16 rounding, shared kernels); first-call time cold,
+#                                       # fusion vs Inductor; ViT-B/16 and ResNet-50 training kernels and CPU profile
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -172,6 +175,17 @@ q)
 s)
     suite 540 efficientnet_b0,convnext_tiny,gpt2,llama,resnet50 eager,fusion,inductor
     ;;
-*) echo "part must be one of a to s" && exit 2 ;;
+u)
+    cuda_tests 150
+    step "first call with cold caches, where its time goes (fresh process per model and backend)"
+    timeout 200 "$PY" scripts/gpu_compile_time.py resnet18 vit_b_16 2>&1 | tee "$OUT/compile_time.log" | tail -8
+    step "GPU kernels of ViT-B/16 and the ResNet-50 training step, eager vs fusion"
+    timeout 200 "$PY" scripts/gpu_profile_models.py vit_b_16 resnet50_train --backends=eager,fusion \
+        2>&1 | grep -v Warn | tee "$OUT/profile_models.log" | tail -75
+    step "CPU time of the ResNet-50 training step, eager vs fusion (cProfile)"
+    timeout 120 "$PY" scripts/gpu_profile_cpu.py resnet50_train --backends=eager,fusion 2>&1 \
+        | tee "$OUT/profile_cpu.log" | grep -E "=====|generated|part " | head -20
+    ;;
+*) echo "part must be one of a to u" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -221,14 +222,20 @@ def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
 
 def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.GraphModule:
     """A copy of ``gm`` where each plan's region is one call of its kernel's launcher + getitems (the
-    :class:`~fusion.kernels.triton_runtime.RegionKernel` kept as a submodule named after the kernel).
+    :class:`~fusion.kernels.triton_runtime.RegionKernel` kept as a submodule named after the kernel, and after its call
+    where regions of the same code share one kernel).
 
     The call sits where the region's first member was (:func:`~fusion.fxutils.rebuild.rebuild`): every external input
     of a region comes before its span, every outside user after it (Phase 6's regions never reach across a
     non-fusible node).
     """
-    kernels = {p.kernel.name: rt.RegionKernel(p) for p in plans}
-    groups = [Group(p.kernel.name, p.kernel.region.nodes, p.inputs, p.outputs) for p in plans]
+    calls, seen = Counter(p.kernel.name for p in plans), Counter()  # regions of one code share a kernel's name:
+    names = []  # each call's submodule is then the kernel's name + _call<k>
+    for p in plans:
+        seen[p.kernel.name] += 1
+        names.append(p.kernel.name if calls[p.kernel.name] == 1 else f"{p.kernel.name}_call{seen[p.kernel.name]}")
+    kernels = {name: rt.RegionKernel(p) for name, p in zip(names, plans, strict=True)}
+    groups = [Group(name, p.kernel.region.nodes, p.inputs, p.outputs) for name, p in zip(names, plans, strict=True)]
     place_after_producers(gm, groups)
 
     def launch(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fusion.kernels.triton_runtime import source_path
+from fusion.kernels.triton_runtime import shared_source, source_path
 
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
 _WARMED: set[tuple[str, tuple, int, tuple]] = set()  # what this process already compiled through the pool
@@ -82,9 +82,10 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
         grid, constexprs = k.config(device)
         dtypes = tuple(str(m[2]).removeprefix("torch.") for m in plan.input_meta)
         dtypes += tuple(str(spec[2]).removeprefix("torch.") for spec in k._out_specs)
-        key = (k.kernel.source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
-        if grid > 0 and key not in _WARMED:
-            todo.append((k, dtypes, constexprs, key))
+        source = shared_source(k.kernel.source)  # what the first launch will load: kernels of one code compile once
+        key = (source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
+        if grid > 0 and key not in _WARMED and all(key != t[-1] for t in todo):
+            todo.append((k, source, dtypes, constexprs, key))
     if len(todo) < 2 or workers() < 2:
         return {"skipped": "fewer than two CUDA kernels to compile, or FUSION_COMPILE_WORKERS < 2"}
     try:
@@ -99,17 +100,17 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
     jobs = [
         pool.submit(
             _compile_in_worker,
-            str(source_path(k.kernel.source, k.kernel.name)),
+            str(source_path(source, k.kernel.name)),
             k.kernel.name,
             dtypes,
             k.plan.num_warps,
             constexprs,
             target,
         )  # fmt: skip
-        for k, dtypes, constexprs, _ in todo
+        for k, source, dtypes, constexprs, _ in todo
     ]
     failed = []
-    for (_, _, _, key), job in zip(todo, jobs, strict=True):
+    for (*_, key), job in zip(todo, jobs, strict=True):
         try:
             why = job.result()
         except Exception as e:  # noqa: BLE001 - a dead worker: the parent compiles

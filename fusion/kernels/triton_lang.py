@@ -4,10 +4,11 @@ generator has rules for. Machinery: a learner reads ``fusion/codegen.py``."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import operator
-import re
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -213,21 +214,33 @@ class Bf16Values:
     def note(self, tmp: str, expr: str, loaded: object) -> None:
         """``tmp = expr`` was written; ``loaded`` is the dtype of the input it loads (or a false value)."""
         if loaded == torch.bfloat16 or expr in self.rounded.values() or rounds_to_bf16(expr):
-            self.rounded[round_bf16(f"({tmp})")] = tmp
+            self.rounded[round_bf16(tmp)] = tmp
 
 
 def rounds_to_bf16(expr: str) -> bool:
     """Is ``expr`` what :func:`round_bf16` writes (its value is a bfloat16, held in a float32)?"""
-    m = re.match(r"tl\.where\((\(.*?\)) != \1, ", expr)
-    return m is not None and expr == round_bf16(m.group(1))
+    inner = expr.removesuffix(_TO_BF16)
+    return inner != expr and (inner.isidentifier() or _one_parenthesis(inner))
+
+
+_TO_BF16 = ".to(tl.bfloat16).to(tl.float32)"
 
 
 def round_bf16(x: str) -> str:
-    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), still a float32: the upper 16 bits after adding
-    0x7FFF plus the lowest kept bit. Written out because Triton's interpreter truncates on ``.to(tl.bfloat16)``."""
-    bits = f"{x}.to(tl.uint32, bitcast=True)"
-    rounded = f"(({bits} + (0x7FFF + (({bits} >> 16) & 1))) & 0xFFFF0000).to(tl.float32, bitcast=True)"
-    return f"tl.where({x} != {x}, {x}, {rounded})"
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), still a float32: on a GPU one conversion
+    instruction each way. (Triton's interpreter truncates and mishandles subnormals there: the runtime gives it exact
+    conversions, ``triton_runtime.exact_bfloat16_in_the_interpreter``.)"""
+    return f"{x if x.isidentifier() or _one_parenthesis(x) else f'({x})'}{_TO_BF16}"
+
+
+def _one_parenthesis(s: str) -> bool:
+    """Is ``s`` one parenthesised expression, "(" … ")" with the first parenthesis closed by the last character?"""
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return s[0] == "(" and i == len(s) - 1
+    return False
 
 
 def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
@@ -240,7 +253,7 @@ def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
         x, src = f"tl.where({x}, 1, 0)", torch.int32
     if dst in (torch.float16, torch.bfloat16):
         x32 = x if src == torch.float32 else f"{x}.to(tl.float32)"
-        return f"{x32}.to(tl.float16).to(tl.float32)" if dst == torch.float16 else round_bf16(f"({x32})")
+        return f"{x32}.to(tl.float16).to(tl.float32)" if dst == torch.float16 else round_bf16(x32)
     if src == dst:
         return x
     if src.is_floating_point and not dst.is_floating_point and dst != torch.int64:
@@ -343,11 +356,33 @@ def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
     return order
 
 
-def kernel_name(region, rows: Rows | None) -> str:
-    """Inductor's naming: triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction (a
-    row in one block), triton_red_fused_… for a looped one."""
+UNNAMED = "KERNEL_NAME"  # the name a kernel's draft source is written with; kernel_name() puts the real one in
+_named: dict[tuple[str, str], str] = {}  # (prefix, code without comments) -> the name that code was first given
+
+
+def kernel_name(region, rows: Rows | None, draft: str) -> tuple[str, str]:
+    """(name, source) for a kernel whose ``draft`` source calls it :data:`UNNAMED`. Inductor's naming:
+    triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction (a row in one block),
+    triton_red_fused_… for a looped one. A kernel whose code is an earlier kernel's, comments aside (a transformer's
+    layers, ResNet's repeated blocks), gets that kernel's name: the runtime loads one module for both, and Triton
+    compiles it once (Inductor's ``src_to_kernel`` does the same). Its source keeps the comments of its own region."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
-    return f"triton_{'poi' if rows is None else 'red' if rows.looped else 'per'}_fused_{'_'.join(ops[:8])}_{next_kernel_index()}"
+    prefix = f"triton_{'poi' if rows is None else 'red' if rows.looped else 'per'}_fused_{'_'.join(ops[:8])}"
+    key = (prefix, code_only(draft))
+    if key not in _named:
+        _named[key] = f"{prefix}_{next_kernel_index()}"
+    return _named[key], draft.replace(f"def {UNNAMED}(", f"def {_named[key]}(", 1)
+
+
+def code_only(source: str) -> str:
+    """``source`` without its comments and blank lines (read by ``tokenize``: a '#' inside a string stays): two
+    kernels with the same code compile to the same binary, whatever nodes their comments name."""
+    cut = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0]] = tok.start[1]
+    lines = (ln[: cut[i]].rstrip() if i in cut else ln for i, ln in enumerate(source.splitlines(), 1))
+    return "\n".join(ln for ln in lines if ln.strip())
 
 
 def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:

@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node, reinterpret, strided_view, view_root
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
+from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
 
 __all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
@@ -92,12 +93,24 @@ def source_path(source: str, name: str) -> Path:
     return path
 
 
+_SHARED: dict[str, str] = {}  # a kernel's code without comments -> the first source seen with that code
+
+
+def shared_source(source: str) -> str:
+    """The source this process loads for ``source``: the first one seen with the same code, comments aside (kernels
+    of repeated layers share a name and differ only in the comments naming their nodes). What the compile pool
+    compiles and what the first launch loads are then one file, and Triton compiles it once."""
+    return _SHARED.setdefault(tlang.code_only(source), source)
+
+
 def load_kernel(source: str, name: str, *, interpret: bool) -> object:
     """Write ``source`` to ``<cache_dir>/<name>_<hash>.py``, import it, return its function ``name``.
 
-    One module per (source, interpret): loading the same source twice returns the same (already compiled) kernel.
+    One module per (code, interpret): loading a source whose code was loaded before, comments aside
+    (:func:`shared_source`), returns the same (already compiled) kernel.
     Thread-safe: the import (and TRITON_INTERPRET, which it reads from the environment) happens under a lock.
     """
+    source = shared_source(source)
     key = (source, interpret)
     kernel = _LOADED.get(key)
     if kernel is not None:
@@ -110,6 +123,8 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # inspect.getsource finds the file through the module
+        if interpret:
+            exact_bfloat16_in_the_interpreter()
         with _interpret(interpret):
             spec.loader.exec_module(module)
         kernel = getattr(module, name)
@@ -118,6 +133,49 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
 
 
 _INTERPRET_LOCK = threading.Lock()
+
+
+def exact_bfloat16_in_the_interpreter() -> bool:
+    """Make Triton's interpreter convert float32 <-> bfloat16 as a GPU does; True once it does.
+
+    A GPU's ``.to(tl.bfloat16)`` rounds to nearest even in one instruction; the interpreter's numpy version
+    (``triton/runtime/interpreter.py``, ``_convert_float``) truncates instead, and gets subnormals wrong both ways
+    (seen with Triton 3.9: 0x002B0000 stored as bfloat16 0x002C). Generated kernels round to bfloat16 with
+    ``.to(tl.bfloat16).to(tl.float32)``, as Inductor's do, so CPU runs would disagree with the GPU and with torch. The
+    two conversions are replaced by exact bit arithmetic (every other cast stays Triton's): bfloat16 is the upper half
+    of a float32, and rounding adds 0x7FFF plus the lowest kept bit before cutting the lower half; NaN stays NaN."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder, handle = getattr(interpreter, "InterpreterBuilder", None), getattr(interpreter, "TensorHandle", None)
+    if handle is None or not all(hasattr(builder, f) for f in ("cast_impl", "create_fp_to_fp")):
+        return False  # another Triton: its own conversions stay
+    if getattr(builder, "_fusion_exact_bfloat16", False):
+        return True
+
+    def convert(data, dst):
+        if dst == tl.float32:  # bfloat16 (held as uint16) -> float32: the bits, shifted up
+            return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        bits = data.astype(np.float32).view(np.uint32).astype(np.uint64)
+        kept = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return np.where(np.isnan(data), np.uint16(0x7FC0), kept)
+
+    def exact(original):
+        def cast(self, src, dst_type, *rest):
+            pair = (src.dtype.scalar, dst_type.scalar)
+            if pair in ((tl.float32, tl.bfloat16), (tl.bfloat16, tl.float32)):
+                return handle(convert(np.asarray(src.data), pair[1]), pair[1])
+            return original(self, src, dst_type, *rest)
+
+        return cast
+
+    builder.cast_impl = exact(builder.cast_impl)
+    builder.create_fp_to_fp = exact(builder.create_fp_to_fp)
+    builder._fusion_exact_bfloat16 = True
+    return True
 
 
 class _Interpreted:
