@@ -48,7 +48,7 @@ from torch._dynamo.utils import counters
 from fusion import models
 from fusion.aten.capture import decomposition_table
 from fusion.common import fallback_reason, heading, lesson_cli, max_abs_diff, table
-from fusion.compiler import aot, aten_passes, cudagraphs, partition, passes
+from fusion.compiler import aot, aten_passes, cudagraphs, gemm_passes, partition, passes
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from, summary
 from fusion.conv_bn_fusion import fold_conv_bn_weights
 from fusion.kernels.cublaslt import launched_kernels
@@ -145,15 +145,15 @@ def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
         aten_passes.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
 
 
-# The backend's passes, in the order they run; each is ``run(gm, part) -> None`` and its name is its option
-# (options={"fold_bn": False}). Adding a pass: one function, one entry here, one test.
+# The passes in the order they run, each run(gm, part), its name its option. Adding one: a function, an entry, a test.
 noted = passes.noted  # a machinery rewrite f(gm, note) as a pass: f(gm, part.note_pass)
 PASSES = [
     passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
                 doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
     passes.Pass("reinplace", noted(aten_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
-    passes.Pass("bmm_as_mm", noted(aten_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
+    passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
+    passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
     passes.Pass("reorder", noted(aten_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),

@@ -70,8 +70,10 @@ def kernel_group(name: str) -> str:
     """triton_poi_fused_add_erf_mul_31 -> triton_poi_fused_add_erf_mul; a templated aten kernel -> its function."""
     if name.startswith("triton_"):
         return re.sub(r"_\d+$", "", name)
-    m = re.search(r"(?:at::native::|void )(?:\(anonymous namespace\)::)?([A-Za-z_0-9]+)", name)
-    return (m.group(1) if m else name)[:80]
+    names = re.findall(r"at::native::(?:\(anonymous namespace\)::)?([A-Za-z_0-9]+)", name)
+    if len(names) > 1 and "elementwise_kernel" in names[0]:  # the functor says what it computes
+        return f"{names[0]}<{names[1]}>"[:80]
+    return (names[0] if names else name)[:80]
 
 
 def main(argv: list[str]) -> None:

@@ -23,6 +23,8 @@
 #   2026-11-25:
 #     bash scripts/gpu_session.sh u     # CUDA tests (hardware bf16 rounding, shared kernels); first-call time cold,
 #                                       # fusion vs Inductor; ViT-B/16 and ResNet-50 training kernels and CPU profile
+#     bash scripts/gpu_session.sh v     # after pass gemm_heads and one reinterpret per view chain: ViT suite row and
+#                                       # kernels; CPU time per op of the ResNet-50 training step, eager vs fusion
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -186,6 +188,16 @@ u)
     timeout 120 "$PY" scripts/gpu_profile_cpu.py resnet50_train --backends=eager,fusion 2>&1 \
         | tee "$OUT/profile_cpu.log" | grep -E "=====|generated|part " | head -20
     ;;
-*) echo "part must be one of a to u" && exit 2 ;;
+v)
+    cuda_tests 150
+    suite 200 vit_b_16 "$all_fusion"
+    step "GPU kernels of ViT-B/16, eager vs fusion"
+    timeout 120 "$PY" scripts/gpu_profile_models.py vit_b_16 --backends=eager,fusion \
+        2>&1 | grep -v Warn | tee "$OUT/profile_models.log" | tail -30
+    step "CPU time per op of the ResNet-50 training step, eager vs fusion"
+    timeout 150 "$PY" scripts/gpu_profile_ops.py resnet50_train --backends=eager,fusion 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_ops.log" | tail -64
+    ;;
+*) echo "part must be one of a to v" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fusion import backend, models
 from fusion.common import is_todo
-from fusion.compiler import aot, aten_passes
+from fusion.compiler import aot, aten_passes, gemm_passes
 
 pytestmark = pytest.mark.phase9
 
@@ -1280,6 +1280,106 @@ def test_cuda_graphs_see_every_input_a_graph_writes():
     assert mutated_input_indices(torch.fx.GraphModule(torch.nn.Module(), g)) == [3, 4, 5, 6]
 
 
+class _Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _packed_projection(head_major: bool, bias: bool):
+    """MultiheadAttention's _in_projection_packed: one GEMM for q, k, v, copied head-major by .contiguous()."""
+
+    def f(x, w, b):  # x (S, B, E), w (3E, E), b (3E,)
+        s, batch, e = x.shape
+        proj = x.reshape(s * batch, e) @ w.t()
+        proj = (proj + b if bias else proj).view(s, batch, 3 * e)
+        heads = proj.unflatten(-1, (3, e)).unsqueeze(0).transpose(0, -2).squeeze(-2)  # (3, S, B, E)
+        heads = heads if head_major else heads.transpose(1, 2)  # (3, B, S, E): the rows in another order
+        heads = heads.contiguous()
+        return heads[0] * 2.0, heads[1], heads[2] + 1.0
+
+    return f
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_gemm_copied_head_major_becomes_one_gemm_per_head(bias):
+    """nn.MultiheadAttention's packed in-projection: one GEMM, then .contiguous() copies it head-major (3, S, B, E).
+    Pass gemm_heads computes each head with its own GEMM (the bias in its epilogue), written where the copy put it:
+    no copy left, the same values (float64), and every later view reads the right head."""
+    from fusion.compiler.gemm_passes import gemm_per_head
+    from fusion.regions import capture_aten
+
+    f = _packed_projection(head_major=True, bias=bias)
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((5, 3, 8), (24, 8), (24,)))
+    gm = capture_aten(_Fn(f), (x, w, b))
+    assert gemm_per_head(gm, lambda *note: None) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.clone.default not in targets and aten.mm.default not in targets or not bias
+    assert targets.count(aten.addmm.default if bias else aten.mm.default) == 3, gm.code
+    torch.testing.assert_close(tuple(gm(x, w, b)), f(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_copy_that_reorders_the_rows_or_is_read_whole_keeps_its_gemm():
+    """Legality: a head-major copy whose rows are in another order than the GEMM's (B, S instead of S, B), a copy read
+    whole, a GEMM read by something else: per-head GEMMs would write other values or compute twice. Untouched."""
+    from fusion.compiler.gemm_passes import gemm_per_head
+    from fusion.regions import capture_aten
+
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((5, 3, 8), (24, 8), (24,)))
+
+    def whole(x, w, b):
+        proj = (x.reshape(15, 8) @ w.t() + b).view(5, 3, 24)
+        return proj.unflatten(-1, (3, 8)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous() * 2.0
+
+    def shared(x, w, b):
+        mm = x.reshape(15, 8) @ w.t()
+        heads = mm.view(5, 3, 24).unflatten(-1, (3, 8)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        return heads[0], heads[1], mm.sum()
+
+    for f in (_packed_projection(head_major=False, bias=True), whole, shared):
+        gm = capture_aten(_Fn(f), (x, w, b))
+        assert gemm_per_head(gm, lambda *note: None) == 0, f
+        torch.testing.assert_close(gm(x, w, b), f(x, w, b))
+
+
+@pytest.mark.parametrize("layer", ["vit", "mha"])
+def test_attention_projections_run_without_the_head_major_copy(layer):
+    """The models that have it: torchvision's ViT encoder block (batch_first MultiheadAttention: a bmm made one mm
+    first) and MultiheadAttention on (S, B, E) inputs (an addmm). (nn.TransformerEncoderLayer's inference is one fused
+    op, with nothing to rewrite.) Compiled with and without pass gemm_heads, each gives eager's outputs; with it, the
+    copy (a generated kernel or an aten clone) is gone: one launch fewer per attention."""
+    from torchvision.models.vision_transformer import EncoderBlock
+
+    torch.manual_seed(0)
+    if layer == "vit":
+        model, x = EncoderBlock(2, 16, 32, 0.0, 0.0), torch.randn(3, 5, 16)
+    else:
+        model, x = _SelfAttention(nn.MultiheadAttention(16, 4)), torch.randn(5, 3, 16)
+    model = model.eval().requires_grad_(False)
+    copies = {}
+    for on in (False, True):
+        backend.reset()
+        with torch.no_grad():
+            out = torch.compile(model, backend="fusion", options={"gemm_heads": on})(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+        (part,) = backend.reports[0].parts
+        copies[on] = len(part.kernels) + part.library_calls.get("clone", 0)
+        assert [p[0] for p in part.passes].count("gemm per head") == on, part.passes
+    assert copies[True] == copies[False] - 1, copies
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, mha: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, q):
+        return self.mha(q, q, q, need_weights=False)[0]
+
+
 def test_a_bmm_of_a_weight_broadcast_over_the_batch_becomes_one_mm():
     """nn.MultiheadAttention's inference path (ViT's encoder block, parameters frozen) projects its transposed input
     with bmm(x, weight expanded over the batch): S small GEMMs. Pass bmm_as_mm makes it one mm with the same
@@ -1303,7 +1403,7 @@ def test_a_bmm_of_a_weight_broadcast_over_the_batch_becomes_one_mm():
     w = torch.randn(7, 4, dtype=torch.float64)
     for a in (torch.randn(5, 3, 7, dtype=torch.float64), torch.randn(3, 5, 7, dtype=torch.float64).transpose(0, 1)):
         gm = capture_aten(Bmm(), (a, w))
-        assert aten_passes.bmm_as_mm(gm, lambda *note: None) == 1
+        assert gemm_passes.bmm_as_mm(gm, lambda *note: None) == 1
         assert "bmm" not in gm.code and "mm" in gm.code, gm.code
         out = gm(a, w)
         torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, Bmm()(a, w))

@@ -11,7 +11,6 @@ inputs, appended after the real ones.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.fxutils.meta import call_with_meta
 
 aten = torch.ops.aten
 
@@ -289,9 +289,9 @@ def split_conv_bias(gm: fx.GraphModule, note: Callable[..., None]) -> int:
             continue
         shape = [1, -1] + [1] * (val.dim() - 2)
         with gm.graph.inserting_after(conv):
-            view = _call_with_meta(gm.graph, aten.view.default, (bias, shape))
+            view = call_with_meta(gm.graph, aten.view.default, (bias, shape))
         with gm.graph.inserting_after(view):
-            add = _call_with_meta(gm.graph, aten.add.Tensor, (conv, view))
+            add = call_with_meta(gm.graph, aten.add.Tensor, (conv, view))
         conv.replace_all_uses_with(add, delete_user_cb=lambda u, add=add: u is not add)
         conv.args = (conv.args[0], conv.args[1], None, *conv.args[3:])
         note("conv bias", [conv.name, add.name], "split", "the bias add joins the generated kernel after the conv")
@@ -410,47 +410,3 @@ def reinplace_buffer_updates(gm: fx.GraphModule, note: Callable[..., None]) -> i
 
 def _same_kind(a: object, b: object) -> bool:
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.shape, a.dtype) == (b.shape, b.dtype)
-
-
-def bmm_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """``bmm(a, w expanded over the batch)`` -> one ``mm`` over every row of ``a``: the same products, one GEMM.
-
-    ``nn.MultiheadAttention(batch_first=True)``'s inference path (frozen parameters, as ViT runs it in the suite)
-    projects its input transposed to (S, B, E), a layout that is not one (S·B, E) matrix, as a ``bmm`` with the
-    weight expanded to (S, E, 3E) at batch stride 0. cuBLAS runs that as S small GEMMs: 76 µs per
-    ViT-B/16 layer on an H100 against 34 µs for the same FLOPs as one GEMM (eager's linear folds it; Inductor does
-    not: ``scripts/results/h100-2026-11-24-r2-profile_vit.log``). Rewritten: ``a`` copied in row order when it is
-    not contiguous (a memory-bound copy the next kernel may absorb), one ``mm`` with the 2-D weight, a view back to
-    the bmm's own (contiguous) shape. Returns the number rewritten."""
-    count = 0
-    for bmm in list(gm.graph.find_nodes(op="call_function", target=aten.bmm.default)):
-        a, b = bmm.args
-        av, bv = a.meta.get("val"), b.meta.get("val")
-        if not isinstance(av, torch.Tensor) or not isinstance(bv, torch.Tensor) or bv.shape[0] < 2 or bv.stride(0):
-            continue
-        (batch, m, k), n = av.shape, bv.shape[2]
-        g = gm.graph
-        add = functools.partial(_call_with_meta, g)
-        with g.inserting_before(bmm):
-            weight = add(aten.select.int, (b, 0, 0))  # (K, N): the one matrix every batch reads
-            rows = (
-                a if av.is_contiguous() else add(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
-            )
-            out = add(aten.view.default, (add(aten.mm.default, (add(aten.view.default, (rows, [batch * m, k])), weight)),
-                                          [batch, m, n]))  # fmt: skip
-        bmm.replace_all_uses_with(out)
-        g.erase_node(bmm)
-        note("bmm as mm", [bmm.name, out.name], "rewritten", f"one ({batch * m}, {k}) x ({k}, {n}) GEMM, not {batch}")
-        count += 1
-    if count:
-        gm.graph.lint()
-        gm.recompile()
-    return count
-
-
-def _call_with_meta(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
-    """A new call node whose ``meta["val"]`` is ``target`` run on its arguments' fake values."""
-    node = graph.call_function(target, args, kwargs or {})
-    vals = fx.node.map_arg(args, lambda x: x.meta["val"])
-    node.meta["val"] = target(*vals, **(kwargs or {}))  # fake tensors: shape, strides, dtype
-    return node

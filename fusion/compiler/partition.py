@@ -341,17 +341,24 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
 def views_as_strides(gm: fx.GraphModule) -> int:
     """Every view op outside the kernels (a weight's ``t`` before a matmul, a ``view`` between two library calls)
     becomes one ``reinterpret`` of its base at the traced size, stride and offset, as Inductor's wrapper does: one
-    C++ call instead of a view op's dispatch. Returns how many; a view that is not plain strides is left alone."""
+    C++ call instead of a view op's dispatch. A chain of views is one call: each reinterprets the chain's root, and
+    the links nothing else reads are dropped (MultiheadAttention's q: view, permute, view; three calls, now one).
+    Returns how many views became strides; a view that is not plain strides is left alone."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not is_view_node(node, getitem=False) or not node.args:
             continue
         base = node.args[0]
+        while isinstance(base, fx.Node) and base.target is reinterpret:  # earlier in graph order: already strides
+            base = base.args[0]
         view = strided_view(node, base) if isinstance(base, fx.Node) else None
         if view is None:
             continue
         node.target, node.args, node.kwargs = reinterpret, (base, *view), {}
         count += 1
+    for node in reversed(gm.graph.nodes):
+        if node.target is reinterpret and not node.users:  # a link of a chain, read by nothing now
+            gm.graph.erase_node(node)
     if count:
         gm.recompile()
     return count

@@ -1,0 +1,179 @@
+"""GEMM rewrites behind ``fusion.backend``: the same products as fewer, larger or better-placed library calls.
+
+* :func:`bmm_as_mm` (pass ``bmm_as_mm``): a ``bmm`` whose weight is one matrix expanded over the batch is one ``mm``.
+* :func:`gemm_per_head` (pass ``gemm_heads``): a GEMM whose columns are split into heads and copied head-major (the
+  ``.contiguous()`` of ``nn.MultiheadAttention``'s packed in-projection) is one GEMM per head, each writing its head
+  where the copy would have put it: the copy is gone, and each head's bias is in its GEMM's epilogue.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from fusion.aten.nodes import is_view_node
+from fusion.fxutils.meta import call_with_meta
+
+aten = torch.ops.aten
+
+
+def bmm_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """``bmm(a, w expanded over the batch)`` -> one ``mm`` over every row of ``a``: the same products, one GEMM.
+
+    ``nn.MultiheadAttention(batch_first=True)``'s inference path (frozen parameters, as ViT runs it in the suite)
+    projects its input transposed to (S, B, E), a layout that is not one (S·B, E) matrix, as a ``bmm`` with the
+    weight expanded to (S, E, 3E) at batch stride 0. cuBLAS runs that as S small GEMMs: 76 µs per
+    ViT-B/16 layer on an H100 against 34 µs for the same FLOPs as one GEMM (eager's linear folds it; Inductor does
+    not: ``scripts/results/h100-2026-11-24-r2-profile_vit.log``). Rewritten: ``a`` copied in row order when it is
+    not contiguous (a memory-bound copy the next kernel may absorb), one ``mm`` with the 2-D weight, a view back to
+    the bmm's own (contiguous) shape. Returns the number rewritten."""
+    count = 0
+    for bmm in list(gm.graph.find_nodes(op="call_function", target=aten.bmm.default)):
+        a, b = bmm.args
+        av, bv = a.meta.get("val"), b.meta.get("val")
+        if not isinstance(av, torch.Tensor) or not isinstance(bv, torch.Tensor) or bv.shape[0] < 2 or bv.stride(0):
+            continue
+        (batch, m, k), n = av.shape, bv.shape[2]
+        g = gm.graph
+        add = functools.partial(call_with_meta, g)
+        with g.inserting_before(bmm):
+            weight = add(aten.select.int, (b, 0, 0))  # (K, N): the one matrix every batch reads
+            rows = (
+                a if av.is_contiguous() else add(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+            )
+            out = add(aten.view.default, (add(aten.mm.default, (add(aten.view.default, (rows, [batch * m, k])), weight)),
+                                          [batch, m, n]))  # fmt: skip
+        bmm.replace_all_uses_with(out)
+        g.erase_node(bmm)
+        note("bmm as mm", [bmm.name, out.name], "rewritten", f"one ({batch * m}, {k}) x ({k}, {n}) GEMM, not {batch}")
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def gemm_per_head(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """A GEMM's output split into ``k`` heads along its columns and copied head-major -> ``k`` GEMMs, one per head.
+
+    ``nn.MultiheadAttention`` projects q, k and v with one packed weight (3E, E), then ``.contiguous()`` copies the
+    result head-major, (S, B, 3E) -> (3, S, B, E), and reads q, k, v as ``[0]``, ``[1]``, ``[2]`` (its
+    ``_in_projection_packed``). That copy is a whole read and write of the projection: on ViT-B/16 (H100, bf16, batch
+    32) our bias-add-and-copy kernel took 29.6 µs a layer, 355 µs a call, while eager's fast path reads q, k and v as
+    strided views and copies nothing. Rewritten: head ``i`` is ``addmm(bias[i], x, W[:, i])`` (``mm`` without a bias),
+    whose output is laid out exactly as ``clone[i]`` (rows in the same order, contiguous): each ``select(clone, 0,
+    i)`` reads it instead. The same products and FLOPs; the bias rounds once, in the GEMM's epilogue.
+
+    Taken where the copy's only readers are those selects, the GEMM (``mm``, ``addmm``, or ``mm`` + a bias ``add`` over
+    its last dim, through views) feeds nothing but the copy, and the copy's layout is head-major over the GEMM's
+    rows: the head dim of stride E outermost, the rows in the GEMM's order, the E columns innermost. Returns the
+    number rewritten."""
+    count = 0
+    for clone in list(gm.graph.find_nodes(op="call_function", target=aten.clone.default)):
+        found = _heads_of_one_gemm(clone)
+        if found is None:
+            continue
+        chain, a, w, bias, n = found
+        g, add = gm.graph, functools.partial(call_with_meta, gm.graph)
+        selects = list(clone.users)
+        with g.inserting_before(clone):  # a, w and bias come before the copy's input chain
+            for select in selects:
+                i = select.args[2] % (w.meta["val"].shape[1] // n)
+                w_i = add(aten.slice.Tensor, (w, 1, i * n, (i + 1) * n))
+                out = (add(aten.addmm.default, (add(aten.slice.Tensor, (bias, 0, i * n, (i + 1) * n)), a, w_i))
+                       if bias is not None else add(aten.mm.default, (a, w_i)))  # fmt: skip
+                head = add(aten.view.default, (out, list(select.meta["val"].shape)))
+                select.replace_all_uses_with(head)
+                _refresh_views(head)  # the views after it: same strides, another storage (offset 0, not clone[i]'s)
+        for dead in [*selects, clone, *chain]:  # the copy and the views and GEMM that only fed it
+            g.erase_node(dead)
+        note("gemm per head", [clone.name], "rewritten", f"{len(selects)} GEMMs write the heads: the copy is gone")
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _refresh_views(node: fx.Node) -> None:
+    """Recompute ``meta["val"]`` of the views that read ``node`` (and the views of those): a later stage turns a view
+    chain into strides and an offset into its base, read off these fake values."""
+    stack = [u for u in node.users if is_view_node(u, getitem=False)]
+    while stack:
+        view = stack.pop()
+        vals = fx.node.map_arg(view.args, lambda x: x.meta["val"])
+        view.meta["val"] = view.target(*vals, **view.kwargs)
+        stack += [u for u in view.users if is_view_node(u, getitem=False)]
+
+
+def _heads_of_one_gemm(clone: fx.Node):
+    """``(chain, a, w, bias, n)`` when ``clone`` is a head-major copy of one GEMM ``a @ w (+ bias)`` that
+    :func:`gemm_per_head` can rewrite (``chain``: the views and the GEMM that only feed the copy, dead once it is gone;
+    ``n``: a head's width); None otherwise."""
+    val = clone.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.is_contiguous():
+        return None
+    if clone.kwargs.get("memory_format") not in (None, torch.contiguous_format):
+        return None
+    if not clone.users or any(u.target is not aten.select.int or u.args[1] != 0 for u in clone.users):
+        return None
+    chain, node = _views_back(clone.args[0])
+    gemm = _gemm(node)
+    if gemm is None:
+        return None
+    covered, a, w, bias = gemm
+    out, src = node.meta["val"], clone.args[0].meta["val"]
+    (m, _), big_n = a.meta["val"].shape, w.meta["val"].shape[1]
+    if not out.is_contiguous() or out.numel() != m * big_n or src.storage_offset() != out.storage_offset():
+        return None
+    dims = [(size, stride) for size, stride in zip(src.shape, src.stride(), strict=True) if size != 1]
+    if len(dims) < 3 or dims[-1][1] != 1:
+        return None
+    (k, n), rows = dims[0], dims[1:-1]
+    if k < 2 or k * n != big_n or dims[-1][0] != n:
+        return None
+    expected = big_n  # the rows in the GEMM's order: the innermost row dim of stride N, each outer one the product
+    for size, stride in reversed(rows):
+        if stride != expected:
+            return None
+        expected *= size
+    return ([*chain, *covered], a, w, bias, n) if expected == m * big_n else None
+
+
+def _views_back(node: object) -> tuple[list[fx.Node], object]:
+    """The views from ``node`` back to the first node that is not a view, each read by nothing else; and that node."""
+    chain = []
+    while isinstance(node, fx.Node) and is_view_node(node, getitem=False) and len(node.users) == 1:
+        chain.append(node)
+        node = node.args[0]
+    return chain, node
+
+
+def _gemm(node: object):
+    """``(nodes, a, w, bias or None)`` for ``mm(a, w)``, ``addmm(bias, a, w)`` (no scaling) or ``add(views of
+    mm(a, w), bias)``, read by one node, with a bias of the output's last size, all of one dtype (``nodes``: the GEMM,
+    and the add and views); None otherwise."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or len(node.users) != 1 or node.kwargs:
+        return None
+    dtype = node.meta["val"].dtype
+    if node.target is aten.mm.default:
+        return [node], *node.args, None
+    if node.target is aten.addmm.default and _is_row_bias(node.args[0], node, dtype):
+        return [node], node.args[1], node.args[2], node.args[0]
+    if node.target is aten.add.Tensor:
+        for x, bias in (node.args, node.args[::-1]):
+            views, mm = _views_back(x)
+            if (isinstance(mm, fx.Node) and mm.target is aten.mm.default and len(mm.users) == 1 and not mm.kwargs
+                    and mm.meta["val"].dtype == dtype and _is_row_bias(bias, node, dtype)):  # fmt: skip
+                return [node, *views, mm], *mm.args, bias
+    return None
+
+
+def _is_row_bias(bias: object, out: fx.Node, dtype) -> bool:
+    """A 1-D tensor of the output's last size and dtype (what a GEMM's epilogue adds to every row)."""
+    val = bias.meta.get("val") if isinstance(bias, fx.Node) else None
+    last = out.meta["val"].shape[-1]
+    return isinstance(val, torch.Tensor) and tuple(val.shape) == (last,) and val.dtype == dtype

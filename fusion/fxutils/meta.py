@@ -1,0 +1,14 @@
+"""New nodes with their fake values: what a pass that adds aten nodes needs so the stages after it (regions, code
+generation) read shapes, strides and dtypes off every node as they do off AOTAutograd's."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+
+def call_with_meta(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    """A new call node whose ``meta["val"]`` is ``target`` run on its arguments' fake values."""
+    node = graph.call_function(target, args, kwargs or {})
+    vals = fx.node.map_arg(args, lambda x: x.meta["val"])
+    node.meta["val"] = target(*vals, **(kwargs or {}))  # fake tensors: shape, strides, dtype
+    return node
