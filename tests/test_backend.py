@@ -1232,6 +1232,8 @@ def _binding_samples(device: str) -> dict:
         aten.native_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
         aten.cudnn_batch_norm.default: ((x4, w3, r(3), mean.clone(), var.clone(), False, 0.1, 1e-5), {}),
         aten._scaled_dot_product_flash_attention_for_cpu.default: (sdpa, {"scale": 0.3}),
+        aten._native_batch_norm_legit.default: ((x4, w3, r(3), mean.clone(), var.clone(), True, 0.1, 1e-5), {}),
+        aten.relu.default: ((x4.transpose(1, 2),), {}),
     }
 
 
@@ -1249,8 +1251,38 @@ def test_each_python_binding_computes_what_its_overload_computes(device):
         if device == "cpu" and any(k in str(op) for k in CUDA_ONLY) or device == "cuda" and "for_cpu" in str(op):
             continue
         args, kwargs = samples[op]
-        want, got = op(*args, **kwargs), binding(*args, **kwargs)
+        mine = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # what an op writes, written alike
+        want, got = op(*args, **kwargs), binding(*mine, **kwargs)
         torch.testing.assert_close(got, want, msg=lambda m, op=op: f"{op}: {m}")
+        torch.testing.assert_close(mine, list(args), msg=lambda m, op=op: f"{op} wrote its inputs otherwise: {m}")
+
+
+def test_tensor_methods_stand_in_only_where_they_are_the_same_op():
+    """_to_copy to another dtype is Tensor.to (a copy, with the input's layout); to the same dtype it stays the
+    overload (.to would return its input itself: an alias where the graph expects a new tensor). add_ without alpha
+    is Tensor.add_; with alpha it stays the overload."""
+    from fusion.compiler.bindings import python_bindings
+
+    aten = torch.ops.aten
+    x, y = torch.randn(4, 3).t(), torch.randn(3)  # a transposed x: the copy keeps its layout
+    g = torch.fx.Graph()
+    px, py = g.placeholder("x"), g.placeholder("y")
+    px.meta["val"], py.meta["val"] = x, y
+    other = g.call_function(aten._to_copy.default, (px,), {"dtype": torch.float64})
+    same = g.call_function(aten._to_copy.default, (px,), {"dtype": torch.float32})
+    g.call_function(aten.add_.Tensor, (py, 1.5))
+    g.call_function(aten.add_.Tensor, (py, 2.0), {"alpha": 3})
+    g.output((other, same))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    want_y, got_y = y.clone(), y.clone()
+    want = gm(x, want_y)
+    changed = python_bindings(gm)
+    assert [c.split(": ")[1] for c in changed] == ["aten._to_copy.default", "aten.add_.Tensor"], changed
+    got = gm(x, got_y)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_y, want_y)
+    assert got[0].stride() == x.stride() and got[0].dtype == torch.float64
+    assert got[1].data_ptr() != x.data_ptr()  # the same-dtype call still copies
 
 
 def test_library_calls_of_a_compiled_graph_go_through_python_bindings():
