@@ -56,8 +56,6 @@ BINDINGS = {op: getattr(torch._C._VariableFunctions, name) for op, name in _NAME
             if hasattr(torch._C._VariableFunctions, name)}  # fmt: skip
 
 
-
-
 def _to_another_dtype(node: fx.Node) -> tuple | None:
     """``_to_copy(x, dtype=d)`` with nothing else and ``x`` not of dtype ``d``: ``Tensor.to(x, d)``'s arguments."""
     x, dtype = node.args[0], node.kwargs.get("dtype")
