@@ -25,6 +25,8 @@
 #                                       # fusion vs Inductor; ViT-B/16 and ResNet-50 training kernels and CPU profile
 #     bash scripts/gpu_session.sh v     # after pass gemm_heads and one reinterpret per view chain: ViT suite row and
 #                                       # kernels; CPU time per op of the ResNet-50 training step, eager vs fusion
+#     bash scripts/gpu_session.sh w     # this round's code: the vision suite (5 models, every backend)
+#     bash scripts/gpu_session.sh x     # this round's code: MobileNetV3, ViT and the HF models
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -198,6 +200,8 @@ v)
     timeout 150 "$PY" scripts/gpu_profile_ops.py resnet50_train --backends=eager,fusion 2>&1 \
         | grep -v Warn | tee "$OUT/profile_ops.log" | tail -64
     ;;
-*) echo "part must be one of a to v" && exit 2 ;;
+w) suite 550 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 "$all_fusion" ;;
+x) suite 550 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion" ;;
+*) echo "part must be one of a to x" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
