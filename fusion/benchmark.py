@@ -136,7 +136,7 @@ def peak_memory(fn: Callable[[], object], device: str) -> int:
     >>> peak_memory(lambda: torch.relu(x * 2), "cpu") == 2 * x.nbytes   # x*2 and its relu, alive at once
     True
     """
-    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda.synchronize, then reset_peak_memory_stats and memory_allocated before the call, synchronize again after it, then max_memory_allocated minus what was there before; CPU: call fn inside an AllocationLog context, then take the maximum of the running sum of its events (itertools.accumulate)
+    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda.synchronize, then reset_peak_memory_stats and memory_allocated before the call, synchronize again after it, then max_memory_allocated minus what was there before; CPU: call fn inside an AllocationLog context, then take the maximum of the running sum of its events (itertools.accumulate: import itertools)
     # BEGIN SOLUTION
     if device == "cuda":
         torch.cuda.synchronize()
@@ -178,7 +178,7 @@ def roofline(flops: float, nbytes: float, peaks: Peaks) -> Roofline:
     >>> r.intensity, r.bound_by
     (20.0, 'compute')
     """
-    # TODO(human): return the Roofline of this work: its intensity, the time no kernel can beat, and which ceiling binds; tests check the bound on hand-made and random cases, and that bound_by agrees with intensity vs the ridge. Hint: the machine needs time for the FLOPs and time for the bytes, and cannot overlap them better than perfectly. More: one time per ceiling, each the amount of work over the machine's peak rate for it (peaks.flops_per_s, peaks.bytes_per_s); the bound is the time no overlap can hide; bound_by names that ceiling; the intensity is FLOPs per byte (math.inf when no byte moves)
+    # TODO(human): return the Roofline of this work: its intensity, the time no kernel can beat, and which ceiling binds; tests check the bound on hand-made and random cases, and that bound_by agrees with intensity vs the ridge. Hint: the machine needs time for the FLOPs and time for the bytes, and cannot overlap them better than perfectly. More: one time per ceiling, each the amount of work over the machine's peak rate for it (peaks.flops_per_s, peaks.bytes_per_s); the bound is the time no overlap can hide; bound_by names that ceiling; the intensity is FLOPs per byte (float('inf') when no byte moves)
     # BEGIN SOLUTION
     compute_s = flops / peaks.flops_per_s
     memory_s = nbytes / peaks.bytes_per_s

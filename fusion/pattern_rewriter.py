@@ -108,13 +108,14 @@ def fused_matmul_add_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | fl
     >>> x, w, b = torch.randn(4, 3), torch.randn(3, 5), torch.randn(5)
     >>> torch.testing.assert_close(fused_matmul_add_relu(x, w, b), torch.relu(x @ w + b))
     """
-    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies, else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: check that b is a Tensor, x.dim() >= 2, w.dim() == 2, b.shape == (w.shape[1],), dtypes, devices and torch.is_grad_enabled() with requires_grad; fold x to (math.prod(x.shape[:-1]), K) and view the (M, N) result back to (..., N)
+    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies, else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: check that b is a Tensor, x.dim() >= 2, w.dim() == 2, K = x.shape[-1] > 0 (on CUDA _addmm_activation returns the bias without the ReLU when K == 0, as Phase 2 found), b.shape == (w.shape[1],), dtypes, devices and torch.is_grad_enabled() with requires_grad; fold x to (math.prod(x.shape[:-1]), K) and view the (M, N) result back to (..., N)
     # BEGIN SOLUTION
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w, b))
     one_gemm = (
         isinstance(b, torch.Tensor)
         and x.dim() >= 2
         and w.dim() == 2
+        and x.shape[-1] > 0  # K == 0: on CUDA _addmm_activation returns the bias without the ReLU
         and b.dim() == 1
         and b.shape[0] == w.shape[1]  # a bias per output column: what the GEMM epilogue adds
         and x.dtype == w.dtype == b.dtype  # x @ w + b would promote mixed dtypes; addmm raises instead
@@ -123,9 +124,7 @@ def fused_matmul_add_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | fl
     )
     if not one_gemm:
         return torch.relu(torch.matmul(x, w) + b)  # the original expression: exact on every input it accepts
-    if x.dim() == 2:
-        return torch._addmm_activation(b, x, w)  # (M, N), one kernel
-    m = math.prod(x.shape[:-1])  # fold (..., K) into (M, K); explicit M, because reshape(-1, 0) is ambiguous
+    m = math.prod(x.shape[:-1])  # fold (..., K) into (M, K) (a 2-D x as it is); explicit M, not reshape(-1, K)
     out = torch._addmm_activation(b, x.reshape(m, x.shape[-1]), w)  # (M, N)
     return out.view(*x.shape[:-1], w.shape[1])  # (..., N)
     # END SOLUTION

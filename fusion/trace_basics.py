@@ -66,7 +66,7 @@ def opcode_counts(gm: fx.GraphModule) -> dict[str, int]:
     >>> opcode_counts(trace(models.TinyNet()))["call_module"]
     1
     """
-    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op, and an opcode the graph lacks still gets a 0. More: collections.Counter(n.op for n in gm.graph.nodes), then a dict comprehension over OPCODES
+    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op, and an opcode the graph lacks still gets a 0. More: Counter(n.op for n in gm.graph.nodes) (Counter is imported above), then a dict comprehension over OPCODES
     # BEGIN SOLUTION
     seen = Counter(node.op for node in gm.graph.nodes)
     return {op: seen[op] for op in OPCODES}

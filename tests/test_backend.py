@@ -138,6 +138,7 @@ def test_conv_bn_relu_net_folds_and_refolds_when_parameters_change():
         torch.testing.assert_close(model.state_dict(), before, rtol=0, atol=0)  # the fold never edits the model
         (report,) = backend.reports
         assert folded(report) == 3, report.table()
+        assert sum(p[2] == "folded" for p in report.parts[0].passes) == 3, report.table()  # every fold noted
         assert report.kernels, report.table()
         ops = [n for n in report.parts[0].library_calls]
         assert not any("batch_norm" in op for op in ops), ops  # no BatchNorm left to run
@@ -241,6 +242,8 @@ def test_fold_legality_and_transposed_grouped_fold():
     # The learner's notes, under any pass name: everything but the machinery's own epilogue notes.
     refused = [p for p in report.parts[0].passes if p[2] == "skipped" and p[0] != "cudnn epilogue"]
     assert len(refused) == 2 and all(p[3] for p in refused), report.table()
+    noted = [p for p in report.parts[0].passes if p[2] == "folded"]  # each fold noted: (conv, bn), 'folded'
+    assert len(noted) == 1 and noted[0][1].count(" → ") == 1, report.table()
 
 
 SOURCES = ("conv weight", "conv bias", "bn weight", "bn bias", "running mean", "running var")
@@ -280,6 +283,37 @@ def test_fold_refuses_every_source_computed_in_the_graph(computed):
     (report,) = backend.reports
     assert not report.error and all(p.compiled for p in report.parts), report.table()
     assert folded(report) == (1 if computed is None else 0), report.table()
+
+
+class SavedStatisticsUsed(nn.Module):
+    """conv → eval-mode batch norm whose saved statistics (outputs 1 and 2) are returned too: the fold would erase
+    them, so the pair must be refused (the rule: every user of the BN is getitem 0)."""
+
+    def __init__(self, c: int = 3):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.w = nn.Parameter(torch.randn(c, c, 3, 3, generator=g, dtype=torch.float64) * 0.3)
+        self.bn = nn.BatchNorm2d(c, dtype=torch.float64)
+        models.randomize_batchnorm_(self)
+
+    def forward(self, x):  # (B, c, H, W)
+        bn = self.bn
+        y = F.conv2d(x, self.w, padding=1)
+        return torch.ops.aten._native_batch_norm_legit_no_training(
+            y, bn.weight, bn.bias, bn.running_mean, bn.running_var, 0.1, bn.eps
+        )
+
+
+def test_fold_refuses_a_batch_norm_whose_saved_statistics_are_used():
+    model = SavedStatisticsUsed().eval()
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = torch.compile(model, backend="fusion", options=FOLD)(x), model(x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    (report,) = backend.reports
+    assert not report.error and all(p.compiled for p in report.parts), report.table()
+    assert folded(report) == 0, report.table()
 
 
 def test_an_exception_in_a_pass_surfaces_naming_where(monkeypatch):

@@ -397,6 +397,8 @@ class Site(nn.Module):
         act, fc, wiring = (lambda h: self.act(self, h)), self.fc, self.wiring
         if wiring == "direct":
             return act(fc(x))
+        if wiring == "Linear called with input=":  # the fused call must take the Linear's kwargs too
+            return act(fc(input=x))
         if wiring == "returned too":
             h = fc(x)
             return act(h), h
@@ -420,6 +422,7 @@ class Site(nn.Module):
 
 WIRINGS = {  # wiring -> the Linear calls a correct pass fuses (fx names the two calls of one `fc` fc and fc_1)
     "direct": ["fc"],
+    "Linear called with input=": ["fc"],
     "returned too": [],  # the pre-ReLU value is an output
     "read after the ReLU": [],  # a second user
     "two ReLUs": [],  # two users, both ReLUs
@@ -535,6 +538,25 @@ def test_relu_module_rules(spelling, rule):
 @pytest.mark.parametrize("spelling", LOOKALIKES)
 def test_activations_that_are_not_a_relu_are_not_fused(spelling):
     check_fusion(Site(spelling).eval(), [], _randn(3, 6))
+
+
+class LinearIsNotTheReluInput(nn.Module):
+    """The Linear's only user is an F.relu, but of another tensor: the Linear's output is its `inplace` flag."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = _linear(6, 1)
+
+    def forward(self, x):
+        return F.relu(x * 1.0, inplace=self.fc(x))  # x: (1, 6); fc(x): (1, 1), truthy or not
+
+
+def test_a_relu_that_does_not_read_the_linear_is_not_fused():
+    model = LinearIsNotTheReluInput()
+    gm = check_fusion(model, [])
+    for seed in range(4):
+        x = _randn(1, 6, seed=seed)
+        torch.testing.assert_close(gm(x), model(x))
 
 
 def test_refusal_helpers_name_a_reason_for_each_rule_and_none_otherwise():

@@ -131,6 +131,34 @@ def test_exposed_time_by_hand(tiny):
     assert t.exposed_ms == 0.0 and t.step_ms == 9.0
 
 
+def feeder_later(x, w1, w2):
+    a = x @ w1  # first in the original order, feeds no collective
+    r = funcol.all_reduce(x @ w2, "sum", group())  # mm_1 feeds the collective
+    return a + r
+
+
+def test_work_that_feeds_a_collective_runs_before_other_work(fake_group):
+    """Preference 2: ready work that a collective still to start depends on (mm_1) runs before earlier work that
+    feeds none (mm), so that the collective starts sooner and mm hides it."""
+    gm = capture_fn(feeder_later, [torch.randn(8, 8) for _ in range(3)], decompose=False)
+    graph, _ = graph_of(gm, regions=False)
+    assert by_name(u for u in graph.original if u.kind != "input") == ["mm", "mm_1", "all_reduce", "wait_tensor", "add"]
+    order = overlap.schedule_overlap(graph, budget=10**9)
+    assert by_name(u for u in order if u.kind != "input") == ["mm_1", "all_reduce", "mm", "wait_tensor", "add"]
+
+
+def test_pick_next_breaks_ties_by_original_position(tiny):
+    """The ready list comes in any order: among the units of the preferred kind that fit, the earliest in the original
+    order wins."""
+    graph, _ = graph_of(tiny)
+    ready = [u for u in graph.units if not u.preds]
+    feeding = [u for u in ready if u.kind != "wait" and u.index in graph.feeds_collective]
+    assert len(feeding) >= 2  # x and w1 feed the all_reduce
+    want = min(feeding, key=lambda u: u.index)
+    for shuffled in (ready, ready[::-1], ready[1:] + ready[:1]):
+        assert overlap.pick_next(graph, shuffled, graph.memory_state(), set(), 10**9) is want
+
+
 def two_collectives(x, w1, w2, w3):
     r1 = funcol.all_reduce(x @ w1, "sum", group())
     r2 = funcol.all_reduce(x @ w2, "sum", group())

@@ -271,6 +271,22 @@ def test_fused_op_is_one_addmm_activation_kernel_for_a_column_bias(lead):
     assert [op for op in ops if op not in FREE_OPS] == ["_addmm_activation"]  # one kernel; views are free
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+@pytest.mark.parametrize("lead", [(5,), (2, 5)])
+def test_fused_op_with_no_inner_dim_is_relu_of_the_bias(lead, device):
+    """K == 0: x @ w is all zeros, the result relu(b) broadcast over the rows. A fold by reshape(-1, 0) is ambiguous
+    and raises; on CUDA torch._addmm_activation returns the bias without the ReLU (Phase 2's select_kernel_path)."""
+    x, w = randn(*lead, 0).to(device), randn(0, 3).to(device)
+    b = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64, device=device)
+    want = torch.relu(torch.matmul(x, w) + b)
+    with torch.no_grad():
+        got = fused_matmul_add_relu(x, w, b)
+    assert got.shape == want.shape
+    close(got, want)
+
+
 def test_a_reshape_of_a_2d_input_is_free():
     """The property is "one kernel", not "no view": folding every x, 2-D included, is a correct solution."""
     x, w, b = randn(5, 4, dtype=torch.float32), randn(4, 3, dtype=torch.float32), randn(3, dtype=torch.float32)
