@@ -248,7 +248,8 @@ class KernelWriter:
             return tlang.constant(arg, dtype)
         val = arg.meta["val"]
         src, dt = self.value(arg, broadcast_index(index, val.shape))
-        if exact and arg in self.members and val.dtype in (torch.float16, torch.bfloat16):
+        wider = op_dtype not in (None, torch.float16, torch.bfloat16)  # eager rounded it before promoting it
+        if (exact or wider) and arg in self.members and val.dtype in (torch.float16, torch.bfloat16):
             src, dt = self.emit(tlang.cast(src, dt, val.dtype), dt)
         if op_dtype in (torch.float16, torch.bfloat16) and val.dtype not in (op_dtype, torch.bool):
             src, dt = self.emit(tlang.cast(src, dt, op_dtype), torch.float32)
@@ -311,7 +312,7 @@ class KernelWriter:
             raise Unsupported(f"{node.name}: reductions to {dt} are not generated")
         n, target = self.rows.rnumel, node.target
 
-        x = functools.partial(self.operand, node.args[0], self.index, dt)  # the row's values (per block if looped)
+        x = functools.partial(self.operand, node.args[0], self.index, dt, True)  # the row (a half one rounded first)
 
         def squares() -> str:  # variance: a second pass over the row, the squares about its mean
             return (c := self.emit(f"{x()} - {out[0]}", dt)[0]) + f" * {c}"

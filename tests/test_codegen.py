@@ -879,3 +879,56 @@ def test_regions_of_the_same_code_share_one_kernel():
 def test_code_only_drops_comments_but_not_a_hash_inside_a_string():
     source = "def k(a):  # region #3: add\n    # a whole-line comment\n\n    b = '#'  # tail\n    return b\n"
     assert tlang.code_only(source) == "def k(a):\n    b = '#'\n    return b"
+
+
+# Wrong answers and crashes found by a hunt on 2026-11-25; each test failed before its fix
+
+
+def test_a_split_side_that_reads_an_op_cut_from_the_other_side():
+    """A region split in two (outputs of shapes that do not broadcast) whose first side is cut at an op without a
+    Triton line: the second side reads that side's aten ops, so its launch goes after them (it raised ValueError)."""
+
+    def f(x, y):
+        b1 = y * 2  # the second side starts before the first
+        a3 = NO_LINE(x + 1) * 3
+        return a3, b1 + a3[0, :3]
+
+    check(f, _rand((4, 8), 0), _rand((3,), 1))
+
+
+@pytest.mark.parametrize("case", ["cat", "add", "where", "mul", "sum"])
+def test_half_values_are_rounded_before_a_wider_op_reads_them(case):
+    """Eager rounds h * 3 (float16) before a float32 op reads it, by promotion or in a cat: the kernel too. Off by
+    2e-3 (bfloat16: 2.4e-2) before, far outside float32's tolerance; a reduction of it too."""
+    h, y = _rand((4, 8), 0).half(), _rand((4, 8), 1)
+    fn = {
+        "cat": lambda h, y: torch.cat([h * 3, y], -1),
+        "add": lambda h, y: (h * 3) + y,
+        "where": lambda h, y: torch.where(y > 0, h * 3, y),
+        "mul": lambda h, y: (h.bfloat16() * 3) * y,
+        "sum": lambda h, y: (h * 100).sum(-1) * 2,
+    }[case]
+    check(fn, h, y, atol=0, rtol=0 if case != "sum" else 1e-3)
+
+
+def test_an_input_written_in_place_is_returned_itself_and_never_read_through_an_alias():
+    """compile_regions traces separate tensors: a call with two inputs that share memory, where the graph writes one,
+    is a clear error (it returned 2.0 where eager gives 3.0); `return x.add_(1)` returns x itself, as eager does."""
+
+    class Scale(nn.Module):
+        def forward(self, x, y):
+            x.mul_(2)
+            return y + 1
+
+    c = compile_regions(Scale(), (torch.ones(4), torch.ones(4)))
+    torch.testing.assert_close(c(torch.ones(4), torch.ones(4)), torch.full((4,), 2.0))  # separate: fine
+    e = torch.ones(8)
+    torch.testing.assert_close(c(e[:4], e[4:]), torch.full((4,), 2.0))  # one storage, no common bytes: fine
+    with pytest.raises(rt.ShapeMismatchError, match="share memory"):
+        c(e[:4], e[:4])
+    with pytest.raises(rt.ShapeMismatchError, match="share memory"):
+        c(e[2:6], e[:4])  # overlapping views
+
+    x = torch.zeros(3)
+    out = compile_regions(Fn(lambda t: t.add_(1)), (torch.zeros(3),))(x)
+    assert out is x and torch.equal(x, torch.ones(3))

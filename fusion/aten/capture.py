@@ -147,6 +147,10 @@ def capture_aten(
             "compiles each piece), or remove the branch from forward()"
         ) from None
     gm.graph.eliminate_dead_code()  # decompositions leave dead helpers (empty, full, alias); copy_ is impure and stays
+    (output,) = gm.graph.find_nodes(op="output")
+    for copy in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default):
+        if copy.args[0].op == "placeholder":  # `return x.add_(1)` returns x itself, as eager does, not a new tensor
+            output.replace_input_with(copy.args[1], copy)
 
     # Readable placeholder names: p_fc1_weight instead of arg2_1.
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

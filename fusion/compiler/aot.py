@@ -49,7 +49,10 @@ def lower_with_aot(
     if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
         from fusion.aten.capture import TRAINING_KEEP  # a training graph: the library's kernels where they win
 
-        decompositions = {op: fn for op, fn in decompositions.items() if op not in TRAINING_KEEP}
+        # An eval-mode batch norm kept whole too: Inductor's decomposition of _native_batch_norm_legit_no_training
+        # calls the mutable _native_batch_norm_legit, which TRAINING_KEEP keeps whole (AOTAutograd rejects it)
+        keep = (*TRAINING_KEEP, aten._native_batch_norm_legit_no_training.default)
+        decompositions = {op: fn for op, fn in decompositions.items() if op not in keep}
     backend = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,

@@ -352,11 +352,12 @@ def hoist_constants(graph: fx.Graph) -> None:
         if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
             continue
         key = (node.target, repr(node.args), repr(sorted(node.kwargs.items())))
-        if key in seen:
+        returned = any(u.op == "output" for u in node.users)  # a graph output is the caller's own tensor: never shared
+        if key in seen and not returned and not any(u.op == "output" for u in seen[key].users):
             node.replace_all_uses_with(seen[key])
             graph.erase_node(node)
         else:
-            seen[key] = node
+            seen.setdefault(key, node)
             if node is not top:
                 top.prepend(node)
 
@@ -396,6 +397,8 @@ def reinplace_buffer_updates(gm: fx.GraphModule, note: Callable[..., None]) -> i
         done += 1
     for c in list(gm.graph.find_nodes(op="call_function", target=aten.copy_.default)):
         buf, add = c.args
+        if c.users:  # the updated value is read (returned): the copy_ is the output, keep it
+            continue
         if add.op == "call_function" and add.target is aten.add.Tensor and add.args[0] is buf and users_ok(buf, add, c):
             if len(add.users) == 1 and buf.meta["val"].dtype == add.meta["val"].dtype:
                 gm.graph.erase_node(c)

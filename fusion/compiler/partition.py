@@ -64,7 +64,10 @@ class CompiledGraph(torch.nn.Module):
     def library_calls(self) -> int:
         """aten calls per call that are not generated kernels (matmul, conv, ops of fallback regions, lone ops)."""
         return sum(
-            n.op == "call_function" and not isinstance(n.target, rt.Launcher) and not is_view_node(n)
+            n.op == "call_function"
+            and not isinstance(n.target, rt.Launcher)
+            and not is_view_node(n)
+            and n.target is not as_traced  # a stride check, not a call (a copy only where ATen chose another layout)
             for n in self.graph_module.graph.nodes
         )
 
@@ -99,6 +102,27 @@ class CompiledGraph(torch.nn.Module):
                     f"were generated for {shape} stride {stride} {dtype}. Fix: compile again with example inputs of the "
                     "shapes (and memory layout) you call it with"
                 )
+        for i in self.written_inputs:  # an input the graph writes must not share memory with another input
+            other = next((j for j, t in enumerate(args) if j != i and _overlap(args[i], t)), None)
+            if other is not None:
+                a, b = self.input_specs[i], self.input_specs[other]
+                a, b = (a[0] if a else f"#{i}"), (b[0] if b else f"#{other}")
+                raise rt.ShapeMismatchError(
+                    f"compiled graph inputs {a} and {b} share memory, and the graph writes {a} in place: it was traced "
+                    f"with separate tensors, so it reads {b} as it was before the write. Fix: pass separate tensors "
+                    f'({b}.clone()), or use torch.compile(model, backend="fusion"), which recompiles for aliased inputs'
+                )
+
+    @property
+    def written_inputs(self) -> list[int]:
+        """The inputs the graph writes in place (a copy_ of a new value back into the caller's tensor)."""
+        written = self.__dict__.get("_written")
+        if written is None:
+            placeholders = {n: i for i, n in enumerate(self.graph_module.graph.find_nodes(op="placeholder"))}
+            written = sorted({placeholders[n.args[0]] for n in self.graph_module.graph.nodes
+                              if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in placeholders})  # fmt: skip
+            self.__dict__["_written"] = written
+        return written
 
     def forward(self, *args):
         if self.check_inputs:  # the graph is specialised to the example shapes, with or without kernels in it
@@ -108,6 +132,20 @@ class CompiledGraph(torch.nn.Module):
     @property
     def launchers(self) -> list[rt.Launcher]:
         return [m.launch for m in self.graph_module.modules() if isinstance(m, rt.RegionKernel)]
+
+
+def _overlap(a: object, b: object) -> bool:
+    """Do tensors ``a`` and ``b`` reach common bytes (the spans of their elements in one storage intersect)?"""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or not a.numel() or not b.numel():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str = "compile_graph") -> None:
@@ -211,7 +249,9 @@ def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
     def call_position(g: Group) -> int:
         if g.at is None:
             g.at = g.nodes[0]
-            producers = [call_position(group_of[n]) for n in g.inputs if n in group_of and group_of[n] is not g]
+            # a kernel it reads (its call), or an aten node (an op cut out of the other side of a SplitRegion)
+            producers = [call_position(group_of[n]) if n in group_of else position[n]
+                         for n in g.inputs if group_of.get(n) is not g and n in position]  # fmt: skip
             if producers and position[g.at] < max(producers):
                 g.at = next(n for n in g.nodes if position[n] > max(producers))
         return position[g.at]
@@ -245,6 +285,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
 
     new = rebuild(gm, groups, launch, kernels, class_name="CompiledGraph")
     new.meta["prims_to_aten"] = prims_to_aten(new)
+    new.meta["traced_layouts"] = traced_layouts(new)
     new.meta["views_as_strides"] = views_as_strides(new)
     new.meta["python_bindings"] = python_bindings(new)  # library calls: torch.convolution, not an OpOverload
     new.graph.lint()
@@ -338,6 +379,68 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
     return changed
 
 
+def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """A library call's output in the layout the graph was traced with (a copy only where ATen's kernel chose
+    another layout than its meta function: one stride comparison per call otherwise)."""
+    if t.stride() == stride or rt._same_layout(t, stride):
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _library_value(node: fx.Node) -> bool:
+    """A tensor a library call computed (its output, or one item of its tuple): its strides are ATen's choice."""
+    if node.op != "call_function" or isinstance(node.target, rt.Launcher) or is_view_node(node, getitem=False):
+        return False
+    if node.target in (reinterpret, as_traced):
+        return False
+    if node.target is operator.getitem:
+        src = node.args[0]
+        return isinstance(src, fx.Node) and src.op == "call_function" and not isinstance(src.target, rt.Launcher)
+    return True
+
+
+def traced_layouts(gm: fx.GraphModule) -> int:
+    """Every library output that a generated kernel or a view reads, or that the graph returns (a forward graph's
+    saved tensors are the backward graph's inputs), goes through :func:`as_traced`: all of them trust the traced
+    strides, and ATen's kernels need not keep them. (Seen: the BatchNorm family on CPU returns a contiguous output
+    for a transposed input, where its meta function keeps the input's strides: ``bn(x.transpose(1, 2))`` in
+    training gave values off by 3.7 through a view's strides.) Returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        val = node.meta.get("val")
+        if not _library_value(node) or not isinstance(val, torch.Tensor):
+            continue
+        try:
+            stride = tuple(int(s) for s in val.stride())
+        except (TypeError, RuntimeError):
+            continue
+        # a kernel or a view here, or the output: a saved tensor the backward graph's kernels read at these strides
+        readers = [u for u in node.users
+                   if u.op == "output" or isinstance(u.target, rt.Launcher) or is_view_node(u, getitem=False)]  # fmt: skip
+        if not readers:
+            continue
+        with gm.graph.inserting_after(node):
+            fixed = gm.graph.call_function(as_traced, (node, stride))
+        fixed.meta = dict(node.meta)
+        for u in readers:
+            u.replace_input_with(node, fixed)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _traced_layout(node: fx.Node) -> bool:
+    """Does ``node`` hold its traced strides at run time? A graph input (checked at the entry, or guarded by Dynamo),
+    a generated kernel's output (allocated at the traced strides), or what :func:`as_traced` returns. A library
+    call's own output need not (see :func:`traced_layouts`)."""
+    if node.op == "placeholder" or node.target is as_traced:
+        return True
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return isinstance(node.args[0].target, rt.Launcher)
+    return False
+
+
 def views_as_strides(gm: fx.GraphModule) -> int:
     """Every view op outside the kernels (a weight's ``t`` before a matmul, a ``view`` between two library calls)
     becomes one ``reinterpret`` of its base at the traced size, stride and offset, as Inductor's wrapper does: one
@@ -351,7 +454,7 @@ def views_as_strides(gm: fx.GraphModule) -> int:
         base = node.args[0]
         while isinstance(base, fx.Node) and base.target is reinterpret:  # earlier in graph order: already strides
             base = base.args[0]
-        view = strided_view(node, base) if isinstance(base, fx.Node) else None
+        view = strided_view(node, base) if isinstance(base, fx.Node) and _traced_layout(base) else None
         if view is None:
             continue
         node.target, node.args, node.kwargs = reinterpret, (base, *view), {}

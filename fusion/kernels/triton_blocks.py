@@ -77,16 +77,18 @@ def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.d
         lo += size
     if i.isdigit():  # a constant index (a select of the cat): the input it falls in, no select
         t, lo, _ = next(p for p in parts if p[1] <= int(i) < p[2])
-        return writer.operand(t, [str(int(i) - lo) if d == dim else j for d, j in enumerate(index)], dtype), dtype
+        return writer.operand(
+            t, [str(int(i) - lo) if d == dim else j for d, j in enumerate(index)], dtype, op_dtype=val.dtype
+        ), dtype
     picks = []
     for k, (t, lo, hi) in enumerate(parts):
         bounds = [f"({i} >= {lo})" if k else "", f"({i} < {hi})" if k < len(parts) - 1 else ""]
         if not (cond := " & ".join(filter(None, bounds))):  # the only input: no select
-            return writer.operand(t, index, dtype), dtype
+            return writer.operand(t, index, dtype, op_dtype=val.dtype), dtype
         inside = writer.emit(cond, torch.bool)[0]
         shifted = [f"({j} - {lo})" if d == dim and lo else j for d, j in enumerate(index)]
         with guarded(writer, inside):
-            picks.append((inside, writer.operand(t, shifted, dtype)))
+            picks.append((inside, writer.operand(t, shifted, dtype, op_dtype=val.dtype)))
     expr = picks[-1][1]
     for inside, value in reversed(picks[:-1]):
         expr = f"tl.where({inside}, {value}, {expr})"
