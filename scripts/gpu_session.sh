@@ -27,6 +27,7 @@
 #                                       # kernels; CPU time per op of the ResNet-50 training step, eager vs fusion
 #     bash scripts/gpu_session.sh w     # this round's code: the vision suite (5 models, every backend)
 #     bash scripts/gpu_session.sh x     # this round's code: MobileNetV3, ViT and the HF models
+#     bash scripts/gpu_session.sh y     # CUDA tests (Phases 3, 8, 9); the ResNet-50 training step after the bindings
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -202,6 +203,13 @@ v)
     ;;
 w) suite 550 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 "$all_fusion" ;;
 x) suite 550 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion" ;;
-*) echo "part must be one of a to x" && exit 2 ;;
+y)
+    cuda_tests 100
+    step "CUDA tests of Phase 3 (the GEMM epilogue, K == 0)"
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_pattern_rewriter.py -k cuda 2>&1 | tail -3 \
+        | tee "$OUT/cuda_tests_phase3.log"
+    suite 130 resnet50_train eager,fusion,inductor
+    ;;
+*) echo "part must be one of a to y" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
