@@ -8,6 +8,8 @@
 * :mod:`fusion.compiler.aten_passes` — the aten-level rewrites the lesson's passes drive: installing folded
   Conv+BatchNorm weights (computed from the live parameters, refreshed when they change), the cuDNN
   conv+bias(+add)+ReLU epilogue, and the conv bias moved into the next generated kernel.
+* :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM
+  copied head-major (MultiheadAttention's packed q, k, v) as one GEMM per head.
 * :mod:`fusion.compiler.partition` — the cut-and-retry loop over regions and the graph rebuilt around the kernels.
 * :mod:`fusion.compiler.bindings` — library calls of a compiled graph through torch's Python bindings
   (``torch.convolution`` instead of the ``aten.convolution.default`` OpOverload: less CPU per call).
