@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.fxutils.meta import call_with_meta
+from fusion.fxutils.meta import call_with_meta, refresh_meta
 
 aten = torch.ops.aten
 
@@ -104,8 +104,7 @@ def _refresh_views(node: fx.Node) -> None:
     stack = [u for u in node.users if is_view_node(u, getitem=False)]
     while stack:
         view = stack.pop()
-        vals = fx.node.map_arg(view.args, lambda x: x.meta["val"])
-        view.meta["val"] = view.target(*vals, **view.kwargs)
+        refresh_meta(view)
         stack += [u for u in view.users if is_view_node(u, getitem=False)]
 
 

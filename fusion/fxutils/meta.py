@@ -9,6 +9,12 @@ import torch.fx as fx
 def call_with_meta(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
     """A new call node whose ``meta["val"]`` is ``target`` run on its arguments' fake values."""
     node = graph.call_function(target, args, kwargs or {})
-    vals = fx.node.map_arg(args, lambda x: x.meta["val"])
-    node.meta["val"] = target(*vals, **(kwargs or {}))  # fake tensors: shape, strides, dtype
+    refresh_meta(node)
     return node
+
+
+def refresh_meta(node: fx.Node) -> None:
+    """Set ``node.meta["val"]``: its target run on its arguments' fake values (shape, strides, dtype), as after one
+    of its inputs was replaced by a tensor of another layout or storage."""
+    vals = fx.node.map_arg(node.args, lambda x: x.meta["val"])
+    node.meta["val"] = node.target(*vals, **node.kwargs)

@@ -72,7 +72,7 @@ def _compile_in_worker(path: str, name: str, dtypes: tuple[str, ...], num_warps:
 def precompile(kernels: Sequence[object]) -> dict[str, object]:
     """Compile ``kernels`` (``RegionKernel`` modules of one graph) in the worker pool; returns what happened:
     ``{"kernels": n, "seconds": wall time, "failed": [reasons]}`` or ``{"skipped": why}``."""
-    todo = []
+    todo, queued = [], set()  # one compile per distinct (code, types, config) of the graph
     for k in kernels:
         plan = k.plan
         devices = {n.meta["val"].device for n in plan.inputs}
@@ -84,7 +84,8 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
         dtypes += tuple(str(spec[2]).removeprefix("torch.") for spec in k._out_specs)
         source = shared_source(k.kernel.source)  # what the first launch will load: kernels of one code compile once
         key = (source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
-        if grid > 0 and key not in _WARMED and all(key != t[-1] for t in todo):
+        if grid > 0 and key not in _WARMED and key not in queued:
+            queued.add(key)
             todo.append((k, source, dtypes, constexprs, key))
     if len(todo) < 2 or workers() < 2:
         return {"skipped": "fewer than two CUDA kernels to compile, or FUSION_COMPILE_WORKERS < 2"}
