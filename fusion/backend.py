@@ -158,6 +158,7 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
+    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_as_mm), doc="a 1x1 conv of a channels-last image: one mm"),
     passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
                 doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
 ]  # fmt: skip

@@ -28,6 +28,9 @@
 #     bash scripts/gpu_session.sh w     # this round's code: the vision suite (5 models, every backend)
 #     bash scripts/gpu_session.sh x     # this round's code: MobileNetV3, ViT and the HF models
 #     bash scripts/gpu_session.sh y     # CUDA tests (Phases 3, 8, 9); the ResNet-50 training step after the bindings
+#   2026-11-25, second session:
+#     bash scripts/gpu_session.sh z     # pass conv1x1: conv vs GEMM per call (CPU, GPU); ResNet-50, MobileNetV2,
+#                                       # EfficientNet-B0 and the ResNet-50 training step with and without it
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -210,6 +213,12 @@ y)
         | tee "$OUT/cuda_tests_phase3.log"
     suite 130 resnet50_train eager,fusion,inductor
     ;;
-*) echo "part must be one of a to y" && exit 2 ;;
+z)
+    step "a 1x1 convolution: cuDNN vs one GEMM, CPU per call and GPU time"
+    timeout 120 "$PY" scripts/gpu_probe_conv1x1.py --out "$OUT" 2>&1 | tee "$OUT/probe_conv1x1.log" | tail -40
+    suite 330 resnet50,mobilenet_v2,efficientnet_b0 eager,fusion,fusion+no-conv1x1,inductor
+    suite 170 resnet50_train eager,fusion,fusion+no-conv1x1,inductor
+    ;;
+*) echo "part must be one of a to z" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -1556,3 +1556,141 @@ def test_training_batch_norm_on_a_transposed_input(tail, device):
     for (name, p), q in zip(mine.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
     torch.testing.assert_close(mine.bn.running_mean, ref.bn.running_mean)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pass conv1x1: a 1x1 convolution of a channels-last image is a GEMM
+
+
+def _cl(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+
+
+def _conv_graph(f, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(f, tracing_mode="fake")(*args)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.sampled_from([0, 1, 2, 3]), c=st.sampled_from([1, 3, 8]), h=st.sampled_from([1, 2, 5]),
+    w=st.sampled_from([1, 4, 7]), k=st.sampled_from([1, 5, 16]), bias=st.booleans(),
+    mask=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+)  # fmt: skip
+def test_a_1x1_convolution_and_its_backward_are_gemms_with_the_same_values(n, c, h, w, k, bias, mask):
+    """Pass conv1x1: convolution(x, W, b) of a channels-last x is X @ W.T (+ b); its backward dX = dY @ W,
+    dW = dY.T @ X, db = dY.sum(0), for every output mask. float64: the same values; no convolution left (an empty
+    batch stays a convolution: nothing to gain)."""
+    x, wt, b, dy = _cl(n, c, h, w), _cl(k, c, 1, 1), torch.randn(k, dtype=torch.float64), _cl(n, k, h, w)
+
+    def fwd(x, wt, b):
+        return (aten.convolution.default(x, wt, b if bias else None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),)
+
+    def bwd(dy, x, wt):
+        outs = aten.convolution_backward.default(dy, x, wt, [k], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(mask))
+        return tuple(o for o in outs if o is not None)
+
+    for f, args in ((fwd, (x, wt, b)), (bwd, (dy, x, wt))):
+        gm = _conv_graph(f, *args)
+        rewritten = gemm_passes.conv1x1_as_mm(gm, lambda *note: None)
+        got, want = gm(*args), f(*args)
+        # taken unless there is nothing to compute or ATen lays an output out otherwise (C = 1: NCHW is chosen)
+        images = [o for o, i in zip(want, [i for i in range(3) if f is fwd or mask[i]]) if i == 0 or f is fwd]
+        expect = n > 0 and len(want) > 0 and all(rt_same_layout(o, (h * w * o.shape[1], 1, w * o.shape[1], o.shape[1]))
+                                                  for o in images)  # fmt: skip
+        assert rewritten == expect, gm.code
+        assert ("convolution" in gm.code) == (not expect), gm.code
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+            assert a.shape == e.shape and (a.numel() == 0 or rt_same_layout(a, e.stride()))
+
+
+def rt_same_layout(t: torch.Tensor, stride) -> bool:
+    from fusion.kernels.triton_runtime import _same_layout
+
+    return _same_layout(t, tuple(stride))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["stride 2", "padding 1", "groups 2", "3x3 kernel", "NCHW input", "NCHW gradient", "transposed"],
+)
+def test_a_convolution_that_is_not_one_gemm_is_left_alone(case):
+    """Legality: a strided, padded, grouped or 3x3 convolution reads other pixels than one row each; an NCHW image (or
+    an NCHW gradient in the backward) is not one row-major (N·H·W, C) matrix; a transposed convolution is another
+    product. Each stays a convolution, with its values."""
+    x, wt, dy = _cl(2, 4, 5, 6), _cl(8, 4, 1, 1), _cl(2, 8, 5, 6)
+    stride, padding, groups, transposed = [1, 1], [0, 0], 1, False
+    if case == "stride 2":
+        stride, dy = [2, 2], _cl(2, 8, 3, 3)
+    elif case == "padding 1":
+        padding, dy = [1, 1], _cl(2, 8, 7, 8)
+    elif case == "groups 2":
+        groups, wt = 2, _cl(8, 2, 1, 1)
+    elif case == "3x3 kernel":
+        wt, padding = _cl(8, 4, 3, 3), [1, 1]
+    elif case == "NCHW input":
+        x = x.contiguous()
+    elif case == "NCHW gradient":
+        dy = dy.contiguous()
+    elif case == "transposed":
+        wt, dy, transposed = _cl(4, 8, 1, 1), _cl(2, 8, 5, 6), True
+
+    def fwd(x, wt):
+        return (aten.convolution.default(x, wt, None, stride, padding, [1, 1], transposed, [0, 0], groups),)
+
+    def bwd(dy, x, wt):
+        return aten.convolution_backward.default(dy, x, wt, None, stride, padding, [1, 1], transposed, [0, 0], groups,
+                                                 [True, True, False])[:2]  # fmt: skip
+
+    graphs = [(bwd, (dy, x, wt))] if case == "NCHW gradient" else [(fwd, (x, wt)), (bwd, (dy, x, wt))]
+    for f, args in graphs:
+        gm = _conv_graph(f, *args)
+        assert gemm_passes.conv1x1_as_mm(gm, lambda *note: None) == 0, (case, gm.code)
+        torch.testing.assert_close(gm(*args), f(*args))
+
+
+def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms():
+    """End to end: an inverted-residual block (1x1 expand, depthwise 3x3, 1x1 project with a bias, BatchNorm, ReLU6,
+    the residual) in channels-last, float64, training: the compiled step gives eager's outputs, gradients and running
+    statistics; both 1x1 convolutions are GEMMs forward and backward. With the pass off they stay convolutions."""
+    torch.manual_seed(0)
+    block = nn.Sequential(
+        nn.Conv2d(6, 12, 1, bias=False), nn.BatchNorm2d(12), nn.ReLU6(),
+        nn.Conv2d(12, 12, 3, padding=1, groups=12, bias=False), nn.BatchNorm2d(12), nn.ReLU6(),
+        nn.Conv2d(12, 6, 1), nn.BatchNorm2d(6),
+    )  # fmt: skip
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return x + self.block(x)
+
+    model = Residual().double().to(memory_format=torch.channels_last).train()
+    x = _cl(3, 6, 5, 7).requires_grad_()
+    for on in (True, False):
+        backend.reset()
+        ref, mine = copy.deepcopy(model), copy.deepcopy(model)
+        xr, xm = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        expected = ref(xr)
+        expected.square().sum().backward()
+        out = torch.compile(mine, backend="fusion", options={"conv1x1": on})(xm)
+        out.square().sum().backward()
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(xm.grad, xr.grad, rtol=1e-10, atol=1e-10)
+        for (name, a), b in zip(ref.state_dict().items(), mine.state_dict().values(), strict=True):
+            if a.is_floating_point():
+                torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=name)
+        for a, b in zip(ref.parameters(), mine.parameters(), strict=True):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-10)
+        (report,) = backend.reports
+        for kind in ("forward", "backward"):
+            part = report.part(kind)
+            assert [p[0] for p in part.passes].count("conv1x1 as mm") == (2 if on else 0), (kind, part.passes)
+            calls = part.library_calls
+            convs = calls.get("convolution" if kind == "forward" else "convolution_backward", 0)
+            assert convs == (1 if on else 3), (kind, calls)
