@@ -1694,3 +1694,27 @@ def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms():
             calls = part.library_calls
             convs = calls.get("convolution" if kind == "forward" else "convolution_backward", 0)
             assert convs == (1 if on else 3), (kind, calls)
+
+
+def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references():
+    """Under autocast a 1x1 convolution's weight gradient is the GEMM's (K, C) viewed as (K, C, 1, 1), strides
+    (C, 1, 1, 1), cast back to float32. prims traced that cast with strides (C, 1, C, C): only size-1 dims differ, so
+    it is aten's cast, not a prims reference run in Python (seen on the H100: 33 per ResNet-50 step, +13 ms)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(6, 12, 1, bias=False), nn.BatchNorm2d(12), nn.ReLU(), nn.Conv2d(12, 6, 1))
+    model = model.to(memory_format=torch.channels_last).train()
+    ref = copy.deepcopy(model)
+    x = torch.randn(3, 6, 5, 7).contiguous(memory_format=torch.channels_last)
+    outs = []
+    for m in (torch.compile(model, backend="fusion"), ref):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        y.float().square().sum().backward()
+        outs.append(y)
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=3e-2, atol=3e-2)
+    (report,) = backend.reports
+    for part in report.parts:
+        assert [p[0] for p in part.passes].count("conv1x1 as mm") == 2, part.passes
+        assert "prims" not in part.graph.code, part.graph.code

@@ -308,12 +308,14 @@ PRIMS_TO_ATEN = {prims.iota.default: _iota}
 
 
 def _same_strides_as_input(node: fx.Node) -> bool:
-    """aten._to_copy keeps a dense input's strides; the graph was traced with prims' strides: they must agree."""
+    """aten._to_copy keeps a dense input's strides; the graph was traced with prims' strides: they must agree (but
+    for dims of size 1, never stepped along: a GEMM's (K, C) gradient viewed as (K, C, 1, 1) has strides (C, 1, 1, 1)
+    where prims traced (C, 1, C, C))."""
     x, out = node.args[0], node.meta.get("val")
     xv = x.meta.get("val") if isinstance(x, fx.Node) else None
     if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    return _dense(xv) and tuple(xv.stride()) == tuple(out.stride())
+    return _dense(xv) and rt._same_layout(xv, tuple(out.stride()))
 
 
 def _dense(t: torch.Tensor) -> bool:
