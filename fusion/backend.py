@@ -145,8 +145,7 @@ def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
         aten_passes.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
 
 
-# The passes in the order they run, each run(gm, part), its name its option. Adding one: a function, an entry, a test.
-noted = passes.noted  # a machinery rewrite f(gm, note) as a pass: f(gm, part.note_pass)
+noted = passes.noted  # f(gm, note) as a pass run(gm, part). In run order; adding one: a function, an entry, a test
 PASSES = [
     passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
                 doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),

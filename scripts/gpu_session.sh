@@ -31,6 +31,9 @@
 #   2026-11-25, second session:
 #     bash scripts/gpu_session.sh z     # pass conv1x1: conv vs GEMM per call (CPU, GPU); ResNet-50, MobileNetV2,
 #                                       # EfficientNet-B0 and the ResNet-50 training step with and without it
+#     bash scripts/gpu_session.sh z1    # after conv1x1, its prims fix and the caching allocator: the vision suite
+#     bash scripts/gpu_session.sh z2    # the same code: MobileNetV3, ViT and the HF models
+#     bash scripts/gpu_session.sh z3    # CUDA tests (Phases 8, 9); both training steps (ResNet-50, BERT)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -219,6 +222,12 @@ z)
     suite 330 resnet50,mobilenet_v2,efficientnet_b0 eager,fusion,fusion+no-conv1x1,inductor
     suite 170 resnet50_train eager,fusion,fusion+no-conv1x1,inductor
     ;;
-*) echo "part must be one of a to z" && exit 2 ;;
+z1) suite 550 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 "$all_fusion" ;;
+z2) suite 550 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion" ;;
+z3)
+    cuda_tests 100
+    suite 300 resnet50_train,bert_train eager,fusion,inductor
+    ;;
+*) echo "part must be one of a to z, z1 to z3" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

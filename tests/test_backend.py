@@ -1022,6 +1022,19 @@ def test_cuda_kernels_launch_through_torchs_static_launcher():
     assert kinds <= {"static", "triton"} and all(lch.launches >= 2 for lch in compiled.launchers), kinds
     raw = {getattr(lch.direct, "raw", None) for lch in compiled.launchers}
     print(f"direct launch paths: {kinds}; static launcher refused: {static_refused}; raw C++ launch: {raw}")
+    if torch.cuda.device_count() == 1:  # outputs from the caching allocator directly, as Inductor's output code
+        assert all(lch.alloc is torch._C._dynamo.guards._empty_strided_cuda for lch in compiled.launchers)
+        out = compiled(x, y)
+        assert out[0].device == x.device and out[0].dtype == torch.bfloat16 and out[0].stride() == (130, 1)
+
+
+def test_outputs_are_allocated_on_the_launchers_device():
+    """empty_strided_on: the fast CUDA allocator only where one device makes the current device the right one; on
+    the CPU (and with several GPUs) torch.empty_strided on the launcher's device, size, strides and dtype."""
+    from fusion.kernels.triton_runtime import empty_strided_on
+
+    t = empty_strided_on(torch.device("cpu"))((2, 3, 4), (1, 2, 6), torch.float16)
+    assert t.device.type == "cpu" and t.shape == (2, 3, 4) and t.stride() == (1, 2, 6) and t.dtype == torch.float16
 
 
 class _FakeStaticKernel:

@@ -1022,6 +1022,21 @@ def test_suite_cli_and_unknown_names(tmp_path, capsys):
         S.run_suite(B.LESSON, backends=["tvm"], device="cpu")
 
 
+def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
+    """``fusion+no-<pass>``: the backend with that pass off (``fusion+no-conv1x1``: options {"conv1x1": False}),
+    accepted by the suite's name check; ``fusion+fold+cudagraphs`` still turns both on."""
+    from fusion.bench import suite as S
+
+    seen = []
+    monkeypatch.setattr(S.torch, "compile", lambda model, **kw: seen.append(kw.get("options")) or model)
+    S.compile_with("fusion+no-conv1x1", nn.Identity())
+    S.compile_with("fusion+fold+cudagraphs", nn.Identity())
+    S.compile_with("fusion", nn.Identity())
+    assert seen == [{"conv1x1": False}, {"fold_bn": True, "cudagraphs": True}, None]
+    with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
+        S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+conv1x1"], device="cpu")
+
+
 def test_gpu_suite_script_dry_run(tmp_path):
     """scripts/gpu_suite.py on CPU (tiny shapes): a row per model, a model that fails costs only its own row."""
     proc = subprocess.run(

@@ -18,6 +18,7 @@ The graph around the launches is built by ``fusion.compiler.partition``; GPU tim
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -312,6 +313,7 @@ class Launcher:
         self._picks = None if None in picks else picks  # None: an escaping view is rebuilt op by op in Python
         self._plain = picks == [(1, i) for i in range(len(plan.stored))]  # the outputs are the stored tensors
         self._device: torch.device | None = None
+        self.alloc: Callable = empty_strided_on(torch.device("cpu"))  # (size, stride, dtype): the device's, 1st call
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
 
@@ -336,7 +338,8 @@ class Launcher:
         for i in self._aligned:  # Triton specialised the kernel on 16-byte aligned pointers: is this one still?
             if inputs[i].data_ptr() & 15:
                 return self._first(inputs)
-        outs = [torch.empty_strided(s, st, dtype=dt, device=self._device) for s, st, dt in self._specs]
+        alloc = self.alloc
+        outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         try:
             direct(*inputs, *outs)
         except Exception as e:  # noqa: BLE001 - any failure: the JIT call, from now on
@@ -355,6 +358,7 @@ class Launcher:
             self.checked = True
         device = inputs[0].device if inputs else torch.device("cpu")
         self._device = device
+        self.alloc = empty_strided_on(device)
         self._specs = owner._out_specs
         outs = [torch.empty_strided(s, st, dtype=dt, device=device) for s, st, dt in self._specs]
         fn = owner._function(interpret=device.type != "cuda")
@@ -378,6 +382,21 @@ class Launcher:
                     except Exception as e:  # noqa: BLE001 - an older/newer Triton: keep the JIT call
                         self.fallback = f"no direct launcher ({type(e).__name__}: {str(e)[:120]})"
         return self.results(inputs, outs)
+
+
+def empty_strided_on(device: torch.device) -> Callable:
+    """``alloc(size, stride, dtype)``: an uninitialised tensor on ``device``. On a host with one CUDA device, the
+    allocator Inductor's output code calls (``torch._C._dynamo.guards._empty_strided_cuda``: straight to the caching
+    allocator, no argument parsing or dispatch; it allocates on the *current* device, which one device makes this
+    one); ``torch.empty_strided(..., device=device)`` otherwise."""
+    fast = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
+    if device.type == "cuda" and fast is not None and torch.cuda.device_count() == 1:
+        return fast
+    return functools.partial(_empty_strided, device=device)
+
+
+def _empty_strided(size, stride, dtype, *, device):
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def _view_pick(node: fx.Node, where: dict[fx.Node, tuple[int, int]]) -> tuple | None:
