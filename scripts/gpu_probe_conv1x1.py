@@ -49,7 +49,8 @@ def _fns(x, w, dy):
         "forward: torch.convolution": lambda: torch.convolution(x, w, None, *conv_args),
         "forward: mm": lambda: torch.mm(rows, w2.t()),
         "backward: convolution_backward": lambda: aten.convolution_backward.default(
-            dy, x, w, None, *conv_args, [True, True, False]),
+            dy, x, w, None, *conv_args, [True, True, False]
+        ),
         "backward: two mm": lambda: (torch.mm(g2, w2), torch.mm(g2.t(), rows)),
     }
 
@@ -99,8 +100,13 @@ def main() -> None:
         for name, n, c, h, w, k in SHAPES:
             small, full = _fns(*_tensors(1, c, h, w, k)), _fns(*_tensors(n, c, h, w, k))
             for spelling in small:
-                row = {"shape": name, "nchw_k": [n, c, h, w, k], "spelling": spelling,
-                       "cpu_us": round(cpu_us(small[spelling]), 2), "gpu_us": round(gpu_us(full[spelling]), 2)}
+                row = {
+                    "shape": name,
+                    "nchw_k": [n, c, h, w, k],
+                    "spelling": spelling,
+                    "cpu_us": round(cpu_us(small[spelling]), 2),
+                    "gpu_us": round(gpu_us(full[spelling]), 2),
+                }
                 rows.append(row)
                 print(f"{name:20s} {spelling:34s} CPU {row['cpu_us']:7.2f} µs  GPU {row['gpu_us']:8.2f} µs", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}

@@ -353,8 +353,10 @@ def run_suite(
     ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].startswith("no-")  # noqa: E731
     unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not ablation(b)]
     if unknown:
-        raise ValueError(f"unknown model/backend {unknown}. Fix: models {', '.join(MODELS)}; backends {BACKENDS} "
-                         "(or fusion+no-<pass>: that pass off)")
+        raise ValueError(
+            f"unknown model/backend {unknown}. Fix: models {', '.join(MODELS)}; backends {BACKENDS} "
+            "(or fusion+no-<pass>: that pass off)"
+        )
     backends = tuple(backends) or (BACKENDS if device == "cuda" else CPU_DEFAULT_BACKENDS)
     sizes = sizes or ("full" if device == "cuda" else "tiny")
     cfg = SuiteConfig(device, sizes, 3 if rounds is None else rounds, 0.1 if device == "cuda" else 0.02)
