@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
 from fusion.fxutils.meta import call_with_meta, refresh_meta
+from fusion.kernels.triton_runtime import _same_layout as _same  # strides equal but for dims of size 1
 
 aten = torch.ops.aten
 
@@ -257,7 +258,7 @@ def _conv1x1_shapes(conv: fx.Node):
     if xv.dtype == torch.float32 and xv.device.type == "cuda" and torch.get_float32_matmul_precision() == "highest":
         return None  # cuDNN's float32 convolution may use TF32; a float32 GEMM here would not: several times slower
     (n, c, h, wd), k = xv.shape, wv.shape[0]
-    if not xv.numel() or not _channels_last(xv.shape, xv.stride()):
+    if not xv.numel() or not _channels_last(xv):
         return None
     image = lambda ch: (h * wd * ch, 1, wd * ch, ch)  # noqa: E731 - the strides of the GEMM's output as an image
     if forward:
@@ -267,25 +268,17 @@ def _conv1x1_shapes(conv: fx.Node):
     else:
         dy, vals = conv.args[0].meta.get("val"), conv.meta.get("val")
         want = {0: image(c), 1: (c, 1, 1, 1), 2: (1,)}
-        ok = isinstance(dy, torch.Tensor) and _channels_last(dy.shape, dy.stride()) and dy.dtype == xv.dtype
+        ok = isinstance(dy, torch.Tensor) and _channels_last(dy) and dy.dtype == xv.dtype
         read = [u for u in conv.users if u.users or u.target is not operator.getitem]
         ok = ok and bool(read) and all(u.target is operator.getitem and isinstance(vals[u.args[1]], torch.Tensor)
                                        and _same(vals[u.args[1]], want[u.args[1]]) for u in read)  # fmt: skip
     return (forward, x, w, (n, c, h, wd, k)) if ok else None
 
 
-def _channels_last(shape, stride) -> bool:
+def _channels_last(val: torch.Tensor) -> bool:
     """Is a 4-D (N, C, H, W) tensor the dense (N·H·W, C) matrix, row-major (size-1 dims' strides aside)?"""
-    n, c, h, w = shape
-    return _same_strides(shape, stride, (h * w * c, 1, w * c, c))
-
-
-def _same(val: torch.Tensor, stride: tuple) -> bool:
-    return _same_strides(val.shape, val.stride(), stride)
-
-
-def _same_strides(shape, stride, want) -> bool:
-    return all(size == 1 or a == b for size, a, b in zip(shape, stride, want, strict=True))
+    n, c, h, w = val.shape
+    return _same(val, (h * w * c, 1, w * c, c))
 
 
 def _as_image(add: Callable, mm: fx.Node, n: int, h: int, w: int, k: int) -> fx.Node:
