@@ -312,8 +312,7 @@ class Launcher:
         picks = [where.get(n) or _view_pick(n, where) for n in plan.outputs]
         self._picks = None if None in picks else picks  # None: an escaping view is rebuilt op by op in Python
         self._plain = picks == [(1, i) for i in range(len(plan.stored))]  # the outputs are the stored tensors
-        self._device: torch.device | None = None
-        self.alloc: Callable = empty_strided_on(torch.device("cpu"))  # (size, stride, dtype): the device's, 1st call
+        self.alloc: Callable | None = None  # (size, stride, dtype) -> an output on the inputs' device: the 1st call
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
 
@@ -357,10 +356,9 @@ class Launcher:
             owner.check(inputs)
             self.checked = True
         device = inputs[0].device if inputs else torch.device("cpu")
-        self._device = device
-        self.alloc = empty_strided_on(device)
+        self.alloc = alloc = empty_strided_on(device)
         self._specs = owner._out_specs
-        outs = [torch.empty_strided(s, st, dtype=dt, device=device) for s, st, dt in self._specs]
+        outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         fn = owner._function(interpret=device.type != "cuda")
         grid, constexprs = owner.config(device)
         if grid > 0:
