@@ -34,6 +34,12 @@
 #     bash scripts/gpu_session.sh z1    # after conv1x1, its prims fix and the caching allocator: the vision suite
 #     bash scripts/gpu_session.sh z2    # the same code: MobileNetV3, ViT and the HF models
 #     bash scripts/gpu_session.sh z3    # CUDA tests (Phases 8, 9); both training steps (ResNet-50, BERT)
+#   2026-11-25, third session:
+#     bash scripts/gpu_session.sh aa    # where GPT-2 and Llama spend CPU under fusion and Inductor (ops, cProfile)
+#     bash scripts/gpu_session.sh ab    # after passes cse and constants, split items as strides: CUDA tests; the
+#                                       # text models, MobileNetV3 and ViT (every backend); GPT-2's CPU per op again
+#     bash scripts/gpu_session.sh ac    # the same code: the vision suite (5 models) and Llama, every backend
+#     bash scripts/gpu_session.sh ad    # what passes cse and constants buy (GPT-2, one process); ResNet-50 again
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -228,6 +234,26 @@ z3)
     cuda_tests 100
     suite 300 resnet50_train,bert_train eager,fusion,inductor
     ;;
-*) echo "part must be one of a to z, z1 to z3" && exit 2 ;;
+aa)
+    step "CPU time per op of GPT-2 and Llama, fusion vs Inductor (torch.profiler)"
+    timeout 240 "$PY" scripts/gpu_profile_ops.py gpt2 llama --backends=fusion,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_ops.log" | tail -30
+    step "Python time of a GPT-2 and a Llama call under fusion (cProfile)"
+    timeout 200 "$PY" scripts/gpu_profile_cpu.py gpt2 llama --backends=fusion 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_cpu.log" | tail -30
+    ;;
+ab)
+    cuda_tests 100
+    suite 420 mobilenet_v3_large,vit_b_16,bert,gpt2,llama "$all_fusion"
+    step "CPU time per op of GPT-2, fusion vs Inductor (torch.profiler)"
+    timeout 60 "$PY" scripts/gpu_profile_ops.py gpt2 --backends=fusion,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_ops.log" | tail -12
+    ;;
+ac) suite 540 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0,llama "$all_fusion" ;;
+ad)
+    suite 150 gpt2 eager,fusion,fusion+no-constants,fusion+no-cse,inductor
+    suite 100 resnet50 eager,fusion,inductor
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to ad" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -10,12 +10,13 @@ import contextlib
 import copy
 import importlib
 import operator
+import re
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fusion import backend, models
@@ -1731,3 +1732,109 @@ def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references(
     for part in report.parts:
         assert [p[0] for p in part.passes].count("conv1x1 as mm") == 2, part.passes
         assert "prims" not in part.graph.code, part.graph.code
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Passes cse and constants; a split's items as strides (issue 23: GPT-2 and Llama were CPU-bound on such calls)
+
+
+def _calls() -> collections.Counter:
+    return sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+
+
+@pytest.mark.parametrize("cse", [True, False])
+def test_cse_computes_a_repeated_library_call_once(cse):
+    def f(x, w):
+        return torch.mm(x, w).relu() + torch.mm(x, w) * 2.0
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 3, dtype=torch.float64, generator=g), torch.randn(3, 7, dtype=torch.float64, generator=g)
+    got = torch.compile(f, backend="fusion", options={"cse": cse})(x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-12, atol=1e-12)
+    assert _calls()["mm"] == (1 if cse else 2), _calls()
+
+
+def test_cse_keeps_random_ops_and_equal_outputs_apart():
+    def f(x):
+        return x + torch.rand_like(x), x + torch.rand_like(x), x * 2.0, x * 2.0
+
+    x = torch.zeros(64)
+    a, b, c, d = torch.compile(f, backend="fusion")(x)
+    assert not torch.equal(a, b)  # two draws, not one
+    torch.testing.assert_close(c, d)
+    c.fill_(7.0)  # the caller owns each output: writing one leaves the other as it was
+    torch.testing.assert_close(d, x * 2.0)
+
+
+class CausalMaskAdd(nn.Module):
+    """A causal mask built from the sequence length alone (as HuggingFace builds one): no input changes it."""
+
+    def forward(self, x):  # x: (batch, seq, seq)
+        n = x.shape[-1]
+        pos = torch.arange(n, device=x.device)
+        allowed = pos[None, :] <= pos[:, None]
+        mask = torch.where(allowed, torch.tensor(0.0, device=x.device), torch.tensor(float("-inf"), device=x.device))
+        return torch.softmax(x + mask.to(x.dtype), dim=-1)
+
+
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(0, 3), seq=st.integers(1, 9), constants=st.booleans(), grads=st.booleans())
+@example(batch=2, seq=6, constants=True, grads=False)
+@example(batch=2, seq=6, constants=False, grads=False)
+def test_a_mask_computed_from_no_input_is_computed_once_at_compile_time(batch, seq, constants, grads):
+    backend.reset()
+    model = CausalMaskAdd()
+    x = torch.randn(batch, seq, seq, dtype=torch.float64, generator=torch.Generator().manual_seed(seq))
+    compiled = torch.compile(model, backend="fusion", options={"constants": constants})
+    for scale in (1.0, -3.0):  # a second call with other values: the folded mask is still right
+        xs = (x * scale).requires_grad_(grads)
+        got = compiled(xs)
+        torch.testing.assert_close(got, model(x * scale), rtol=1e-12, atol=1e-12)
+        if grads and batch:  # the backward graph reads the folded mask's softmax, not the mask itself
+            xe = (x * scale).requires_grad_()
+            (g,) = torch.autograd.grad((got * got).sum(), xs)
+            (want,) = torch.autograd.grad((model(xe) * model(xe)).sum(), xe)
+            torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-10)
+    if batch == 0 or grads:  # an empty batch runs as aten; a training graph's counts are the forward's and more
+        return
+    calls = _calls()
+    assert (sum(calls.values()) == 0) == constants, calls  # the iota/compare/where calls are gone, not moved
+    notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "constants"]
+    assert bool(notes) == constants, backend.reports[0].table()
+
+
+def test_a_returned_or_written_constant_is_never_shared_between_calls():
+    def f(x):
+        c = torch.arange(4.0)
+        d = torch.ones(4) * 3.0
+        d.add_(x)  # written in place after it is made: a value of the input, not a constant
+        return x + c, c, c.view(2, 2), d
+
+    compiled = torch.compile(f, backend="fusion")
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    first = compiled(x)
+    for t in first:
+        t.fill_(100.0)  # the caller's tensors: writing them must not reach the next call's answer
+    for got, want in zip(compiled(x), f(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("unbind", [False, True])
+def test_split_items_are_strides_of_what_the_split_reads(built, unbind):
+    """GPT-2's q, k, v: one GEMM, split three ways, each item read by a library call. The items are reinterprets of
+    the GEMM's output (no split or getitem call, no layout check on them); values as eager's, float64."""
+
+    def f(x, w, a):
+        qkv = torch.mm(x, w)  # (n, 3 * d)
+        q, k, v = qkv.view(-1, 3, a.shape[0]).unbind(1) if unbind else qkv.split(a.shape[0], dim=-1)
+        return torch.mm(q, a) + torch.mm(k, a).t() @ torch.mm(v, a)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, dtype=torch.float64, generator=g)
+    w, a = torch.randn(4, 9, dtype=torch.float64, generator=g), torch.randn(3, 5, dtype=torch.float64, generator=g)
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x, w, a), f(x, w, a), rtol=1e-12, atol=1e-12)
+    calls = _calls()
+    assert not {"split", "unbind", "split_with_sizes"} & set(calls), calls
+    code = built[-1].code
+    assert "aten.split" not in code and "aten.unbind" not in code and not re.search(r"\w\[\d+\]", code), code
+    assert code.count("as_traced(") <= 1, code  # the returned sum's, at most: no check on a GEMM's output

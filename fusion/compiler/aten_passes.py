@@ -413,3 +413,71 @@ def reinplace_buffer_updates(gm: fx.GraphModule, note: Callable[..., None]) -> i
 
 def _same_kind(a: object, b: object) -> bool:
     return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.shape, a.dtype) == (b.shape, b.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Common subexpressions and constants: work the graph repeats, or that no input changes
+
+
+def eliminate_common_subexpressions(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once (``torch._functorch``'s
+    ``fx_graph_cse``, what AOTAutograd runs on training graphs; it keeps random ops, mutations and each graph output
+    apart). HuggingFace's GPT-2 turns its causal mask into an additive one in every layer: twelve ``where`` calls of
+    the same mask, now one. Returns how many nodes went."""
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    before = len(gm.graph.nodes)
+    new = fx_graph_cse(gm.graph)
+    removed = before - len(new.nodes)
+    if removed:
+        gm.graph = new  # the setter makes gm own the graph
+        gm.recompile()
+        note("cse", [f"{removed} node(s)"], "merged", "the same op on the same inputs: computed once")
+    return removed
+
+
+FOLD_LIMIT_BYTES = 64 << 20  # at most this much memory held by one graph's folded constants
+
+
+def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Phase 9's pass ``constants``: every value computed from no graph input (an attention mask built from
+    ``iota`` and the sequence length, a ``scalar_tensor``) is computed once, at compile time, and the graph reads
+    the result (Inductor's ``ConstantFolder`` evaluates it). GPT-2's causal mask is ~25 library calls a call without
+    it. Not folded: a value the graph returns or an op writes into (the caller's tensor must be its own; a constant
+    must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all. Returns how many folded."""
+    from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        folder = ConstantFolder(gm)
+        folder.run()
+    held, folded = 0, []
+    for node, value in folder.node_replacements.items():
+        if node.op != "call_function" or not isinstance(value, torch.Tensor) or not _stays_constant(node):
+            continue
+        size = value.untyped_storage().nbytes()
+        if held + size > FOLD_LIMIT_BYTES:
+            note("constants", [node.name], "skipped", f"would hold over {FOLD_LIMIT_BYTES >> 20} MB of constants")
+            continue
+        held += size
+        folded.append((node, value))
+    for node, value in folded:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and value.stride() != val.stride():  # as the graph was traced
+            value = torch.empty_strided(val.shape, val.stride(), dtype=value.dtype, device=value.device).copy_(value)
+        replace_node_with_constant(gm, node, value, name=f"_folded_{node.name}")
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+        note("constants", [f"{len(folded)} value(s)"], "precomputed", "computed from no input: once, at compile time")
+    return len(folded)
+
+
+def _stays_constant(node: fx.Node) -> bool:
+    """No reader can change or keep ``node``'s tensor: not returned, not written in place, not viewed by either."""
+    for u in node.users:
+        mutable = isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
+        if u.op == "output" or mutable or (is_view_node(u) and not _stays_constant(u)):
+            return False
+    return True

@@ -389,15 +389,21 @@ def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+# Library ops whose ATen kernels always return a new contiguous tensor (cuBLAS and the CPU BLAS path alike allocate
+# the result row-major), so their output needs no layout check: ~1 µs of CPU a call each (GPT-2: 48 a call).
+FRESH_CONTIGUOUS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+
+
 def _library_value(node: fx.Node) -> bool:
     """A tensor a library call computed (its output, or one item of its tuple): its strides are ATen's choice."""
     if node.op != "call_function" or isinstance(node.target, rt.Launcher) or is_view_node(node, getitem=False):
         return False
     if node.target in (reinterpret, as_traced):
         return False
-    if node.target is operator.getitem:
+    if node.target is operator.getitem:  # an item of a library call's tuple (not of a split: a view, see below)
         src = node.args[0]
-        return isinstance(src, fx.Node) and src.op == "call_function" and not isinstance(src.target, rt.Launcher)
+        return (isinstance(src, fx.Node) and src.op == "call_function" and not isinstance(src.target, rt.Launcher)
+                and not is_view_node(src, getitem=False))  # fmt: skip
     return True
 
 
@@ -415,6 +421,8 @@ def traced_layouts(gm: fx.GraphModule) -> int:
         try:
             stride = tuple(int(s) for s in val.stride())
         except (TypeError, RuntimeError):
+            continue
+        if node.target in FRESH_CONTIGUOUS and val.is_contiguous():  # ATen allocates it so: nothing to check
             continue
         # a kernel or a view here, or the output: a saved tensor the backward graph's kernels read at these strides
         readers = [u for u in node.users
@@ -438,6 +446,9 @@ def _traced_layout(node: fx.Node) -> bool:
     call's own output need not (see :func:`traced_layouts`)."""
     if node.op == "placeholder" or node.target is as_traced:
         return True
+    if node.target in FRESH_CONTIGUOUS:
+        val = node.meta.get("val")
+        return isinstance(val, torch.Tensor) and val.is_contiguous()
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return isinstance(node.args[0].target, rt.Launcher)
     return False
@@ -448,12 +459,17 @@ def views_as_strides(gm: fx.GraphModule) -> int:
     becomes one ``reinterpret`` of its base at the traced size, stride and offset, as Inductor's wrapper does: one
     C++ call instead of a view op's dispatch. A chain of views is one call: each reinterprets the chain's root, and
     the links nothing else reads are dropped (MultiheadAttention's q: view, permute, view; three calls, now one).
-    Returns how many views became strides; a view that is not plain strides is left alone."""
+    An item of a ``split``/``unbind`` is a view of what the split reads (GPT-2's q, k, v: one ``split`` and three
+    ``getitem`` calls, now three ``reinterpret``). Returns how many views became strides; a view that is not plain strides is left alone."""
     count = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not is_view_node(node, getitem=False) or not node.args:
+        if node.op != "call_function" or not is_view_node(node) or not node.args:
             continue
         base = node.args[0]
+        if node.target is operator.getitem:  # an item of split/unbind/chunk: a view of what the split reads
+            if not (isinstance(base, fx.Node) and base.op == "call_function" and is_view_node(base, getitem=False)):
+                continue
+            base = base.args[0]
         while isinstance(base, fx.Node) and base.target is reinterpret:  # earlier in graph order: already strides
             base = base.args[0]
         view = strided_view(node, base) if isinstance(base, fx.Node) and _traced_layout(base) else None
@@ -461,8 +477,8 @@ def views_as_strides(gm: fx.GraphModule) -> int:
             continue
         node.target, node.args, node.kwargs = reinterpret, (base, *view), {}
         count += 1
-    for node in reversed(gm.graph.nodes):
-        if node.target is reinterpret and not node.users:  # a link of a chain, read by nothing now
+    for node in reversed(gm.graph.nodes):  # a link of a chain (a split whose items are strides), read by nothing now
+        if node.op == "call_function" and not node.users and is_view_node(node, getitem=False):
             gm.graph.erase_node(node)
     if count:
         gm.recompile()
