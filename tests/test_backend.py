@@ -1838,3 +1838,40 @@ def test_split_items_are_strides_of_what_the_split_reads(built, unbind):
     code = built[-1].code
     assert "aten.split" not in code and "aten.unbind" not in code and not re.search(r"\w\[\d+\]", code), code
     assert code.count("as_traced(") <= 1, code  # the returned sum's, at most: no check on a GEMM's output
+
+
+class CausalAttention(nn.Module):
+    """Two attention layers reading one boolean causal mask made from the sequence length (GPT-2's, under HF)."""
+
+    def __init__(self, hole: bool = False):
+        super().__init__()
+        self.hole = hole  # one query row masked everywhere: the select after attention must stay
+
+    def forward(self, q, k, v):  # q, k, v: (batch, heads, seq, dim)
+        n = q.shape[-2]
+        pos = torch.arange(n, device=q.device)
+        mask = pos[None, :] <= pos[:, None]
+        if self.hole:
+            mask = mask & (pos[:, None] != 1)
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(h * 0.5, k, v, attn_mask=mask) + h
+
+
+@pytest.mark.parametrize("hole", [False, True])
+def test_a_select_on_a_constant_all_true_condition_is_dropped(monkeypatch, hole):
+    """On CUDA the attention rewrite puts ``where(attends, out, 0)`` after each attention call (0 for a query that
+    attends to nothing). A causal mask is a constant where every query attends: the select is the identity and goes
+    (GPT-2: 12 ``where`` a call). A mask with a row masked everywhere keeps it, and that row's answer stays 0."""
+    from fusion.compiler import attention
+
+    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    got = torch.compile(CausalAttention(hole), backend="fusion")(q, k, v)
+    want = CausalAttention(hole)(q, k, v)
+    torch.testing.assert_close(got, torch.nan_to_num(want) if hole else want)  # eager's math path: 0 there too
+    calls = _calls()
+    assert not {"any", "bitwise_and", "le"} & set(calls), calls  # the mask and its reduction: folded
+    dropped = [p for r in backend.reports for part in r.parts for p in part.passes if p[2] == "dropped"]
+    assert bool(dropped) != hole, backend.reports[0].table()
+    assert hole or calls["where"] == 0, calls

@@ -466,12 +466,50 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         if isinstance(val, torch.Tensor) and value.stride() != val.stride():  # as the graph was traced
             value = torch.empty_strided(val.shape, val.stride(), dtype=value.dtype, device=value.device).copy_(value)
         replace_node_with_constant(gm, node, value, name=f"_folded_{node.name}")
+    with _disable_current_modes():  # the folded values are real tensors: read them outside the fake mode
+        selects = _constant_selects(gm)
     if folded:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
         note("constants", [f"{len(folded)} value(s)"], "precomputed", "computed from no input: once, at compile time")
+    if selects:
+        note("constants", selects, "dropped", "a where whose folded condition is the same everywhere: that branch")
     return len(folded)
+
+
+def _constant_selects(gm: fx.GraphModule) -> list[str]:
+    """``where(c, a, b)`` with ``c`` a folded constant that is all True is ``a`` (all False: ``b``) where that branch
+    is a fresh tensor (no view) of the result's shape, dtype and strides (the views after the select were traced on
+    its layout) and the result is not returned (the caller owns each output). The
+    attention rewrite's ``where(attends, out, 0)`` per layer is such a select for a causal or an all-ones mask:
+    every query attends to something. Returns the selects dropped."""
+    dropped = []
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.where.self)):
+        cond, val = node.args[0], node.meta.get("val")
+        if not (isinstance(cond, fx.Node) and cond.op == "get_attr" and cond.target.startswith("_folded_")):
+            continue
+        c = getattr(gm, cond.target)
+        if c.dtype != torch.bool or c.numel() == 0 or any(u.op == "output" for u in node.users):
+            continue
+        every = bool(c.all())
+        if not (every or not c.any()):
+            continue
+        pick = node.args[1 if every else 2]
+        pv = pick.meta.get("val") if isinstance(pick, fx.Node) else None
+        fresh = isinstance(pick, fx.Node) and not is_view_node(pick, getitem=False)
+        fresh = fresh and not (pick.target is operator.getitem and is_view_node(pick.args[0], getitem=False))
+        if fresh and _same_tensor_meta(pv, val):  # no view: the views after the select were traced on its layout
+            node.replace_all_uses_with(pick)
+            gm.graph.erase_node(node)
+            dropped.append(node.name)
+    return dropped
+
+
+def _same_tensor_meta(a: object, b: object) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    return (a.shape, a.dtype, a.stride(), a.storage_offset()) == (b.shape, b.dtype, b.stride(), b.storage_offset())
 
 
 def _stays_constant(node: fx.Node) -> bool:
