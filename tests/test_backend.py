@@ -1875,3 +1875,18 @@ def test_a_select_on_a_constant_all_true_condition_is_dropped(monkeypatch, hole)
     dropped = [p for r in backend.reports for part in r.parts for p in part.passes if p[2] == "dropped"]
     assert bool(dropped) != hole, backend.reports[0].table()
     assert hole or calls["where"] == 0, calls
+
+
+def test_a_constant_over_the_limit_is_neither_folded_nor_computed_at_compile_time(monkeypatch):
+    monkeypatch.setattr(aten_passes, "FOLD_LIMIT_BYTES", 64)  # 16 float32 values
+
+    def f(x):
+        big = torch.arange(32.0).view(4, 8)  # 128 bytes: over the limit, stays in the graph
+        small = torch.arange(8.0) * 2.0  # 32 bytes: folded
+        return x + big + small
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "constants"]
+    # one value folded (small); big never computed, so never even refused for its size
+    assert [(p[1], p[2]) for p in notes] == [("1 value(s)", "precomputed")], backend.reports[0].table()

@@ -1,4 +1,5 @@
-"""Aten-level rewrites behind ``fusion.backend``: folded Conv+BatchNorm weights and the cuDNN epilogue.
+"""Aten-level rewrites behind ``fusion.backend``: folded Conv+BatchNorm weights, the cuDNN epilogue, and the graph
+clean-ups every compiler runs (common subexpressions once, values of no input computed at compile time).
 
 Folding BatchNorm into a convolution needs the parameters' *values*, but in a Dynamo graph the parameters are graph
 inputs, so the values can change between calls (an optimizer step, ``load_state_dict``, a forward in training mode
@@ -448,8 +449,15 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
     from torch.utils._python_dispatch import _disable_current_modes
 
+    class BoundedFolder(ConstantFolder):  # a value larger than the limit is never computed, even to be dropped
+        def run_node(self, node: fx.Node):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.numel() * val.element_size() > FOLD_LIMIT_BYTES:
+                return self.unknown_value
+            return super().run_node(node)
+
     with _disable_current_modes(), torch.no_grad():
-        folder = ConstantFolder(gm)
+        folder = BoundedFolder(gm)
         folder.run()
     held, folded = 0, []
     for node, value in folder.node_replacements.items():
