@@ -423,8 +423,9 @@ def _same_kind(a: object, b: object) -> bool:
 def eliminate_common_subexpressions(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once (``torch._functorch``'s
     ``fx_graph_cse``, what AOTAutograd runs on training graphs; it keeps random ops, mutations and each graph output
-    apart). HuggingFace's GPT-2 turns its causal mask into an additive one in every layer: twelve ``where`` calls of
-    the same mask, now one. Returns how many nodes went."""
+    apart). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive one in every layer: twelve ``where``
+    calls of the same mask, now one (on CUDA the attention rewrite converts each mask once already). Returns how many
+    nodes went."""
     from torch._functorch.compile_utils import fx_graph_cse
 
     before = len(gm.graph.nodes)
@@ -478,6 +479,10 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         selects = _constant_selects(gm)
     if folded:
         gm.graph.eliminate_dead_code()
+        read = {n.target for n in gm.graph.find_nodes(op="get_attr")}
+        for node, _ in folded:  # a folded condition whose selects all went: its tensor goes too
+            if f"_folded_{node.name}" not in read and hasattr(gm, f"_folded_{node.name}"):
+                delattr(gm, f"_folded_{node.name}")
         gm.graph.lint()
         gm.recompile()
         note("constants", [f"{len(folded)} value(s)"], "precomputed", "computed from no input: once, at compile time")

@@ -460,7 +460,8 @@ def views_as_strides(gm: fx.GraphModule) -> int:
     C++ call instead of a view op's dispatch. A chain of views is one call: each reinterprets the chain's root, and
     the links nothing else reads are dropped (MultiheadAttention's q: view, permute, view; three calls, now one).
     An item of a ``split``/``unbind`` is a view of what the split reads (GPT-2's q, k, v: one ``split`` and three
-    ``getitem`` calls, now three ``reinterpret``). Returns how many views became strides; a view that is not plain strides is left alone."""
+    ``getitem`` calls, now three ``reinterpret``). Returns how many views became strides; a view that is not plain
+    strides is left alone."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not is_view_node(node) or not node.args:
@@ -478,7 +479,9 @@ def views_as_strides(gm: fx.GraphModule) -> int:
         node.target, node.args, node.kwargs = reinterpret, (base, *view), {}
         count += 1
     for node in reversed(gm.graph.nodes):  # a link of a chain (a split whose items are strides), read by nothing now
-        if node.op == "call_function" and not node.users and is_view_node(node, getitem=False):
+        mutable = getattr(getattr(node.target, "_schema", None), "is_mutable", False)
+        pure = node.target is reinterpret or (is_view_node(node, getitem=False) and not mutable)
+        if node.op == "call_function" and not node.users and pure:  # an in-place view (transpose_) changes its input
             gm.graph.erase_node(node)
     if count:
         gm.recompile()
