@@ -14,6 +14,7 @@ import re
 
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import example, given, settings
@@ -1890,3 +1891,22 @@ def test_a_constant_over_the_limit_is_neither_folded_nor_computed_at_compile_tim
     notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "constants"]
     # one value folded (small); big never computed, so never even refused for its size
     assert [(p[1], p[2]) for p in notes] == [("1 value(s)", "precomputed")], backend.reports[0].table()
+
+
+def test_cse_never_merges_two_reads_across_a_write():
+    """``x * 2`` before and after ``x.copy_(y)`` are two values (a graph that writes an input reads it again after);
+    the two reads before the write are one."""
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a, b = g.call_function(aten.mul.Tensor, (x, 2.0)), g.call_function(aten.mul.Tensor, (x, 2.0))
+    g.call_function(aten.copy_.default, (x, y))
+    c = g.call_function(aten.mul.Tensor, (x, 2.0))
+    g.output(g.call_function(aten.add.Tensor, (g.call_function(aten.add.Tensor, (a, b)), c)))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    notes = []
+    removed = aten_passes.eliminate_common_subexpressions(gm, lambda *a: notes.append(a))
+    assert removed == 1 and notes, gm.code
+    assert len(gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)) == 2, gm.code
+    gen = torch.Generator().manual_seed(0)
+    x0, y0 = torch.randn(5, dtype=torch.float64, generator=gen), torch.randn(5, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(gm(x0.clone(), y0), 4.0 * x0 + 2.0 * y0, rtol=1e-12, atol=1e-12)

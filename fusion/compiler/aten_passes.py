@@ -421,21 +421,63 @@ def _same_kind(a: object, b: object) -> bool:
 
 
 def eliminate_common_subexpressions(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once (``torch._functorch``'s
-    ``fx_graph_cse``, what AOTAutograd runs on training graphs; it keeps random ops, mutations and each graph output
-    apart). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive one in every layer: twelve ``where``
-    calls of the same mask, now one (on CUDA the attention rewrite converts each mask once already). Returns how many
-    nodes went."""
-    from torch._functorch.compile_utils import fx_graph_cse
-
-    before = len(gm.graph.nodes)
-    new = fx_graph_cse(gm.graph)
-    removed = before - len(new.nodes)
+    """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once, as AOTAutograd's ``fx_graph_cse``
+    does on training graphs. Never merged: random ops, ops with side effects, two reads of a tensor with a write
+    between them (each write starts a new region, as Inductor's mutation regions), and anything the graph returns or
+    views to return (the caller owns each output). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive
+    one in every layer: twelve ``where`` calls of the same mask, now one (on CUDA the attention rewrite converts each
+    mask once already). Ours, not torch's: ``fx_graph_cse`` imports Inductor's pattern matcher, 1.5-3.5 s of every
+    first compile in a process. Returns how many nodes went."""
+    escaping = _escaping(gm.graph)
+    seen: dict[tuple, fx.Node] = {}
+    region = removed = 0
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if node.op != "call_function" or node in escaping:
+            continue
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable or node.is_impure():
+                region += 1  # a write (or an effect): reads after it may see other values
+                continue
+            if torch.Tag.nondeterministic_seeded in target.tags:
+                continue
+        elif target is not operator.getitem:
+            continue  # a Python function: left alone
+        key = (target, _frozen(node.args), _frozen(node.kwargs), region)
+        try:
+            first = seen.setdefault(key, node)
+        except TypeError:  # an argument that cannot be hashed
+            continue
+        if first is not node:
+            node.replace_all_uses_with(first)
+            gm.graph.erase_node(node)
+            removed += 1
     if removed:
-        gm.graph = new  # the setter makes gm own the graph
+        gm.graph.lint()
         gm.recompile()
         note("cse", [f"{removed} node(s)"], "merged", "the same op on the same inputs: computed once")
     return removed
+
+
+def _frozen(value: object) -> object:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def _escaping(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes the graph returns, and every node they are views of (a returned view shares its base's memory)."""
+    out = set(graph.find_nodes(op="output")[0].all_input_nodes)
+    todo = list(out)
+    while todo:
+        node = todo.pop()
+        if node.op == "call_function" and is_view_node(node) and node.args and isinstance(node.args[0], fx.Node):
+            if node.args[0] not in out:
+                out.add(node.args[0])
+                todo.append(node.args[0])
+    return out
 
 
 FOLD_LIMIT_BYTES = 64 << 20  # at most this much memory held by one graph's folded constants
