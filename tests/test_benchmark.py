@@ -1053,3 +1053,18 @@ def test_gpu_suite_script_dry_run(tmp_path):
         raise NotImplementedError(rows["gpt2"]["reason"][rows["gpt2"]["reason"].index("TODO(human)") :])
     assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
     assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout
+
+
+def test_suite_warms_each_compiler_once_before_timing_a_first_call(tiny_suite, monkeypatch):
+    """Each compiler's one-time costs (imports, Dynamo's first use) are paid on a throwaway function, once per
+    process: a first call is then the model's own compile, whichever backend runs first."""
+    from fusion.bench import suite as S
+
+    assert "fusion" in S._WARMED  # the tiny suite warmed it before its first model
+    monkeypatch.setattr(S, "_WARMED", {"fusion"})
+    calls = []
+    monkeypatch.setattr(S, "compile_with", lambda name, model: calls.append(name) or model)
+    every = ["eager", "fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead"]
+    S.warm_compilers(every, S.SuiteConfig(device="cpu"))
+    S.warm_compilers(every, S.SuiteConfig(device="cpu"))
+    assert calls == ["inductor"], calls  # once, and never for eager or a variant of a warmed compiler

@@ -81,6 +81,32 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
     raise ValueError(f"unknown backend {backend!r}. Fix: pick from {', '.join(BACKENDS)}")
 
 
+_WARMED: set[str] = set()  # the compilers whose one-time costs this process has paid (warm_compilers)
+
+
+class _Warm(nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2.0 + 1.0).sum()
+
+
+def warm_compilers(backends: Sequence[str], cfg: SuiteConfig) -> None:
+    """Pay each compiler's one-time costs (imports, Dynamo's first use, a compile worker pool) on a throwaway
+    function before a model is timed, once per process, so that a model's first call is that model's compile.
+    Without it the first compiled backend of a process pays them for every one after it (here fusion before
+    Inductor). A compiler that fails here is left to fail, with its reason, on the model itself."""
+    x = torch.ones(64, device=cfg.device, dtype=cfg.dtype)
+    for name in dict.fromkeys(b.split("+")[0] for b in backends if b != "eager"):
+        if name in _WARMED:
+            continue
+        _WARMED.add(name)
+        try:
+            compile_with(name, _Warm())(x)
+        except Exception:  # noqa: BLE001 - the model's own row says what is wrong with this backend
+            pass
+        finally:
+            torch._dynamo.reset()
+
+
 def _first_line(e: BaseException) -> str:
     """``Type: first line`` of ``e``, and of its root cause where Dynamo wrapped it (BackendCompilerFailed: ...)."""
     parts, seen = [], set()
@@ -183,6 +209,7 @@ def run_model(
         fp64, row["fp64_reason"] = None, _first_line(e)
     fns: dict[str, Callable] = {}
     ref = None
+    warm_compilers(backends, cfg)
     for name in ("eager", *[b for b in backends if b != "eager"]):
         r: dict = {"status": "pass", "reason": ""}
         row["backends"][name] = r
