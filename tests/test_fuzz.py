@@ -139,6 +139,13 @@ def _views(v: torch.Tensor) -> dict:
         # every dtype), and a tensor twice along dim 0
         out["swap_halves"] = lambda x: torch.cat((x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), -1)
         out["cat_twice"] = lambda x: torch.cat([x, x], 0)
+        # values of no input (pass constants folds them at compile time): a select on an all-True condition (the
+        # pass drops it) and, where one add rounds as eager's does, a row of small integers added
+        out["keep_where"] = lambda x: torch.where(
+            torch.arange(x.shape[-1], device=x.device) >= 0, x, torch.zeros_like(x)
+        )
+        if v.dtype not in HALF and v.dtype != torch.bool:
+            out["plus_iota"] = lambda x: x + (torch.arange(x.shape[-1], device=x.device) % 3).to(x.dtype)
     if v.dim() >= 2:
         out |= {"t": lambda x: x.transpose(-1, -2), "from1": lambda x: x[1:], "permute": lambda x: x.permute(-1, *range(x.dim() - 1))}  # fmt: skip
         out |= {"step_then_slice": lambda x: x[:, ::2][:, 1::2]}
