@@ -1910,3 +1910,22 @@ def test_cse_never_merges_two_reads_across_a_write():
     gen = torch.Generator().manual_seed(0)
     x0, y0 = torch.randn(5, dtype=torch.float64, generator=gen), torch.randn(5, dtype=torch.float64, generator=gen)
     torch.testing.assert_close(gm(x0.clone(), y0), 4.0 * x0 + 2.0 * y0, rtol=1e-12, atol=1e-12)
+
+
+def test_a_dropped_select_never_makes_outputs_share_memory():
+    """``where(all True, a, 0)`` is ``a``, but not where that would hand the caller memory eager did not: the select
+    returned through a view beside ``a`` itself, or a select of an input returned through a view."""
+
+    def f(x):
+        keep = torch.arange(x.shape[-1]) >= 0  # a constant condition, all True
+        a = x * 2.0
+        return torch.where(keep, a, 0.0).view(-1), a, torch.where(keep, x, 0.0).view(-1)
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    got = torch.compile(f, backend="fusion")(x)
+    for g, w in zip(got, f(x), strict=True):
+        torch.testing.assert_close(g, w)
+    got[0].fill_(7.0)
+    got[2].fill_(9.0)  # each output the caller's own: a write reaches neither the other outputs nor the input
+    torch.testing.assert_close(got[1], x * 2.0)
+    torch.testing.assert_close(x, torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))

@@ -535,24 +535,28 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
 
 def _constant_selects(gm: fx.GraphModule) -> list[str]:
     """``where(c, a, b)`` with ``c`` a folded constant that is all True is ``a`` (all False: ``b``) where that branch
-    is a fresh tensor (no view) of the result's shape, dtype and strides (the views after the select were traced on
-    its layout) and the result is not returned (the caller owns each output). The
+    is a fresh tensor (computed in the graph, no view) of the result's shape, dtype and strides (the views after the
+    select were traced on its layout) and neither it nor the select is returned, itself or through a view (the caller
+    owns each output, and two outputs never share memory that eager's did not). The
     attention rewrite's ``where(attends, out, 0)`` per layer is such a select for a causal or an all-ones mask:
     every query attends to something. Returns the selects dropped."""
-    dropped = []
+    dropped, escaping = [], _escaping(gm.graph)
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.where.self)):
         cond, val = node.args[0], node.meta.get("val")
         if not (isinstance(cond, fx.Node) and cond.op == "get_attr" and cond.target.startswith("_folded_")):
             continue
         c = getattr(gm, cond.target)
-        if c.dtype != torch.bool or c.numel() == 0 or any(u.op == "output" for u in node.users):
+        if c.dtype != torch.bool or c.numel() == 0 or node in escaping:
             continue
         every = bool(c.all())
         if not (every or not c.any()):
             continue
         pick = node.args[1 if every else 2]
         pv = pick.meta.get("val") if isinstance(pick, fx.Node) else None
-        fresh = isinstance(pick, fx.Node) and not is_view_node(pick, getitem=False)
+        # computed here (not an input or a constant, whose memory is not the select's to hand on), not a view, not
+        # returned itself: the select's readers then share memory with nothing the caller gets
+        fresh = isinstance(pick, fx.Node) and pick.op == "call_function" and pick not in escaping
+        fresh = fresh and not is_view_node(pick, getitem=False)
         fresh = fresh and not (pick.target is operator.getitem and is_view_node(pick.args[0], getitem=False))
         if fresh and _same_tensor_meta(pv, val):  # no view: the views after the select were traced on its layout
             node.replace_all_uses_with(pick)
