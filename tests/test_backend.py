@@ -1929,3 +1929,18 @@ def test_a_dropped_select_never_makes_outputs_share_memory():
     got[2].fill_(9.0)  # each output the caller's own: a write reaches neither the other outputs nor the input
     torch.testing.assert_close(got[1], x * 2.0)
     torch.testing.assert_close(x, torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+
+
+def test_cse_never_merges_two_buffers_that_are_written():
+    """Two ``empty`` buffers, each filled by a ``copy_``, are two tensors (one would hold the last copy only)."""
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    b1 = g.call_function(aten.empty.memory_format, ([5],), {"dtype": torch.float64})
+    b2 = g.call_function(aten.empty.memory_format, ([5],), {"dtype": torch.float64})
+    c1, c2 = g.call_function(aten.copy_.default, (b1, x)), g.call_function(aten.copy_.default, (b2, y))
+    g.output(g.call_function(aten.add.Tensor, (c1, c2)))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert aten_passes.eliminate_common_subexpressions(gm, lambda *a: None) == 0, gm.code
+    gen = torch.Generator().manual_seed(0)
+    x0, y0 = torch.randn(5, dtype=torch.float64, generator=gen), torch.randn(5, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(gm(x0, y0), x0 + y0)

@@ -423,17 +423,17 @@ def _same_kind(a: object, b: object) -> bool:
 def eliminate_common_subexpressions(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once, as AOTAutograd's ``fx_graph_cse``
     does on training graphs. Never merged: random ops, ops with side effects, two reads of a tensor with a write
-    between them (each write starts a new region, as Inductor's mutation regions), and anything the graph returns or
-    views to return (the caller owns each output). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive
+    between them (each write starts a new region, as Inductor's mutation regions), a tensor an op writes in place,
+    and anything the graph returns or views to return (the caller owns each output). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive
     one in every layer: twelve ``where`` calls of the same mask, now one (on CUDA the attention rewrite converts each
     mask once already). Ours, not torch's: ``fx_graph_cse`` imports Inductor's pattern matcher, 1.5-3.5 s of every
     first compile in a process. Returns how many nodes went."""
-    escaping = _escaping(gm.graph)
+    escaping, written = _escaping(gm.graph), _written(gm.graph)
     seen: dict[tuple, fx.Node] = {}
     region = removed = 0
     for node in list(gm.graph.nodes):
         target = node.target
-        if node.op != "call_function" or node in escaping:
+        if node.op != "call_function" or node in escaping or node in written:
             continue
         if isinstance(target, torch._ops.OpOverload):
             if target._schema.is_mutable or node.is_impure():
@@ -469,7 +469,18 @@ def _frozen(value: object) -> object:
 
 def _escaping(graph: fx.Graph) -> set[fx.Node]:
     """The nodes the graph returns, and every node they are views of (a returned view shares its base's memory)."""
-    out = set(graph.find_nodes(op="output")[0].all_input_nodes)
+    return _with_view_bases(graph.find_nodes(op="output")[0].all_input_nodes)
+
+
+def _written(graph: fx.Graph) -> set[fx.Node]:
+    """Every tensor an op of the graph writes in place (``copy_`` into a buffer: two ``empty`` buffers are two), or
+    reads beside one it writes, and what they are views of."""
+    mutating = (n for n in graph.nodes if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable)
+    return _with_view_bases(a for n in mutating for a in n.all_input_nodes)
+
+
+def _with_view_bases(nodes) -> set[fx.Node]:
+    out = set(nodes)
     todo = list(out)
     while todo:
         node = todo.pop()
