@@ -424,10 +424,11 @@ def eliminate_common_subexpressions(gm: fx.GraphModule, note: Callable[..., None
     """Phase 9's pass ``cse``: an op applied twice to the same inputs runs once, as AOTAutograd's ``fx_graph_cse``
     does on training graphs. Never merged: random ops, ops with side effects, two reads of a tensor with a write
     between them (each write starts a new region, as Inductor's mutation regions), a tensor an op writes in place,
-    and anything the graph returns or views to return (the caller owns each output). HuggingFace's GPT-2 on a CPU turns its causal mask into an additive
-    one in every layer: twelve ``where`` calls of the same mask, now one (on CUDA the attention rewrite converts each
-    mask once already). Ours, not torch's: ``fx_graph_cse`` imports Inductor's pattern matcher, 1.5-3.5 s of every
-    first compile in a process. Returns how many nodes went."""
+    and anything the graph returns or views to return (the caller owns each output). HuggingFace's GPT-2 on a CPU
+    turns its causal mask into an additive one in every layer: twelve ``where`` calls of the same mask, now one (on
+    CUDA the attention rewrite converts each mask once already). Ours, not torch's: ``fx_graph_cse`` imports
+    Inductor's pattern matcher, 1.6-2.4 s of the first compile in a process on our CPU machine. Returns how many
+    nodes went."""
     escaping, written = _escaping(gm.graph), _written(gm.graph)
     seen: dict[tuple, fx.Node] = {}
     region = removed = 0
