@@ -418,6 +418,11 @@ def test_gradients_of_a_training_graph():
     assert backward.kernels or (backward.fallbacks and all(why for _, why in backward.fallbacks)), report.table()
 
 
+def _calls() -> collections.Counter:
+    """The library calls of every graph compiled since the last reset, added up."""
+    return sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+
+
 def _ops_of(part) -> set[str]:
     """The aten ops a compiled part runs outside its kernels."""
     return set(part.library_calls)
@@ -853,7 +858,7 @@ def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(m
         got.sum().backward()
         for a, b in zip(got_leaves, leaves, strict=True):
             torch.testing.assert_close(a.grad, b.grad)
-    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    calls = _calls()
     assert not {"bmm", "_safe_softmax", "_softmax"} & set(calls), calls
     assert len(rewritten) == 1, rewritten
 
@@ -877,7 +882,7 @@ def test_layers_sharing_a_mask_convert_and_reduce_it_once(monkeypatch):
     backend.reset()
     got = torch.compile(TwoLayers(), backend="fusion")(q, k, v, mask)
     torch.testing.assert_close(got, TwoLayers()(q, k, v, mask))
-    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    calls = _calls()
     assert calls["any"] <= 1 and calls["where"] <= 1 + 2, calls  # one conversion + at most a select per layer
 
 
@@ -892,7 +897,7 @@ def test_tiny_bert_has_one_attention_call_no_prims_no_copies(built):
     with torch.no_grad():
         got = torch.compile(model, backend="fusion")(ids, attention_mask=mask).last_hidden_state
         torch.testing.assert_close(got, model(ids, attention_mask=mask).last_hidden_state)
-    calls = sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    calls = _calls()
     assert sum(c for op, c in calls.items() if "scaled_dot_product" in op) == 1, calls
     assert not {"bmm", "_safe_softmax", "clone", "copy_", "copy"} & set(calls), calls
     assert built and not any(_prims_calls(gm) for gm in built)
@@ -1737,10 +1742,6 @@ def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references(
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Passes cse and constants; a split's items as strides (issue 23: GPT-2 and Llama were CPU-bound on such calls)
-
-
-def _calls() -> collections.Counter:
-    return sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
 
 
 @pytest.mark.parametrize("cse", [True, False])

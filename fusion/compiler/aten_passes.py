@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.compiler.partition import as_traced
 from fusion.fxutils.meta import call_with_meta
 
 aten = torch.ops.aten
@@ -499,8 +500,8 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Phase 9's pass ``constants``: every value computed from no graph input (an attention mask built from
     ``iota`` and the sequence length, a ``scalar_tensor``) is computed once, at compile time, and the graph reads
     the result (Inductor's ``ConstantFolder`` evaluates it). GPT-2's causal mask is ~25 library calls a call without
-    it. Not folded: a value the graph returns or an op writes into (the caller's tensor must be its own; a constant
-    must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all. Returns how many folded."""
+    it. Not folded: a value the graph returns or an op writes into, itself or through a view (the caller's tensor
+    must be its own; a constant must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all. Returns how many folded."""
     from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -511,32 +512,30 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
                 return self.unknown_value
             return super().run_node(node)
 
-    with _disable_current_modes(), torch.no_grad():
+    kept = _escaping(gm.graph) | _written(gm.graph)  # the caller's tensor must be its own; a constant stays one
+    held, folded = 0, []
+    with _disable_current_modes(), torch.no_grad():  # real tensors: computed and read outside the fake mode
         folder = BoundedFolder(gm)
         folder.run()
-    held, folded = 0, []
-    for node, value in folder.node_replacements.items():
-        if node.op != "call_function" or not isinstance(value, torch.Tensor) or not _stays_constant(node):
-            continue
-        size = value.untyped_storage().nbytes()
-        if held + size > FOLD_LIMIT_BYTES:
-            note("constants", [node.name], "skipped", f"would hold over {FOLD_LIMIT_BYTES >> 20} MB of constants")
-            continue
-        held += size
-        folded.append((node, value))
-    for node, value in folded:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and value.stride() != val.stride():  # as the graph was traced
-            value = torch.empty_strided(val.shape, val.stride(), dtype=value.dtype, device=value.device).copy_(value)
-        replace_node_with_constant(gm, node, value, name=f"_folded_{node.name}")
-    with _disable_current_modes():  # the folded values are real tensors: read them outside the fake mode
+        for node, value in folder.node_replacements.items():
+            if node.op != "call_function" or not isinstance(value, torch.Tensor) or node in kept:
+                continue
+            size = value.untyped_storage().nbytes()
+            if held + size > FOLD_LIMIT_BYTES:
+                note("constants", [node.name], "skipped", f"would hold over {FOLD_LIMIT_BYTES >> 20} MB of constants")
+                continue
+            held += size
+            val, name = node.meta.get("val"), f"_folded_{node.name}"
+            value = as_traced(value, val.stride()) if isinstance(val, torch.Tensor) else value  # as traced
+            replace_node_with_constant(gm, node, value, name=name)
+            folded.append(name)
         selects = _constant_selects(gm)
     if folded:
         gm.graph.eliminate_dead_code()
         read = {n.target for n in gm.graph.find_nodes(op="get_attr")}
-        for node, _ in folded:  # a folded condition whose selects all went: its tensor goes too
-            if f"_folded_{node.name}" not in read and hasattr(gm, f"_folded_{node.name}"):
-                delattr(gm, f"_folded_{node.name}")
+        for name in folded:  # a folded condition whose selects all went: its tensor goes too
+            if name not in read and hasattr(gm, name):
+                delattr(gm, name)
         gm.graph.lint()
         gm.recompile()
         note("constants", [f"{len(folded)} value(s)"], "precomputed", "computed from no input: once, at compile time")
@@ -578,15 +577,4 @@ def _constant_selects(gm: fx.GraphModule) -> list[str]:
 
 
 def _same_tensor_meta(a: object, b: object) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    return (a.shape, a.dtype, a.stride(), a.storage_offset()) == (b.shape, b.dtype, b.stride(), b.storage_offset())
-
-
-def _stays_constant(node: fx.Node) -> bool:
-    """No reader can change or keep ``node``'s tensor: not returned, not written in place, not viewed by either."""
-    for u in node.users:
-        mutable = isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
-        if u.op == "output" or mutable or (is_view_node(u) and not _stays_constant(u)):
-            return False
-    return True
+    return _same_kind(a, b) and (a.stride(), a.storage_offset()) == (b.stride(), b.storage_offset())

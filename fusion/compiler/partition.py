@@ -394,6 +394,12 @@ def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 FRESH_CONTIGUOUS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
 
 
+def _fresh_contiguous(node: fx.Node) -> bool:
+    """A :data:`FRESH_CONTIGUOUS` op traced contiguous: its output holds the traced strides with no check."""
+    val = node.meta.get("val")
+    return node.target in FRESH_CONTIGUOUS and isinstance(val, torch.Tensor) and val.is_contiguous()
+
+
 def _library_value(node: fx.Node) -> bool:
     """A tensor a library call computed (its output, or one item of its tuple): its strides are ATen's choice."""
     if node.op != "call_function" or isinstance(node.target, rt.Launcher) or is_view_node(node, getitem=False):
@@ -422,7 +428,7 @@ def traced_layouts(gm: fx.GraphModule) -> int:
             stride = tuple(int(s) for s in val.stride())
         except (TypeError, RuntimeError):
             continue
-        if node.target in FRESH_CONTIGUOUS and val.is_contiguous():  # ATen allocates it so: nothing to check
+        if _fresh_contiguous(node):  # ATen allocates it so: nothing to check
             continue
         # a kernel or a view here, or the output: a saved tensor the backward graph's kernels read at these strides
         readers = [u for u in node.users
@@ -447,8 +453,7 @@ def _traced_layout(node: fx.Node) -> bool:
     if node.op == "placeholder" or node.target is as_traced:
         return True
     if node.target in FRESH_CONTIGUOUS:
-        val = node.meta.get("val")
-        return isinstance(val, torch.Tensor) and val.is_contiguous()
+        return _fresh_contiguous(node)
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return isinstance(node.args[0].target, rt.Launcher)
     return False
