@@ -40,6 +40,11 @@
 #                                       # text models, MobileNetV3 and ViT (every backend); GPT-2's CPU per op again
 #     bash scripts/gpu_session.sh ac    # the same code: the vision suite (5 models) and Llama, every backend
 #     bash scripts/gpu_session.sh ad    # what passes cse and constants buy (GPT-2, one process); ResNet-50 again
+#   2026-11-25, fourth session:
+#     bash scripts/gpu_session.sh ae    # where ResNet-50 spends CPU under fusion and Inductor (ops, cProfile);
+#                                       # GPT-2's ops after the select drop
+#     bash scripts/gpu_session.sh af    # ResNet-50: GPU kernel time vs wall (fusion, Inductor); with and without conv1x1
+#     bash scripts/gpu_session.sh ag    # CPU-bound rows: the calling thread's CPU against wall, waits, other threads
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -254,6 +259,27 @@ ad)
     suite 150 gpt2 eager,fusion,fusion+no-constants,fusion+no-cse,inductor
     suite 100 resnet50 eager,fusion,inductor
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to ad" && exit 2 ;;
+ae)
+    step "CPU time per op of ResNet-50 and GPT-2, fusion vs Inductor (torch.profiler)"
+    timeout 200 "$PY" scripts/gpu_profile_ops.py resnet50 gpt2 --backends=fusion,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_ops.log" | tail -30
+    step "Python time of a ResNet-50 call under fusion and Inductor (cProfile)"
+    timeout 150 "$PY" scripts/gpu_profile_cpu.py resnet50 --backends=fusion,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_cpu.log" | tail -30
+    ;;
+af)
+    step "ResNet-50: wall against GPU kernel time, launches, top kernels (fusion, Inductor)"
+    timeout 200 "$PY" scripts/gpu_profile_models.py resnet50 --backends=fusion,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/profile_models.log" | tail -50
+    suite 200 resnet50 eager,fusion,fusion+no-conv1x1,fusion+cudagraphs,inductor
+    ;;
+ag)
+    step "ResNet-50 and GPT-2: wall against the calling thread's CPU time, context switches, other threads"
+    timeout 200 "$PY" scripts/gpu_probe_cpu_wait.py resnet50 --backends=eager,fusion,fusion+no-conv1x1,inductor 2>&1 \
+        | grep -v Warn | tee "$OUT/probe_cpu_wait.log" | grep -v RESULT | tail -8
+    timeout 200 "$PY" scripts/gpu_probe_cpu_wait.py gpt2 --backends=eager,fusion,inductor 2>&1 \
+        | grep -v Warn | tee -a "$OUT/probe_cpu_wait.log" | grep -v RESULT | tail -8
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to ag" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -2,7 +2,9 @@
 
 Each model runs in its own process (``python -m fusion.benchmark --suite --models NAME``) under a time limit, so a
 model that hangs, crashes the CUDA context or runs out of memory costs only its own row (``timeout`` / ``crashed``
-with the reason); the ratios of one model's backends are still measured in one process. The rows are merged into
+with the reason); the ratios of one model's backends are still measured in one process. Each process starts with
+empty compiler caches (Inductor's, Triton's, ours: :data:`CACHES`), so a first call is a cold compile for every
+compiler alike, never a cache hit left by an earlier model or call on the same host. The rows are merged into
 ``suite.json`` in $OUT (else scripts/results/) after every model, with the summary: pass rate, geomean speed-up vs
 eager and vs Inductor, compile time.
 
@@ -31,6 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from fusion.bench.suite import BACKENDS, HEADER, MODELS, row_lines, save, summarize, summary_lines  # noqa: E402
 
+# The on-disk caches of the compilers: Inductor's FX graph and autograd caches, Triton's kernels, ours.
+CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FUSION_CACHE_DIR")
+
 
 def run_one(model: str, backends: list[str], dry_run: bool, limit_s: float, log_dir: Path) -> tuple[dict, dict]:
     """(the model's row, the child's meta) from one child process; never raises."""
@@ -38,9 +43,12 @@ def run_one(model: str, backends: list[str], dry_run: bool, limit_s: float, log_
     cmd = [sys.executable, "-m", "fusion.benchmark", "--suite", "--models", model, "--json", str(out)]
     cmd += ["--backends", ",".join(backends)] + (["--device", "cpu", "--tiny"] if dry_run else [])
     log_path = log_dir / f"{model}.log"
+    env = dict(os.environ)
+    for var in CACHES:  # cold caches: every compiler's first call is a first run's, whatever ran on this host before
+        env[var] = str(log_dir / f"{model}-{var.lower()}")
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=max(limit_s, 1))
         except subprocess.TimeoutExpired:

@@ -47,6 +47,17 @@ def main(paths: list[str]) -> None:
         f"{r['model']} {r['backends']['fusion+cudagraphs']['median_s'] * 1e3:.3f} / "
         f"{r['backends']['inductor+reduce-overhead']['median_s'] * 1e3:.3f}"
         for r in rows if "fusion+cudagraphs" in r["backends"] and "inductor+reduce-overhead" in r["backends"]))  # fmt: skip
+    spread = [  # the IQR of a backend's timed blocks over their median: how far one row's ratio can be trusted
+        f"{r['model']} {' / '.join(_spread(r['backends'].get(c, {})) for c in ('eager', 'fusion', 'inductor'))}"
+        for r in rows
+    ]
+    if any("%" in s for s in spread):
+        print("\nSpread of the timed blocks (IQR / median; eager / fusion / Inductor): " + ", ".join(spread))
+
+
+def _spread(r: dict) -> str:
+    iqr, median = r.get("iqr_s"), r.get("median_s")
+    return f"{100 * iqr / median:.0f} %" if iqr is not None and median else "-"
 
 
 if __name__ == "__main__":

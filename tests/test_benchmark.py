@@ -3,6 +3,7 @@ report's labels and widths, the JSON of a toy run, the GPU run script's dry run.
 
 import ast
 import contextlib
+import importlib.util
 import io
 import itertools
 import json
@@ -933,6 +934,9 @@ def test_tiny_suite_rows_have_pass_and_accuracy(tiny_suite):
         b = row["backends"]
         assert set(b) == {"eager", "fusion", "fusion+cudagraphs"}
         assert b["eager"]["status"] == "pass" and b["eager"]["median_s"] > 0 and b["eager"]["speedup_vs_eager"] == 1
+        blocks = b["eager"]["times_s"]  # every timed block is kept, and the spread behind the median with them
+        assert blocks and b["eager"]["median_s"] == pytest.approx(statistics.median(blocks), rel=1e-6)
+        assert 0 <= b["eager"]["iqr_s"] <= max(blocks) - min(blocks) + 1e-12
         assert b["fusion"]["status"] == "pass" and b["fusion"]["accuracy"] == "pass", b["fusion"]
         assert b["fusion"]["first_call_s"] > 0 and "interpreter" in b["fusion"]["note"]  # on CPU: not timed
         cg = b["fusion+cudagraphs"]  # an option the backend may not have yet: a row either way, never a crash
@@ -1053,6 +1057,34 @@ def test_gpu_suite_script_dry_run(tmp_path):
         raise NotImplementedError(rows["gpt2"]["reason"][rows["gpt2"]["reason"].index("TODO(human)") :])
     assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
     assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout
+
+
+def test_gpu_suite_gives_each_model_process_cold_caches_of_its_own(tmp_path, monkeypatch):
+    """Every compiler's on-disk cache (Inductor's, Triton's, ours) starts empty in each model's process: a first call
+    is a cold compile, never a hit left by an earlier model or an earlier call on the same host."""
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "scripts/gpu_suite.py")
+    G = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(G)
+    envs = []
+
+    class Proc:
+        pid = 0
+
+        def __init__(self, cmd, env=None, **kw):
+            envs.append(env or {})
+
+        def wait(self, timeout=None):
+            return 1
+
+    monkeypatch.setattr(G.subprocess, "Popen", Proc)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
+    for model in ("gpt2", "bert"):
+        G.run_one(model, ["eager", "inductor"], True, 10, tmp_path)
+    assert set(G.CACHES) == {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FUSION_CACHE_DIR"}
+    for var in G.CACHES:
+        dirs = [env.get(var) for env in envs]
+        assert all(dirs) and len(set(dirs)) == 2 and str(tmp_path / "warm") not in dirs, (var, dirs)
+        assert not any(os.path.exists(d) and os.listdir(d) for d in dirs)
 
 
 def test_suite_warms_each_compiler_once_before_timing_a_first_call(tiny_suite, monkeypatch):

@@ -33,6 +33,7 @@ import torch.nn as nn
 from fusion.bench.accuracy import accuracy, tolerance
 from fusion.bench.counting import flat_tensors
 from fusion.bench.profile import device_name, sync_for
+from fusion.bench.rows import summarize as summarize_times
 from fusion.bench.suite_models import MODELS, SUITE, ModelSkipped, SuiteModel, scalar_loss
 from fusion.bench.workloads import VariantUnavailable, load_phase
 from fusion.common import is_todo
@@ -279,6 +280,8 @@ def _measure(row: dict, fns: dict, cfg: SuiteConfig, lesson, sync) -> None:
     for name, fn in fns.items():
         r = row["backends"][name]
         r["median_s"] = timings[name].median_s
+        r["times_s"] = [round(t, 9) for t in timings[name].times_s]  # every block, per call: the spread behind it
+        r["iqr_s"] = summarize_times(timings[name].times_s)[1]
         if cfg.device == "cuda" or name == "eager":  # CPU: compiled code allocates below the dispatcher's view
             r["peak_memory_bytes"] = lesson.peak_memory(fn, cfg.device)
     b = row["backends"]
@@ -386,7 +389,10 @@ def run_suite(
         )
     backends = tuple(backends) or (BACKENDS if device == "cuda" else CPU_DEFAULT_BACKENDS)
     sizes = sizes or ("full" if device == "cuda" else "tiny")
-    cfg = SuiteConfig(device, sizes, 3 if rounds is None else rounds, 0.1 if device == "cuda" else 0.02)
+    # On the GPU many short rounds: a CPU-bound row's host speed drifts by ±25 % over seconds (the calling thread's
+    # own CPU time moves with it), and finer interleaving lets every backend see the same drift.
+    default_rounds, block_s = (25, 0.04) if device == "cuda" else (3, 0.02)
+    cfg = SuiteConfig(device, sizes, default_rounds if rounds is None else rounds, block_s)
     result = {
         "schema": SCHEMA,
         "meta": {
