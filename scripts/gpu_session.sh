@@ -45,6 +45,10 @@
 #                                       # GPT-2's ops after the select drop
 #     bash scripts/gpu_session.sh af    # ResNet-50: GPU kernel time vs wall (fusion, Inductor); with and without conv1x1
 #     bash scripts/gpu_session.sh ag    # CPU-bound rows: the calling thread's CPU against wall, waits, other threads
+#     bash scripts/gpu_session.sh ah    # after cold caches, 25 rounds and the early compile pool: the vision suite
+#                                       # (eager, fusion, Inductor)
+#     bash scripts/gpu_session.sh ai    # the same code: MobileNetV3, ViT and the HF models (eager, fusion, Inductor)
+#     bash scripts/gpu_session.sh aj    # the same code: both training steps
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -280,6 +284,9 @@ ag)
     timeout 200 "$PY" scripts/gpu_probe_cpu_wait.py gpt2 --backends=eager,fusion,inductor 2>&1 \
         | grep -v Warn | tee -a "$OUT/probe_cpu_wait.log" | grep -v RESULT | tail -8
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to ag" && exit 2 ;;
+ah) suite 500 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 eager,fusion,inductor ;;
+ai) suite 500 mobilenet_v3_large,vit_b_16,bert,gpt2,llama eager,fusion,inductor ;;
+aj) suite 300 resnet50_train,bert_train eager,fusion,inductor ;;
+*) echo "part must be one of a to z, z1 to z3, aa to aj" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -1157,6 +1157,43 @@ def test_precompile_is_skipped_off_cuda():
     assert "skipped" in compiled.precompiled  # the interpreter compiles nothing: no worker pool is started
 
 
+def test_compile_workers_start_while_a_cuda_graph_is_traced(monkeypatch):
+    """The first CUDA graph a process lowers starts the compile pool at once, a job per worker (each spawns and
+    imports Triton while AOTAutograd traces); a CPU graph starts nothing, and a second graph nothing more."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion.kernels import precompile as PC
+
+    submitted = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            submitted.append(fn)
+
+    def fake_pool():
+        PC._POOL = Pool()
+        return PC._POOL
+
+    monkeypatch.setattr(PC, "_POOL", None)
+    monkeypatch.setattr(PC, "_pool", fake_pool)
+    monkeypatch.setenv("FUSION_COMPILE_WORKERS", "3")
+    assert not PC.warm_pool([torch.ones(2)]) and PC._POOL is None  # a CPU graph: the interpreter compiles nothing
+    with FakeTensorMode():
+        on_gpu = torch.empty(2, device="cuda")
+    assert PC.warm_pool([torch.ones(2), on_gpu]) and submitted == [PC._import_in_worker] * 3
+    assert not PC.warm_pool([on_gpu]) and len(submitted) == 3  # once per process
+    assert PC._import_in_worker() == ""  # what a worker runs: the imports a compile needs, here too
+
+    from fusion.compiler import aot
+
+    seen = []
+    monkeypatch.setattr(aot, "warm_pool", lambda inputs: seen.append(list(inputs)))
+    torch._dynamo.reset()
+    x = torch.randn(5)
+    torch.testing.assert_close(torch.compile(lambda t: torch.relu(t) + 1, backend="fusion")(x), torch.relu(x) + 1)
+    assert seen and any(t is x for t in seen[0])  # the backend asks for the pool with the graph's inputs, first thing
+
+
 @cuda
 def test_cuda_kernels_are_compiled_in_parallel_before_the_first_call(monkeypatch):
     from fusion.codegen import compile_graph

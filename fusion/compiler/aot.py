@@ -22,6 +22,7 @@ import torch.fx as fx
 
 from fusion.common import is_todo
 from fusion.compiler.attention import fused_attention_masks
+from fusion.kernels.precompile import warm_pool
 
 aten = torch.ops.aten
 
@@ -45,6 +46,7 @@ def lower_with_aot(
     """AOTAutograd with our compilers: returns the callable Dynamo runs in place of ``gm``."""
     from torch._dynamo.backends.common import aot_autograd
 
+    warm_pool(example_inputs)  # CUDA: the kernel compile workers start while AOTAutograd traces
     fused_attention_masks(gm)  # before the trace picks attention's kernel: a boolean mask would get the math path
     if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
         from fusion.aten.capture import TRAINING_KEEP  # a training graph: the library's kernels where they win

@@ -45,6 +45,33 @@ def _pool() -> concurrent.futures.ProcessPoolExecutor:
     return _POOL
 
 
+def warm_pool(example_inputs: Sequence[object]) -> bool:
+    """Start the workers now, in the background, where a graph on a CUDA device is about to be traced (once per
+    process): each spawns and imports torch and Triton (seconds) while AOTAutograd traces, and the graph's
+    :func:`precompile` finds them ready. Inductor warms its compile pool the same way
+    (``AsyncCompile.warm_pool``). True where it started them."""
+    if _POOL is not None or workers() < 2:
+        return False
+    if not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        return False
+    pool = _pool()
+    for _ in range(workers()):  # one job each: a pool spawns a worker per job while none is idle
+        pool.submit(_import_in_worker)
+    return True
+
+
+def _import_in_worker() -> str:
+    """In a worker: the imports a compile needs (Triton's compiler and its CUDA backend), then nothing."""
+    try:
+        import triton.compiler  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.runtime import driver  # noqa: F401
+
+        return ""
+    except Exception as e:  # noqa: BLE001 - a compile in this worker will say what is missing
+        return f"{type(e).__name__}: {e}"
+
+
 def _compile_in_worker(path: str, name: str, dtypes: tuple[str, ...], num_warps: int, constexprs: dict,
                        target: tuple) -> str:  # fmt: skip
     """In a worker: import the kernel's file, compile it for ``target`` without a GPU; '' or the error."""
