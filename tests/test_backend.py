@@ -10,7 +10,9 @@ import contextlib
 import copy
 import importlib
 import operator
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -1174,6 +1176,13 @@ def test_compile_workers_start_while_a_cuda_graph_is_traced(monkeypatch):
         PC._POOL = Pool()
         return PC._POOL
 
+    class Broken:  # a pool whose worker died: never handed out again
+        _broken = "A child process terminated abruptly"
+
+    monkeypatch.setattr(PC, "_POOL", Broken())
+    fresh = PC._pool()
+    assert fresh is PC._POOL and not isinstance(fresh, Broken)
+    fresh.shutdown()
     monkeypatch.setattr(PC, "_POOL", None)
     monkeypatch.setattr(PC, "_pool", fake_pool)
     monkeypatch.setenv("FUSION_COMPILE_WORKERS", "3")
@@ -1192,6 +1201,30 @@ def test_compile_workers_start_while_a_cuda_graph_is_traced(monkeypatch):
     x = torch.randn(5)
     torch.testing.assert_close(torch.compile(lambda t: torch.relu(t) + 1, backend="fusion")(x), torch.relu(x) + 1)
     assert seen and any(t is x for t in seen[0])  # the backend asks for the pool with the graph's inputs, first thing
+
+
+def test_compile_workers_never_rerun_the_learners_script(tmp_path):
+    """A spawned worker re-runs the parent's main module before its first job: a script without an
+    ``if __name__ == "__main__":`` guard would run again (model, training loop, prints) in every compile worker, and
+    the workers die trying to start their own pool. Our workers are spawned with the main module hidden."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\n"
+        "print('SCRIPT BODY', flush=True)\n"
+        "os.environ['FUSION_COMPILE_WORKERS'] = '2'\n"
+        "from fusion.kernels import precompile as PC\n"
+        "print('RESULTS', [PC._submit(PC._import_in_worker).result() for _ in range(2)], flush=True)\n"
+        f"print('FILE KEPT', __file__ == {str(script)!r}, __spec__ is None, flush=True)\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("SCRIPT BODY") == 1, out.stdout
+    assert "RESULTS ['', '']" in out.stdout and "FILE KEPT True True" in out.stdout, out.stdout
 
 
 @cuda

@@ -19,6 +19,7 @@ import atexit
 import concurrent.futures
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -38,11 +39,32 @@ def workers() -> int:
 
 def _pool() -> concurrent.futures.ProcessPoolExecutor:
     global _POOL
+    if _POOL is not None and getattr(_POOL, "_broken", False):  # a worker died: a new pool, never a broken one
+        _POOL = None
     if _POOL is None:
         # spawn, not fork: the parent has CUDA initialised, and a forked CUDA context is unusable.
         _POOL = concurrent.futures.ProcessPoolExecutor(workers(), mp_context=multiprocessing.get_context("spawn"))
         atexit.register(_POOL.shutdown, wait=False, cancel_futures=True)
     return _POOL
+
+
+def _submit(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` in a worker. A spawned worker re-runs the parent's ``__main__`` before its first job
+    (multiprocessing does, so that functions defined there unpickle): a learner's script without an
+    ``if __name__ == "__main__":`` guard would run again, model, training loop and all, in every worker. Our jobs are
+    functions of this module, so the workers are spawned (a pool spawns them in ``submit``) with the main module's
+    name and path hidden: they import none."""
+    pool = _pool()
+    main = sys.modules.get("__main__")
+    hidden = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None  # multiprocessing reads both: no module name, no path -> the worker imports no main
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        if main is not None:
+            main.__dict__.update(hidden)
 
 
 def warm_pool(example_inputs: Sequence[object]) -> bool:
@@ -54,9 +76,11 @@ def warm_pool(example_inputs: Sequence[object]) -> bool:
         return False
     if not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
         return False
-    pool = _pool()
-    for _ in range(workers()):  # one job each: a pool spawns a worker per job while none is idle
-        pool.submit(_import_in_worker)
+    try:
+        for _ in range(workers()):  # one job each: a pool spawns a worker per job while none is idle
+            _submit(_import_in_worker)
+    except Exception:  # noqa: BLE001 - no pool now: precompile starts one, or the first launches compile
+        return False
     return True
 
 
@@ -124,19 +148,21 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
     except Exception as e:  # noqa: BLE001
         return {"skipped": f"no Triton target here ({type(e).__name__})"}
     start = time.perf_counter()
-    pool = _pool()
-    jobs = [
-        pool.submit(
-            _compile_in_worker,
-            str(source_path(source, k.kernel.name)),
-            k.kernel.name,
-            dtypes,
-            k.plan.num_warps,
-            constexprs,
-            target,
-        )  # fmt: skip
-        for k, source, dtypes, constexprs, _ in todo
-    ]
+    try:
+        jobs = [
+            _submit(
+                _compile_in_worker,
+                str(source_path(source, k.kernel.name)),
+                k.kernel.name,
+                dtypes,
+                k.plan.num_warps,
+                constexprs,
+                target,
+            )  # fmt: skip
+            for k, source, dtypes, constexprs, _ in todo
+        ]
+    except Exception as e:  # noqa: BLE001 - no pool (a broken one, shut down at exit): the first launches compile
+        return {"skipped": f"no compile pool ({type(e).__name__}: {str(e)[:120]})"}
     failed = []
     for (*_, key), job in zip(todo, jobs, strict=True):
         try:
