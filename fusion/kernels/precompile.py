@@ -9,6 +9,8 @@ argument types it is given (``MockTensor`` pointers, assumed 16-byte aligned as 
 launching. The parent's first launch then hits the cache with the same key (same source, types, alignment, options).
 
 Workers never touch the GPU: the target (e.g. ``cuda:90``) is handed to them, so they create no CUDA context.
+They start while the first CUDA graph is traced (:func:`warm_pool`), and never import the parent's main module
+(:func:`_submit`).
 Anything that fails here only costs time: the parent's first launch compiles the kernel as before.
 ``FUSION_COMPILE_WORKERS=0`` turns the pool off; the default is one worker per CPU core, at most 8.
 """
