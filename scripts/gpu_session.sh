@@ -49,6 +49,10 @@
 #                                       # (eager, fusion, Inductor)
 #     bash scripts/gpu_session.sh ai    # the same code: MobileNetV3, ViT and the HF models (eager, fusion, Inductor)
 #     bash scripts/gpu_session.sh aj    # the same code: both training steps
+#   Prepared for the next session (not run yet):
+#     bash scripts/gpu_session.sh ak    # CUDA-graph variants of the vision models beside reduce-overhead; what the
+#                                       # inference half of conv1x1 buys (ResNet-50, MobileNetV2, 25 rounds)
+#     bash scripts/gpu_session.sh al    # CUDA-graph variants of MobileNetV3, ViT and the HF models; BERT's training step
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -68,6 +72,8 @@ step "machine"
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
 
 all_fusion=eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead
+dryflag=()
+[ "$dry" = 1 ] && dryflag=(--dry-run)
 suite() {  # suite BUDGET MODELS BACKENDS
     local extra=()
     [ "$dry" = 1 ] && extra=(--dry-run)
@@ -287,6 +293,18 @@ ag)
 ah) suite 500 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 eager,fusion,inductor ;;
 ai) suite 500 mobilenet_v3_large,vit_b_16,bert,gpt2,llama eager,fusion,inductor ;;
 aj) suite 300 resnet50_train,bert_train eager,fusion,inductor ;;
-*) echo "part must be one of a to z, z1 to z3, aa to aj" && exit 2 ;;
+ak)
+    suite 330 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 \
+        eager,fusion+cudagraphs,inductor+reduce-overhead
+    step "ablation: conv1x1 in inference (its own JSON: a merge would replace these models' rows above)"
+    timeout 230 "$PY" scripts/gpu_suite.py --models resnet50,mobilenet_v2 --backends eager,fusion,fusion+no-conv1x1,inductor \
+        --budget 200 --timeout 110 --out "$OUT/ablation" "${dryflag[@]}" 2>&1 | tee -a "$OUT/suite_ablation.log"
+    ;;
+al)
+    suite 330 mobilenet_v3_large,vit_b_16,bert,gpt2,llama eager,fusion+cudagraphs,inductor+reduce-overhead
+    timeout 250 "$PY" scripts/gpu_suite.py --models bert_train --backends eager,fusion,inductor --budget 220 \
+        --timeout 220 --out "$OUT/train" "${dryflag[@]}" 2>&1 | tee -a "$OUT/suite_train.log"
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to al" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
