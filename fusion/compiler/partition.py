@@ -448,12 +448,11 @@ def traced_layouts(gm: fx.GraphModule) -> int:
 
 def _traced_layout(node: fx.Node) -> bool:
     """Does ``node`` hold its traced strides at run time? A graph input (checked at the entry, or guarded by Dynamo),
-    a generated kernel's output (allocated at the traced strides), or what :func:`as_traced` returns. A library
-    call's own output need not (see :func:`traced_layouts`)."""
-    if node.op == "placeholder" or node.target is as_traced:
+    a generated kernel's output (allocated at the traced strides), what :func:`as_traced` returns, or a GEMM's output
+    traced contiguous (:func:`_fresh_contiguous`). Another library call's own output need not (see
+    :func:`traced_layouts`)."""
+    if node.op == "placeholder" or node.target is as_traced or _fresh_contiguous(node):
         return True
-    if node.target in FRESH_CONTIGUOUS:
-        return _fresh_contiguous(node)
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return isinstance(node.args[0].target, rt.Launcher)
     return False
