@@ -53,6 +53,9 @@
 #     bash scripts/gpu_session.sh ak    # CUDA-graph variants of the vision models beside reduce-overhead; what the
 #                                       # inference half of conv1x1 buys (ResNet-50, MobileNetV2, 25 rounds)
 #     bash scripts/gpu_session.sh al    # CUDA-graph variants of MobileNetV3, ViT and the HF models; BERT's training step
+#   2026-11-25, fifth session:
+#     bash scripts/gpu_session.sh am    # CUDA tests (Phases 8, 9); what the inference half of conv1x1 buys
+#                                       # (ResNet-50, MobileNetV2, EfficientNet-B0; 25 interleaved rounds, cold caches)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -305,6 +308,13 @@ al)
     timeout 250 "$PY" scripts/gpu_suite.py --models bert_train --backends eager,fusion,inductor --budget 220 \
         --timeout 220 --out "$OUT/train" "${dryflag[@]}" 2>&1 | tee -a "$OUT/suite_train.log"
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to al" && exit 2 ;;
+am)
+    cuda_tests 110
+    step "ablation: conv1x1 in inference (its own JSON: a merge would replace these models' rows in a suite)"
+    timeout 420 "$PY" scripts/gpu_suite.py --models resnet50,mobilenet_v2,efficientnet_b0 \
+        --backends eager,fusion,fusion+no-conv1x1,inductor --budget 390 --timeout 150 --out "$OUT/ablation" \
+        "${dryflag[@]}" 2>&1 | tee -a "$OUT/suite_ablation.log"
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to am" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
