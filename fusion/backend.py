@@ -159,7 +159,9 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
-    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_as_mm), doc="a 1x1 conv of a channels-last image: one mm"),
+    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (channels-last): 2 mm"),
+    passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
+                doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
     passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
                 doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
 ]  # fmt: skip

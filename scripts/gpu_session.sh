@@ -56,6 +56,12 @@
 #   2026-11-25, fifth session:
 #     bash scripts/gpu_session.sh am    # CUDA tests (Phases 8, 9); what the inference half of conv1x1 buys
 #                                       # (ResNet-50, MobileNetV2, EfficientNet-B0; 25 interleaved rounds, cold caches)
+#     bash scripts/gpu_session.sh an    # after the forward half of conv1x1 went opt-in: the four vision models with
+#                                       # 1x1 convolutions, every backend (CUDA graphs and reduce-overhead included)
+#     bash scripts/gpu_session.sh ao    # the same code: MobileNetV3 (every backend); CUDA-graph variants of ConvNeXt,
+#                                       # ViT and the HF models (their default rows: parts ah, ai, same code for them)
+#     bash scripts/gpu_session.sh ap    # the same code: the training steps (ResNet-50 with the backward half of conv1x1
+#                                       # on and off; BERT)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -315,6 +321,17 @@ am)
         --backends eager,fusion,fusion+no-conv1x1,inductor --budget 390 --timeout 150 --out "$OUT/ablation" \
         "${dryflag[@]}" 2>&1 | tee -a "$OUT/suite_ablation.log"
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to am" && exit 2 ;;
+an) suite 545 resnet50,mobilenet_v2,efficientnet_b0,resnet18 "$all_fusion" ;;
+ao)
+    suite 150 mobilenet_v3_large "$all_fusion"
+    suite $((555 - (SECONDS - start))) convnext_tiny,vit_b_16,bert,gpt2,llama eager,fusion+cudagraphs,inductor+reduce-overhead
+    ;;
+ap)
+    suite 175 resnet50_train eager,fusion,fusion+no-conv1x1,inductor
+    timeout $((430 - (SECONDS - start))) "$PY" scripts/gpu_suite.py --models bert_train --backends eager,fusion,inductor \
+        --budget $((420 - (SECONDS - start))) --timeout $((420 - (SECONDS - start))) --out "$OUT/train" "${dryflag[@]}" \
+        2>&1 | tee -a "$OUT/suite_train.log"
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to ap" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

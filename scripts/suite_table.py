@@ -3,7 +3,9 @@
     python3 scripts/suite_table.py scripts/results/h100-2026-11-25-w-suite.json scripts/results/h100-2026-11-25-x-suite.json
 
 One markdown row per model (eager's median, each backend's speed-up against eager, first calls, peak memory), the
-geomean row last, and the GPU-bound times (``+cudagraphs`` against reduce-overhead). Standard library only.
+geomean row last, and the GPU-bound times (``+cudagraphs`` against reduce-overhead). A model in several files is one
+row: the first file's backends, then those it lacks from later files (each ratio against its own file's eager;
+marked †): name the newest file first. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,10 +18,24 @@ COLUMNS = ["fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead"
 
 
 def main(paths: list[str]) -> None:
-    rows = []
+    rows: list[dict] = []
+    by_model: dict[str, dict] = {}
     for path in paths:
         with open(path) as f:  # a model not measured in a file (over its budget, timed out) is left out of it
-            rows += [r for r in json.load(f)["models"] if r.get("status", "ok") == "ok"]
+            for r in json.load(f)["models"]:
+                if r.get("status", "ok") != "ok":
+                    continue
+                if r["model"] not in by_model:
+                    by_model[r["model"]] = r = {**r, "backends": dict(r["backends"])}
+                    rows.append(r)
+                    continue
+                # the same model in a later file (another process): the backends the row lacks join it, each with
+                # its ratio against its own process's eager (the eager median shown is the first file's); marked †
+                row = by_model[r["model"]]
+                extra = {k: v for k, v in r["backends"].items() if k not in row["backends"]}
+                if extra:
+                    row["backends"].update(extra)
+                    row["model"] = row["model"].removesuffix(" †") + " †"
     print("| model | eager | fusion | fusion +cudagraphs | Inductor | Inductor reduce-overhead "
           "| first call, s (fusion / Inductor) | peak MB (eager / fusion / Inductor) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
@@ -36,12 +52,13 @@ def main(paths: list[str]) -> None:
         for c in firsts:
             if b.get(c, {}).get("first_call_s") is not None:
                 firsts[c].append(b[c]["first_call_s"])
-        first = " / ".join(f"{b[c]['first_call_s']:.1f}" if c in b else "-" for c in ("fusion", "inductor"))
+        first = " / ".join(f"{b[c]['first_call_s']:.1f}" if b.get(c, {}).get("first_call_s") is not None else "-"
+                           for c in ("fusion", "inductor"))  # fmt: skip
         peak = " / ".join(f"{b[c]['peak_memory_bytes'] / 1e6:.0f}" if b.get(c, {}).get("peak_memory_bytes")
                           else "-" for c in ("eager", "fusion", "inductor"))  # fmt: skip
         print(f"| {row['model']} | {b['eager']['median_s'] * 1e3:.2f} ms | {' | '.join(cells)} | {first} | {peak} |")
     geo = [f"**{math.exp(sum(map(math.log, v)) / len(v)):.2f}×**" if v else "-" for v in speedups.values()]
-    mean = " / ".join(f"{sum(v) / len(v):.1f}" for v in firsts.values())
+    mean = " / ".join(f"{sum(v) / len(v):.1f}" if v else "-" for v in firsts.values())
     print(f"| **geomean ({len(rows)} models)** | | {' | '.join(geo)} | mean {mean} | |")
     print("\nGPU-bound, fusion + CUDA graphs / reduce-overhead, ms: " + ", ".join(
         f"{r['model']} {r['backends']['fusion+cudagraphs']['median_s'] * 1e3:.3f} / "

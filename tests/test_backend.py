@@ -1741,11 +1741,9 @@ def test_a_convolution_that_is_not_one_gemm_is_left_alone(case):
         torch.testing.assert_close(gm(*args), f(*args))
 
 
-def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms():
-    """End to end: an inverted-residual block (1x1 expand, depthwise 3x3, 1x1 project with a bias, BatchNorm, ReLU6,
-    the residual) in channels-last, float64, training: the compiled step gives eager's outputs, gradients and running
-    statistics; both 1x1 convolutions are GEMMs forward and backward. With the pass off they stay convolutions."""
-    torch.manual_seed(0)
+def _inverted_residual() -> nn.Module:
+    """An inverted-residual block (1x1 expand, depthwise 3x3, 1x1 project with a bias, BatchNorm, ReLU6, the
+    residual), channels-last, float64."""
     block = nn.Sequential(
         nn.Conv2d(6, 12, 1, bias=False), nn.BatchNorm2d(12), nn.ReLU6(),
         nn.Conv2d(12, 12, 3, padding=1, groups=12, bias=False), nn.BatchNorm2d(12), nn.ReLU6(),
@@ -1760,30 +1758,65 @@ def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms():
         def forward(self, x):
             return x + self.block(x)
 
-    model = Residual().double().to(memory_format=torch.channels_last).train()
+    return Residual().double().to(memory_format=torch.channels_last)
+
+
+# options -> (1x1 convolutions rewritten in the forward graph, in the backward graph)
+CONV1X1_OPTIONS = [
+    ({}, (0, 2)),  # the default: the backward's GEMMs only (the forward measured slower as GEMMs)
+    ({"conv1x1_forward": True}, (2, 2)),
+    ({"conv1x1": False}, (0, 0)),
+    ({"conv1x1": False, "conv1x1_forward": True}, (2, 0)),
+]
+
+
+@pytest.mark.parametrize("options,rewritten", CONV1X1_OPTIONS)
+def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms(options, rewritten):
+    """End to end, training: the compiled step gives eager's outputs, gradients and running statistics, whichever
+    halves of the rewrite are on: pass ``conv1x1`` (default) makes each 1x1 convolution's backward two GEMMs, pass
+    ``conv1x1_forward`` (opt-in) its forward one GEMM; a half that is off leaves cuDNN's (aten's) convolution."""
+    torch.manual_seed(0)
+    model = _inverted_residual().train()
     x = _cl(3, 6, 5, 7).requires_grad_()
-    for on in (True, False):
-        backend.reset()
-        ref, mine = copy.deepcopy(model), copy.deepcopy(model)
-        xr, xm = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
-        expected = ref(xr)
-        expected.square().sum().backward()
-        out = torch.compile(mine, backend="fusion", options={"conv1x1": on})(xm)
-        out.square().sum().backward()
-        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(xm.grad, xr.grad, rtol=1e-10, atol=1e-10)
-        for (name, a), b in zip(ref.state_dict().items(), mine.state_dict().values(), strict=True):
-            if a.is_floating_point():
-                torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=name)
-        for a, b in zip(ref.parameters(), mine.parameters(), strict=True):
-            torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-10)
-        (report,) = backend.reports
-        for kind in ("forward", "backward"):
-            part = report.part(kind)
-            assert [p[0] for p in part.passes].count("conv1x1 as mm") == (2 if on else 0), (kind, part.passes)
-            calls = part.library_calls
-            convs = calls.get("convolution" if kind == "forward" else "convolution_backward", 0)
-            assert convs == (1 if on else 3), (kind, calls)
+    backend.reset()
+    ref, mine = copy.deepcopy(model), copy.deepcopy(model)
+    xr, xm = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    expected = ref(xr)
+    expected.square().sum().backward()
+    out = torch.compile(mine, backend="fusion", options=options)(xm)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(xm.grad, xr.grad, rtol=1e-10, atol=1e-10)
+    for (name, a), b in zip(ref.state_dict().items(), mine.state_dict().values(), strict=True):
+        if a.is_floating_point():
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10, msg=name)
+    for a, b in zip(ref.parameters(), mine.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-10)
+    (report,) = backend.reports
+    for kind, done in zip(("forward", "backward"), rewritten, strict=True):
+        part = report.part(kind)
+        assert [p[0] for p in part.passes].count("conv1x1 as mm") == done, (kind, part.passes)
+        calls = part.library_calls
+        convs = calls.get("convolution" if kind == "forward" else "convolution_backward", 0)
+        assert convs == 3 - done, (kind, calls)
+
+
+@pytest.mark.parametrize("options,rewritten", CONV1X1_OPTIONS)
+def test_an_inference_graph_keeps_its_1x1_convolutions_unless_asked(options, rewritten):
+    """Inference: only the opt-in forward half rewrites a 1x1 convolution (the default keeps cuDNN's, measured
+    faster in whole models); the values are eager's either way."""
+    torch.manual_seed(0)
+    model = _inverted_residual().eval()
+    x = _cl(3, 6, 5, 7)
+    backend.reset()
+    with torch.no_grad():
+        expected = model(x)
+        out = torch.compile(copy.deepcopy(model), backend="fusion", options=options)(x)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    (report,) = backend.reports
+    part = report.part("inference")
+    assert [p[0] for p in part.passes].count("conv1x1 as mm") == rewritten[0], part.passes
+    assert part.library_calls.get("convolution", 0) == 3 - rewritten[0], part.library_calls
 
 
 def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references():
@@ -1805,8 +1838,8 @@ def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references(
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=3e-2, atol=3e-2)
     (report,) = backend.reports
-    for part in report.parts:
-        assert [p[0] for p in part.passes].count("conv1x1 as mm") == 2, part.passes
+    for part in report.parts:  # the backward's two 1x1 convolutions are GEMMs (the forward's stay cuDNN's)
+        assert [p[0] for p in part.passes].count("conv1x1 as mm") == (2 if part.kind == "backward" else 0), part.passes
         assert "prims" not in part.graph.code, part.graph.code
 
 

@@ -1028,17 +1028,38 @@ def test_suite_cli_and_unknown_names(tmp_path, capsys):
 
 def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     """``fusion+no-<pass>``: the backend with that pass off (``fusion+no-conv1x1``: options {"conv1x1": False}),
-    accepted by the suite's name check; ``fusion+fold+cudagraphs`` still turns both on."""
+    ``fusion+with-<pass>`` with an opt-in pass on, both accepted by the suite's name check;
+    ``fusion+fold+cudagraphs`` still turns both on."""
     from fusion.bench import suite as S
 
     seen = []
     monkeypatch.setattr(S.torch, "compile", lambda model, **kw: seen.append(kw.get("options")) or model)
     S.compile_with("fusion+no-conv1x1", nn.Identity())
+    S.compile_with("fusion+with-conv1x1_forward", nn.Identity())
     S.compile_with("fusion+fold+cudagraphs", nn.Identity())
     S.compile_with("fusion", nn.Identity())
-    assert seen == [{"conv1x1": False}, {"fold_bn": True, "cudagraphs": True}, None]
+    assert seen == [{"conv1x1": False}, {"conv1x1_forward": True}, {"fold_bn": True, "cudagraphs": True}, None]
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
         S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+conv1x1"], device="cpu")
+
+
+def test_suite_table_joins_a_model_measured_in_two_files(tmp_path):
+    """scripts/suite_table.py: a model in two files is one row, the first file's backends kept, the ones it lacks
+    joined from the later file with their own ratios and the row marked †; a model in one file is unmarked."""
+    def row(model, **speedups):
+        backends = {"eager": {"median_s": 0.004, "speedup_vs_eager": 1.0}}
+        backends |= {k.replace("_", "+"): {"median_s": 0.004 / v, "speedup_vs_eager": v} for k, v in speedups.items()}
+        return {"model": model, "status": "ok", "backends": backends}
+
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps({"models": [row("resnet50", fusion=2.0, inductor=1.5), row("bert", fusion_cudagraphs=3.0)]}))
+    old.write_text(json.dumps({"models": [row("resnet50", fusion=9.0), row("bert", fusion=1.25, inductor=1.1)]}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/suite_table.py"), str(new), str(old)],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    lines = {ln.split("|")[1].strip(): ln for ln in proc.stdout.splitlines() if ln.startswith("| ")}
+    assert "2.00×" in lines["resnet50"] and "9.00×" not in lines["resnet50"]  # the first file wins
+    assert "bert †" in lines and "1.25×" in lines["bert †"] and "3.00×" in lines["bert †"]
+    assert "(2 models)" in proc.stdout
 
 
 def test_gpu_suite_script_dry_run(tmp_path):

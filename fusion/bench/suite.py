@@ -71,9 +71,13 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
         if "fusion" not in list_backends(exclude_tags=()):
             raise VariantUnavailable("phase 9 not available (importing fusion.backend registers no 'fusion' backend)")
         # fusion+fold: the opt-in BatchNorm fold (Phase 9's freezing-like promise); +cudagraphs: one CUDA graph;
-        # +no-<pass>: that pass off (an ablation: fusion+no-conv1x1 is fusion without pass conv1x1)
+        # +no-<pass>: that pass off (an ablation: fusion+no-conv1x1 is fusion without pass conv1x1); +with-<pass>:
+        # an opt-in pass on (fusion+with-conv1x1_forward)
         flags = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}
-        options = {f[3:] if f.startswith("no-") else flags[f]: not f.startswith("no-") for f in backend.split("+")[1:]}
+        options = {}
+        for f in backend.split("+")[1:]:
+            on = not f.startswith("no-")
+            options[f.removeprefix("no-").removeprefix("with-") if f.startswith(("no-", "with-")) else flags[f]] = on
         return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
         return torch.compile(model)
@@ -380,12 +384,12 @@ def run_suite(
 ) -> dict:
     """Run the suite (default: every model, every backend; on CPU tiny shapes without the Inductor backends)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].startswith("no-")  # noqa: E731
+    ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].startswith(("no-", "with-"))  # noqa: E731
     unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not ablation(b)]
     if unknown:
         raise ValueError(
             f"unknown model/backend {unknown}. Fix: models {', '.join(MODELS)}; backends {BACKENDS} "
-            "(or fusion+no-<pass>: that pass off)"
+            "(or fusion+no-<pass>: that pass off; fusion+with-<pass>: an opt-in pass on)"
         )
     backends = tuple(backends) or (BACKENDS if device == "cuda" else CPU_DEFAULT_BACKENDS)
     sizes = sizes or ("full" if device == "cuda" else "tiny")

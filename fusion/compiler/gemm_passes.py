@@ -4,8 +4,9 @@
 * :func:`gemm_per_head` (pass ``gemm_heads``): a GEMM whose columns are split into heads and copied head-major (the
   ``.contiguous()`` of ``nn.MultiheadAttention``'s packed in-projection) is one GEMM per head, each writing its head
   where the copy would have put it: the copy is gone, and each head's bias is in its GEMM's epilogue.
-* :func:`conv1x1_as_mm` (pass ``conv1x1``): a 1x1 convolution of a channels-last image is one ``mm`` (and its
-  backward two): the same products through cuBLAS, for less CPU per call than cuDNN's.
+* :func:`conv1x1_as_mm` (passes ``conv1x1`` and, opt-in, ``conv1x1_forward``): the backward of a 1x1 convolution of
+  a channels-last image is two ``mm`` (the forward one): the same products through cuBLAS, for less CPU per call
+  than cuDNN's backward. The forward stays cuDNN's by default: measured slower as a GEMM in whole models.
 """
 
 from __future__ import annotations
@@ -182,9 +183,9 @@ def _is_row_bias(bias: object, out: fx.Node, dtype) -> bool:
     return isinstance(val, torch.Tensor) and tuple(val.shape) == (last,) and val.dtype == dtype
 
 
-def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """A 1x1 convolution (stride 1, no padding, one group) of a channels-last image -> one GEMM, and its
-    ``convolution_backward`` -> two GEMMs (and a ``sum`` for the bias).
+def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None], *, forward: bool = True, backward: bool = True) -> int:
+    """A 1x1 convolution (stride 1, no padding, one group) of a channels-last image -> one GEMM (``forward``), and
+    its ``convolution_backward`` -> two GEMMs and a ``sum`` for the bias (``backward``).
 
     In channels-last memory an (N, C, H, W) image is the (N·H·W, C) matrix ``X``, row-major; a 1x1 convolution with
     weight (K, C, 1, 1) is ``X @ W.T``, written as the (N·H·W, K) matrix that *is* the (N, K, H, W) channels-last
@@ -193,7 +194,14 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     bf16, the suite's shapes): the forward 19-32 µs of CPU a call against cuDNN's 26-35, the backward's two GEMMs
     37-72 µs against ``convolution_backward``'s 49-97, GPU time the same within a few µs either way. EfficientNet-B0
     has 65 such convolutions a call, ResNet-50 33 (and as many in its backward). Inductor has the same rewrite
-    behind ``torch._inductor.config.conv_1x1_as_mm``.
+    behind ``torch._inductor.config.conv_1x1_as_mm`` (off by default).
+
+    The backend runs the backward half by default (pass ``conv1x1``) and the forward half only on request (pass
+    ``conv1x1_forward``): in whole models the forward GEMMs lost what the probe said they would save. Three CPU-bound
+    inference rows, 25 interleaved rounds in one process each (H100, ``scripts/results/…-am-…``): ResNet-50
+    2.449 ms with the forward rewrite against 2.286 without, MobileNetV2 2.277 vs 2.096, EfficientNet-B0 3.722 vs
+    3.409. Each GEMM adds three reinterpreted views to the call and cuBLAS adds workspace memsets (a profiled
+    ResNet-50 call: 16 memsets against Inductor's 7); the 3 µs the probe saved per call does not cover them.
 
     Taken only where the views are exact: the input (and the gradient) channels-last dense, the output laid out as
     the GEMM writes it. On a GPU a float32 convolution stays cuDNN's unless float32 matmuls may use TF32 as cuDNN's
@@ -204,13 +212,13 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     add = functools.partial(call_with_meta, g)
     for conv in list(g.nodes):
         shapes = _conv1x1_shapes(conv)
-        if shapes is None:
+        if shapes is None or not (forward if shapes[0] else backward):
             continue
-        forward, x, w, (n, c, h, wd, k) = shapes
+        is_forward, x, w, (n, c, h, wd, k) = shapes
         with g.inserting_before(conv):
             weight = add(aten.select.int, (add(aten.select.int, (w, 3, 0)), 2, 0))  # (K, C)
             rows = add(aten.view.default, (add(aten.permute.default, (x, [0, 2, 3, 1])), [n * h * wd, c]))  # (NHW, C)
-            if forward:  # y = X @ W.T (+ b)
+            if is_forward:  # y = X @ W.T (+ b)
                 bias, wt = conv.args[2], add(aten.permute.default, (weight, [1, 0]))
                 mm = add(aten.addmm.default, (bias, rows, wt)) if bias is not None else add(aten.mm.default, (rows, wt))
                 conv.replace_all_uses_with(_as_image(add, mm, n, h, wd, k))
@@ -231,13 +239,23 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
                     item.replace_all_uses_with(out)
                     g.erase_node(item)
         g.erase_node(conv)
-        what = "one GEMM" if forward else "backward: GEMMs"
+        what = "one GEMM" if is_forward else "backward: GEMMs"
         note("conv1x1 as mm", [conv.name], "rewritten", f"({n * h * wd}, {c}) x ({c}, {k}), {what}")
         count += 1
     if count:
         g.lint()
         gm.recompile()
     return count
+
+
+def conv1x1_backward_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``conv1x1``: :func:`conv1x1_as_mm` on the backward convolutions only."""
+    return conv1x1_as_mm(gm, note, forward=False)
+
+
+def conv1x1_forward_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``conv1x1_forward`` (opt-in): :func:`conv1x1_as_mm` on the forward convolutions only."""
+    return conv1x1_as_mm(gm, note, backward=False)
 
 
 def _conv1x1_shapes(conv: fx.Node):
