@@ -200,8 +200,9 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None], *, forward: boo
     ``conv1x1_forward``): in whole models the forward GEMMs lost what the probe said they would save. Three CPU-bound
     inference rows, 25 interleaved rounds in one process each (H100, ``scripts/results/…-am-…``): ResNet-50
     2.449 ms with the forward rewrite against 2.286 without, MobileNetV2 2.277 vs 2.096, EfficientNet-B0 3.722 vs
-    3.409. Each GEMM adds three reinterpreted views to the call and cuBLAS adds workspace memsets (a profiled
-    ResNet-50 call: 16 memsets against Inductor's 7); the 3 µs the probe saved per call does not cover them.
+    3.409. The probe timed a bare ``mm`` against a bare convolution (0-5 µs less CPU); in a graph each GEMM also
+    brings the views around it into the call, and the profiled ResNet-50 call with its 33 GEMMs issued 16 memsets
+    against 7 for Inductor's all-cuDNN call: more than the probe's few µs.
 
     Taken only where the views are exact: the input (and the gradient) channels-last dense, the output laid out as
     the GEMM writes it. On a GPU a float32 convolution stays cuDNN's unless float32 matmuls may use TF32 as cuDNN's
