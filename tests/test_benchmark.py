@@ -1046,13 +1046,16 @@ def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
 def test_suite_table_joins_a_model_measured_in_two_files(tmp_path):
     """scripts/suite_table.py: a model in two files is one row, the first file's backends kept, the ones it lacks
     joined from the later file with their own ratios and the row marked †; a model in one file is unmarked."""
+
     def row(model, **speedups):
         backends = {"eager": {"median_s": 0.004, "speedup_vs_eager": 1.0}}
         backends |= {k.replace("_", "+"): {"median_s": 0.004 / v, "speedup_vs_eager": v} for k, v in speedups.items()}
         return {"model": model, "status": "ok", "backends": backends}
 
     new, old = tmp_path / "new.json", tmp_path / "old.json"
-    new.write_text(json.dumps({"models": [row("resnet50", fusion=2.0, inductor=1.5), row("bert", fusion_cudagraphs=3.0)]}))
+    new.write_text(
+        json.dumps({"models": [row("resnet50", fusion=2.0, inductor=1.5), row("bert", fusion_cudagraphs=3.0)]})
+    )
     old.write_text(json.dumps({"models": [row("resnet50", fusion=9.0), row("bert", fusion=1.25, inductor=1.1)]}))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts/suite_table.py"), str(new), str(old)],
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
