@@ -49,7 +49,7 @@
 #                                       # (eager, fusion, Inductor)
 #     bash scripts/gpu_session.sh ai    # the same code: MobileNetV3, ViT and the HF models (eager, fusion, Inductor)
 #     bash scripts/gpu_session.sh aj    # the same code: both training steps
-#   Prepared for the next session (not run yet):
+#   Prepared in the fourth session, never run (parts am to ap took their place):
 #     bash scripts/gpu_session.sh ak    # CUDA-graph variants of the vision models beside reduce-overhead; what the
 #                                       # inference half of conv1x1 buys (ResNet-50, MobileNetV2, 25 rounds)
 #     bash scripts/gpu_session.sh al    # CUDA-graph variants of MobileNetV3, ViT and the HF models; BERT's training step
