@@ -159,7 +159,7 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
-    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (channels-last): 2 mm"),
+    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
     passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
                 doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
     passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
@@ -220,18 +220,13 @@ def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
                 part.count_library_calls(gm, part.kernels)
                 part.graph = compiled
                 compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
-                _note_prims(part, compiled.graph_module.meta.get("prims_to_aten", []))
+                part.note_prims(compiled.graph_module.meta.get("prims_to_aten", []))
                 return compiled.forward
     part.compiled = False
     part.fallback("the whole graph", why)
     part.count_library_calls(gm, [])
-    _note_prims(part, partition.prims_to_aten(gm))
+    part.note_prims(partition.prims_to_aten(gm))
     return gm.forward
-
-
-def _note_prims(part: PartReport, changed: list[str]) -> None:
-    if changed:  # a prims op run eagerly is a Python reference implementation: ~10-20 µs of CPU each
-        part.note_pass("prims to aten", [f"{len(changed)} prims call(s)"], "mapped", "outside kernels: aten ops")
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):

@@ -52,6 +52,11 @@ class PartReport:
     def fallback(self, what: str, why: str) -> None:
         self.fallbacks.append((what, why))
 
+    def note_prims(self, changed: list[str]) -> None:
+        """Record the prims calls outside kernels that were mapped to aten ops (``partition.prims_to_aten``)."""
+        if changed:  # a prims op run eagerly is a Python reference implementation: ~10-20 µs of CPU each
+            self.note_pass("prims to aten", [f"{len(changed)} prims call(s)"], "mapped", "outside kernels: aten ops")
+
     def count_folds(self, gm: fx.GraphModule) -> None:
         """How many folds the passes installed: the folded weights among the graph's inputs."""
         self.folded = sum(n.op == "placeholder" and n.meta.get("folded") == "weight" for n in gm.graph.nodes)
