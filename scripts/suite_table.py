@@ -20,6 +20,7 @@ COLUMNS = ["fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead"
 def main(paths: list[str]) -> None:
     rows: list[dict] = []
     by_model: dict[str, dict] = {}
+    joined: set[str] = set()  # models with backends from more than one file
     for path in paths:
         with open(path) as f:  # a model not measured in a file (over its budget, timed out) is left out of it
             for r in json.load(f)["models"]:
@@ -35,7 +36,9 @@ def main(paths: list[str]) -> None:
                 extra = {k: v for k, v in r["backends"].items() if k not in row["backends"]}
                 if extra:
                     row["backends"].update(extra)
-                    row["model"] = row["model"].removesuffix(" †") + " †"
+                    joined.add(r["model"])
+    for row in rows:
+        row["model"] += " †" * (row["model"] in joined)
     print("| model | eager | fusion | fusion +cudagraphs | Inductor | Inductor reduce-overhead "
           "| first call, s (fusion / Inductor) | peak MB (eager / fusion / Inductor) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")

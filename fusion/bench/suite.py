@@ -60,6 +60,9 @@ CUDAGRAPHS = (
 # Backends by name
 
 
+PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
+
+
 def compile_with(backend: str, model: nn.Module) -> Callable:
     """``model`` as ``backend`` runs it; VariantUnavailable where its phase is not written here."""
     if backend == "eager":
@@ -76,8 +79,11 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
         flags = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}
         options = {}
         for f in backend.split("+")[1:]:
-            on = not f.startswith("no-")
-            options[f.removeprefix("no-").removeprefix("with-") if f.startswith(("no-", "with-")) else flags[f]] = on
+            switch, _, name = f.partition("-")
+            if switch in PASS_SWITCHES:
+                options[name] = PASS_SWITCHES[switch]
+            else:
+                options[flags[f]] = True
         return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
         return torch.compile(model)
@@ -384,7 +390,7 @@ def run_suite(
 ) -> dict:
     """Run the suite (default: every model, every backend; on CPU tiny shapes without the Inductor backends)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].startswith(("no-", "with-"))  # noqa: E731
+    ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].partition("-")[0] in PASS_SWITCHES  # noqa: E731
     unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not ablation(b)]
     if unknown:
         raise ValueError(

@@ -501,7 +501,8 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     ``iota`` and the sequence length, a ``scalar_tensor``) is computed once, at compile time, and the graph reads
     the result (Inductor's ``ConstantFolder`` evaluates it). GPT-2's causal mask is ~25 library calls a call without
     it. Not folded: a value the graph returns or an op writes into, itself or through a view (the caller's tensor
-    must be its own; a constant must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all. Returns how many folded."""
+    must be its own; a constant must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all.
+    Returns how many folded."""
     from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
     from torch.utils._python_dispatch import _disable_current_modes
 
