@@ -48,7 +48,7 @@ from torch._dynamo.utils import counters
 from fusion import models
 from fusion.aten.capture import decomposition_table
 from fusion.common import fallback_reason, heading, lesson_cli, max_abs_diff, table
-from fusion.compiler import aot, aten_passes, cudagraphs, gemm_passes, partition, passes
+from fusion.compiler import aot, aten_passes, cudagraphs, depthwise, gemm_passes, partition, passes
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from, summary
 from fusion.conv_bn_fusion import fold_conv_bn_weights
 from fusion.kernels.cublaslt import launched_kernels
@@ -159,6 +159,8 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
+    passes.Pass("depthwise", noted(depthwise.depthwise_as_window_sums), kinds=("inference",), requires=("codegen",),
+                doc="a depthwise conv (<= 5x5) as a window sum inside the generated kernel around it"),
     passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
     passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
                 doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),

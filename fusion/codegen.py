@@ -219,7 +219,7 @@ class KernelWriter:
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
         down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
-        guard = "".join(f" & {g}" for g in self.guards)  # inside a cat's input or a pool's window: where it may read
+        guard = "".join(f" & {g}" for g, at in self.guards if any(s in offset for s in at))  # cat input, window tap
         if any(v in offset for v in self.lanes if v != "0"):
             offset = self.flat[1] if offset in self.flat[0] else offset
             return f"{ptr} + ({offset})", (("xmask & rmask" if down else "rmask") if self.rows else "xmask") + guard

@@ -45,6 +45,7 @@ from fusion.aten.capture import aten_inputs, capture_aten
 from fusion.aten.collapse import REGION_PREFIX, collapse_regions, expand_regions
 from fusion.aten.inductor import inductor_fusion_regions
 from fusion.aten.lesson import histogram_table, show_bandwidth, show_known_differences, show_regions
+from fusion.aten.nodes import DEPTHWISE_CONV  # Phase 9's depthwise convolution as a window sum: a pooling op
 from fusion.aten.nodes import MissingMetaError, is_view_node, kernel_counts, short_target, unique_regions
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
@@ -64,9 +65,10 @@ aten = torch.ops.aten
 INDEXING_OPS = frozenset({"aten::slice", "aten::select", "aten::gather", "aten::index_select", "aten::embedding"})
 # Pooling: every output element combines a small window of its input (max, or sum / count) — a few loads at shifted
 # indices, combined pointwise, with no reduction loop of its own. Inductor decomposes max-pool into the prims below
-# (it registers them; older torch spells them ..._max_pool2d_...).
+# (it registers them; older torch spells them ..._max_pool2d_...). A depthwise convolution is one too, a window sum
+# with weights: Phase 9's pass ``depthwise`` names the ones the generator takes DEPTHWISE_CONV.
 POOLING_OPS = frozenset(
-    {"aten::avg_pool2d", "aten::avg_pool3d", "aten::_adaptive_avg_pool2d", "aten::adaptive_max_pool2d"}
+    {"aten::avg_pool2d", "aten::avg_pool3d", "aten::_adaptive_avg_pool2d", "aten::adaptive_max_pool2d", DEPTHWISE_CONV}
     | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
     | {f"prims::_low_memory_max_pool{d}_{s}" for d in ("", "2d") for s in ("with_offsets", "offsets_to_indices")}
 )

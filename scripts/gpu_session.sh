@@ -62,6 +62,11 @@
 #                                       # ViT and the HF models (their default rows: parts ah, ai, same code for them)
 #     bash scripts/gpu_session.sh ap    # the same code: the training steps (ResNet-50 with the backward half of conv1x1
 #                                       # on and off; BERT)
+#   2026-11-25, sixth session:
+#     bash scripts/gpu_session.sh aq    # after pass depthwise (a depthwise conv as a window sum in the generated
+#                                       # kernel): CUDA tests, memcheck of the window kernels, MobileNetV2 with every
+#                                       # backend and the pass switched off (fusion+no-depthwise)
+#     bash scripts/gpu_session.sh ar    # the same code: EfficientNet-B0 and MobileNetV3 (every backend, +no-depthwise)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -332,6 +337,16 @@ ap)
         --budget $((420 - (SECONDS - start))) --timeout $((420 - (SECONDS - start))) --out "$OUT/train" "${dryflag[@]}" \
         2>&1 | tee -a "$OUT/suite_train.log"
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to ap" && exit 2 ;;
+aq)
+    cuda_tests 120
+    step "compute-sanitizer memcheck over the window kernels (max-pool, depthwise) and this round's other kinds"
+    if command -v compute-sanitizer >/dev/null && [ "$dry" != 1 ]; then
+        timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$PY" scripts/gpu_memcheck_kernels.py \
+            > "$OUT/memcheck.log" 2>&1; echo "exit $?" >> "$OUT/memcheck.log"; tail -12 "$OUT/memcheck.log"
+    else timeout 150 "$PY" scripts/gpu_memcheck_kernels.py 2>&1 | tee "$OUT/memcheck.log" | tail -3; fi
+    suite $((570 - (SECONDS - start))) mobilenet_v2 "$all_fusion,fusion+no-depthwise"
+    ;;
+ar) suite 560 efficientnet_b0,mobilenet_v3_large "$all_fusion,fusion+no-depthwise" ;;
+*) echo "part must be one of a to z, z1 to z3, aa to ar" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -243,8 +243,10 @@ def test_fold_legality_and_transposed_grouped_fold():
         )
     (report,) = backend.reports
     assert folded(report) == 1, report.table()
-    # The learner's notes, under any pass name: everything but the machinery's own epilogue notes.
-    refused = [p for p in report.parts[0].passes if p[2] == "skipped" and p[0] != "cudnn epilogue"]
+    # The learner's notes, under any pass name: everything but the machinery's own epilogue and depthwise notes.
+    refused = [
+        p for p in report.parts[0].passes if p[2] == "skipped" and p[0] not in ("cudnn epilogue", "depthwise conv")
+    ]
     assert len(refused) == 2 and all(p[3] for p in refused), report.table()
     noted = [p for p in report.parts[0].passes if p[2] == "folded"]  # each fold noted: (conv, bn), 'folded'
     assert len(noted) == 1 and noted[0][1].count(" → ") == 1, report.table()
@@ -1796,6 +1798,7 @@ def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms(op
     for kind, done in zip(("forward", "backward"), rewritten, strict=True):
         part = report.part(kind)
         assert [p[0] for p in part.passes].count("conv1x1 as mm") == done, (kind, part.passes)
+        assert not any(p[0] == "depthwise conv" for p in part.passes), part.passes  # inference graphs only
         calls = part.library_calls
         convs = calls.get("convolution" if kind == "forward" else "convolution_backward", 0)
         assert convs == 3 - done, (kind, calls)
@@ -1816,7 +1819,8 @@ def test_an_inference_graph_keeps_its_1x1_convolutions_unless_asked(options, rew
     (report,) = backend.reports
     part = report.part("inference")
     assert [p[0] for p in part.passes].count("conv1x1 as mm") == rewritten[0], part.passes
-    assert part.library_calls.get("convolution", 0) == 3 - rewritten[0], part.library_calls
+    # two 1x1 convolutions (the depthwise one is computed by a generated kernel: pass depthwise)
+    assert part.library_calls.get("convolution", 0) == 2 - rewritten[0], part.library_calls
 
 
 def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references():
@@ -1841,6 +1845,229 @@ def test_mixed_precision_1x1_gradients_are_cast_by_aten_not_by_prims_references(
     for part in report.parts:  # the backward's two 1x1 convolutions are GEMMs (the forward's stay cuDNN's)
         assert [p[0] for p in part.passes].count("conv1x1 as mm") == (2 if part.kind == "backward" else 0), part.passes
         assert "prims" not in part.graph.code, part.graph.code
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pass depthwise: a depthwise convolution as a window sum inside the generated kernel around it (issue 23)
+
+
+def _depthwise_chain(stride, padding, dilation):
+    """clamp(x * scale - 0.25, 0, 6) → depthwise convolution → clamp(2y + 1, 0, 6): MobileNet's BatchNorm+ReLU6 on
+    both sides, so the window reads a computed value and the kernel goes on after it."""
+
+    def f(x, wt, scale):
+        a = (x * scale.view(1, -1, 1, 1) - 0.25).clamp(0, 6)
+        y = aten.convolution.default(a, wt, None, stride, padding, dilation, False, [0, 0], x.shape[1])
+        return ((y * 2.0 + 1.0).clamp(0, 6),)
+
+    return f
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.sampled_from([0, 1, 2]), c=st.sampled_from([1, 3, 8]), h=st.sampled_from([1, 2, 5]),
+    w=st.sampled_from([1, 4, 7]), kernel=st.sampled_from([(1, 1), (3, 3), (5, 5), (3, 1), (2, 3)]),
+    stride=st.sampled_from([1, 2]), padding=st.sampled_from([0, 1, 2]), dilation=st.sampled_from([1, 2]),
+    layout=st.sampled_from(["channels_last", "contiguous", "strided"]), special=st.sampled_from([None, "nan", "inf"]),
+)  # fmt: skip
+@example(n=2, c=8, h=5, w=7, kernel=(3, 3), stride=2, padding=1, dilation=1, layout="channels_last", special=None)
+def test_a_depthwise_convolution_is_a_window_sum_with_the_same_values(
+    n, c, h, w, kernel, stride, padding, dilation, layout, special
+):
+    """Pass depthwise + the generator: the convolution becomes fusion::depthwise_conv2d, computed inside the kernel of
+    the ops around it as a sum over its window of the input (zero outside, never read) times the weight; float64: the
+    convolution's values, NaN and inf where it has them, for every stride, padding, dilation, window (odd, even,
+    1-wide), size-1 dims, an NCHW or strided input. An empty batch is one aten call (nothing to generate)."""
+    from hypothesis import assume
+
+    from fusion.codegen import compile_graph
+    from fusion.compiler import depthwise
+
+    out_h, out_w = (
+        (s + 2 * padding - dilation * (k - 1) - 1) // stride + 1 for s, k in zip((h, w), kernel, strict=True)
+    )
+    assume(out_h > 0 and out_w > 0)
+    g = torch.Generator().manual_seed(n * 100 + c * 10 + h)
+    x = torch.randn(n, c, h, 2 * w if layout == "strided" else w, dtype=torch.float64, generator=g)
+    x = x[..., ::2] if layout == "strided" else x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x  # fmt: skip
+    if special and x.numel():
+        x[0, -1, h // 2, w // 2] = float(special)
+    wt, scale = torch.randn(c, 1, *kernel, dtype=torch.float64, generator=g), torch.rand(c, dtype=torch.float64) + 0.5
+    f = _depthwise_chain([stride] * 2, [padding] * 2, [dilation] * 2)
+    gm = _conv_graph(f, x, wt, scale)
+    notes = []
+    assert depthwise.depthwise_as_window_sums(gm, lambda *note: notes.append(note)) == 1, notes
+    assert [n.target for n in gm.graph.nodes if "conv" in str(n.target)] == [depthwise.DEPTHWISE], gm.code
+    compiled = compile_graph(gm, [x, wt, scale])
+    torch.testing.assert_close(compiled(x, wt, scale), f(x, wt, scale), rtol=1e-12, atol=1e-12, equal_nan=True)
+    ops = [op for k in compiled.kernels for op in k.ops]
+    assert any("depthwise_conv2d" in op for op in ops) == (n > 0), (ops, compiled.report)
+    assert compiled.num_kernels == (1 if n else 0), [
+        k.name for k in compiled.kernels
+    ]  # one kernel: before, conv, after
+
+
+@pytest.mark.parametrize("options,convs,kernels", [({}, 2, 2), ({"depthwise": False}, 3, 3)])
+def test_an_inverted_residual_block_is_two_convolutions_and_two_kernels(options, convs, kernels):
+    """Inference of MobileNetV2's block: 1x1 expand (cuDNN) → [BN, ReLU6, depthwise 3x3, BN, ReLU6] one generated
+    kernel → 1x1 project (cuDNN) → [bias, BN, residual] one kernel: 4 launches. Without the pass the depthwise
+    convolution is a library call between two kernels: 6. The values are eager's either way (float64)."""
+    torch.manual_seed(0)
+    model = _inverted_residual().eval()
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # statistics that are not the identity
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2.0)
+    x = _cl(2, 6, 5, 7)
+    backend.reset()
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(model), backend="fusion", options=options)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-10, atol=1e-10)
+    part = backend.reports[0].part("inference")
+    assert part.library_calls.get("convolution", 0) == convs, part.library_calls
+    assert len(part.kernels) == kernels, [k.name for k in part.kernels]
+    renamed = [p for p in part.passes if p[0] == "depthwise conv"]
+    assert [p[2] for p in renamed] == (["window sum"] if not options else []), renamed
+
+
+class _SqueezeExcite(nn.Module):
+    """EfficientNet's depthwise stage: depthwise 5x5 stride 2 → BN → SiLU, then squeeze-excitation (a mean over H, W,
+    two 1x1 convolutions, a sigmoid) scaling it: the window's value feeds a reduction and a later multiply."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.dw, self.bn = nn.Conv2d(c, c, 5, stride=2, padding=2, groups=c, bias=False), nn.BatchNorm2d(c)
+        self.fc1, self.fc2 = nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+
+    def forward(self, x):
+        y = F.silu(self.bn(self.dw(x)))
+        s = torch.sigmoid(self.fc2(F.silu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        return y * s
+
+
+def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values():
+    """The window sum read by a mean (squeeze-excitation) and by a multiply after it: the same values as eager
+    (float64), wherever the generator cuts the regions."""
+    torch.manual_seed(0)
+    model = _SqueezeExcite().double().to(memory_format=torch.channels_last).eval()
+    model.bn.running_mean.uniform_(-1, 1), model.bn.running_var.uniform_(0.5, 2.0)
+    x = _cl(2, 8, 9, 6)
+    backend.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+    part = backend.reports[0].part("inference")
+    assert [p[2] for p in part.passes if p[0] == "depthwise conv"] == ["window sum"], part.passes
+    assert part.library_calls.get("convolution", 0) == 2, part.library_calls  # the two 1x1 convolutions
+
+
+@pytest.mark.parametrize("case", ["7x7", "bias", "grouped", "transposed", "dense"])
+def test_a_convolution_the_window_sum_does_not_take_stays_a_library_call(case):
+    """Legality and scope: a 7x7 depthwise window (49 taps, ConvNeXt: stays cuDNN's) and a depthwise convolution
+    keeping its bias (pass conv_bias off) are refused with the reason in the report; a grouped convolution that is
+    not depthwise, a transposed one and a dense one are not the pass's business (no note). Each keeps its values."""
+    from fusion.compiler import depthwise
+
+    c, k, groups, options = 4, 3, 4, {}
+    if case == "7x7":
+        k = 7
+    elif case == "bias":
+        options = {"conv_bias": False}
+    elif case == "grouped":
+        groups = 2
+    elif case == "dense":
+        groups = 1
+    conv_type = nn.ConvTranspose2d if case == "transposed" else nn.Conv2d
+    torch.manual_seed(0)
+    model = nn.Sequential(conv_type(c, c, k, padding=k // 2, groups=groups, bias=case == "bias"), nn.ReLU6())
+    model = model.double().eval()
+    x = torch.randn(2, c, 8, 8, dtype=torch.float64)
+    backend.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            torch.compile(model, backend="fusion", options=options)(x), model(x), rtol=1e-10, atol=1e-10
+        )
+    part = backend.reports[0].part("inference")
+    notes = [p for p in part.passes if p[0] == "depthwise conv"]
+    if case in ("7x7", "bias"):
+        (note,) = notes
+        assert note[2] == "skipped" and ("49 taps" in note[3] if case == "7x7" else "bias" in note[3]), note
+    else:
+        assert notes == [], notes
+    assert sum(part.library_calls.get(op, 0) for op in ("convolution", "depthwise_conv2d")) == 1, part.library_calls
+    assert depthwise.MAX_TAPS == 25  # the 5x5 windows of EfficientNet and MobileNetV3 are taken
+
+
+def test_two_windows_in_a_row_are_two_kernels():
+    """A window (a depthwise convolution, a max-pool) reading another window's values would compute that window again
+    at each of its taps: the generator splits the region there, the first window's output stored by a kernel."""
+
+    class TwoWindows(nn.Module):
+        def __init__(self, c: int = 4) -> None:
+            super().__init__()
+            self.dw1 = nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c, bias=False)
+            self.dw2 = nn.Conv2d(c, c, 5, padding=2, groups=c, bias=False)
+
+        def forward(self, x):
+            y = self.dw1((x * 1.5 - 0.5).clamp(0, 6)).clamp(0, 6)
+            return self.dw2(F.max_pool2d(y, 3, 1, 1)) + 1.0
+
+    torch.manual_seed(0)
+    model = TwoWindows().double().to(memory_format=torch.channels_last).eval()
+    x = _cl(2, 4, 11, 9)
+    backend.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+    part = backend.reports[0].part("inference")
+    windows = [[op for op in k.ops if "depthwise" in op or "max_pool" in op] for k in part.kernels]
+    assert all(len(w) <= 1 for w in windows), windows  # at most one window a kernel
+    # the max-pool alone between the two is one op: an aten call, not a kernel of its own
+    assert sum(map(len, windows)) == 2 and part.library_calls == {"_low_memory_max_pool_with_offsets": 1}, (
+        windows,
+        part.library_calls,
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("k,stride", [(3, 1), (3, 2), (5, 1), (5, 2)])
+def test_cuda_depthwise_window_sums_in_bfloat16(k, stride):
+    """On the GPU, bf16 channels-last (the suite's setting): an inverted-residual block with a k x k depthwise
+    convolution of stride 1 or 2 is within bf16 rounding of a float32 reference, no further from it than eager bf16
+    (2x its error, the suite's accuracy rule), and the depthwise convolution runs inside a generated kernel."""
+    torch.manual_seed(0)
+    c = 48
+    block = nn.Sequential(
+        nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU6(),
+        nn.Conv2d(c, c, k, stride=stride, padding=k // 2, groups=c, bias=False), nn.BatchNorm2d(c), nn.ReLU6(),
+        nn.Conv2d(c, 16, 1, bias=False), nn.BatchNorm2d(16),
+    ).eval()  # fmt: skip
+    for bn in (m for m in block.modules() if isinstance(m, nn.BatchNorm2d)):
+        bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(4, 16, 29, 31).cuda().contiguous(memory_format=torch.channels_last)
+    ref = block.cuda().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = ref(x)
+        fast = copy.deepcopy(ref).bfloat16()
+        eager = fast(x.bfloat16()).float()
+        backend.reset()
+        got = torch.compile(fast, backend="fusion")(x.bfloat16()).float()
+    err, eager_err = (got - want).pow(2).mean().sqrt(), (eager - want).pow(2).mean().sqrt()
+    assert err <= 2 * eager_err + 1e-6, (err.item(), eager_err.item())
+    part = backend.reports[0].part("inference")
+    assert part.library_calls.get("convolution", 0) == 2 and len(part.kernels) == 2, (part.library_calls, part.kernels)
+
+
+def test_the_depthwise_op_is_one_convolution_outside_a_kernel():
+    """fusion::depthwise_conv2d run on its own (a region the generator refused, a graph it did not compile) is the
+    convolution it replaced, with its layout; on fake tensors too (the graph's strides are aten's)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion.compiler.depthwise import DEPTHWISE
+
+    x, wt = _cl(2, 4, 7, 5), torch.randn(4, 1, 3, 3, dtype=torch.float64)
+    want = F.conv2d(x, wt, stride=2, padding=1, groups=4)
+    got = DEPTHWISE(x, wt, [2, 2], [1, 1], [1, 1])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with FakeTensorMode() as mode:
+        fake = DEPTHWISE(mode.from_tensor(x), mode.from_tensor(wt), [2, 2], [1, 1], [1, 1])
+    assert fake.shape == want.shape and fake.stride() == want.stride()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -160,6 +160,8 @@ def overloads_of(qualified: str) -> list[torch._ops.OpOverload]:
 def test_pooling_is_fusible_and_its_out_variants_are_not(name):
     import torch._inductor.inductor_prims  # noqa: F401  (registers the prims that Inductor decomposes max-pool into)
 
+    import fusion.compiler.depthwise  # noqa: F401  (registers fusion::depthwise_conv2d, Phase 9's window sum)
+
     ops = overloads_of(name)
     if not ops:
         assert "prims::" in name, f"{name} missing from this torch"  # older spelling of a prim

@@ -15,6 +15,10 @@ LOW_MEMORY_MAX_POOLS = frozenset(
     {"prims::_low_memory_max_pool_with_offsets", "prims::_low_memory_max_pool2d_with_offsets"}
 )
 
+# A depthwise convolution renamed by Phase 9's pass ``depthwise`` (``fusion.compiler.depthwise``): a window sum with
+# weights, which Phase 6 counts among the pooling ops and the code generator computes inside a kernel.
+DEPTHWISE_CONV = "fusion::depthwise_conv2d"
+
 _VIEW_OPS: dict[object, bool] = {}  # OpOverload -> is it a view? (asked once per op)
 
 

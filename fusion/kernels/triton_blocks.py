@@ -1,5 +1,5 @@
 """Blocks of lines a kernel body holds besides one line per op (Phase 8, ``fusion.codegen``): a looped reduction's
-loops over blocks of a row, and loads masked to where they may read (a ``cat``'s inputs, a max-pool's window).
+loops over blocks of a row, and loads masked to where they may read (a ``cat``'s inputs, the window of a max-pool or a depthwise convolution).
 Each function takes the code generator's ``KernelWriter`` and writes through its ``emit``/``operand``/``body``.
 Machinery: a learner reads ``fusion/codegen.py``."""
 
@@ -12,7 +12,8 @@ from contextlib import contextmanager
 import torch
 import torch.fx as fx
 
-from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, pooled_values, tl_dtype
+from fusion.compiler.ir import SplitRegion
+from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, is_depthwise, pooled_values, tl_dtype
 
 # How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
 IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
@@ -21,15 +22,19 @@ STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0}
 
 
 @contextmanager
-def _block_scope(writer):
+def _block_scope(writer, shifted: tuple[str, ...] = ()):
     """Values the writer computes inside are forgotten on leaving (they belong to one loop's block, or to loads masked
-    for one cat input or window offset); what was cached before stays."""
+    for one cat input or window offset); what was cached before stays. With ``shifted`` (a guarded scope's shifted
+    index expressions), a value whose index mentions none of them is kept: no load of it was masked."""
     saved = dict(writer.cache)
     try:
         yield
     finally:
+        kept = {key: v for key, v in writer.cache.items() if shifted and key not in saved and isinstance(key[1], tuple)
+                and not any(s in i for i in key[1] for s in shifted)}  # fmt: skip
         writer.cache.clear()
         writer.cache.update(saved)
+        writer.cache.update(kept)
 
 
 @contextmanager
@@ -50,12 +55,14 @@ def row_loop(writer):
 
 
 @contextmanager
-def guarded(writer, condition: str):
-    """Loads emitted inside are masked by ``condition`` as well (a cat's input read only where its index falls in
-    that input); the values computed inside are forgotten on leaving: elsewhere the same load is not masked."""
-    writer.guards.append(condition)
+def guarded(writer, condition: str, shifted: tuple[str, ...]):
+    """Loads emitted inside whose address mentions one of the ``shifted`` index expressions (a cat input's index
+    along the cat dim, a window offset's input index) are masked by ``condition`` as well: they may lie outside the
+    tensor. The values computed at those indices are forgotten on leaving (elsewhere the same load is not masked);
+    the others (a BatchNorm's per-channel parameters read at the output's own index) are loaded unmasked and kept."""
+    writer.guards.append((condition, shifted))
     try:
-        with _block_scope(writer):
+        with _block_scope(writer, shifted):
             yield
     finally:
         writer.guards.pop()
@@ -87,7 +94,7 @@ def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.d
             return writer.operand(t, index, dtype, op_dtype=val.dtype), dtype
         inside = writer.emit(cond, torch.bool)[0]
         shifted = [f"({j} - {lo})" if d == dim and lo else j for d, j in enumerate(index)]
-        with guarded(writer, inside):
+        with guarded(writer, inside, (shifted[dim],)):
             picks.append((inside, writer.operand(t, shifted, dtype, op_dtype=val.dtype)))
     expr = picks[-1][1]
     for inside, value in reversed(picks[:-1]):
@@ -96,23 +103,22 @@ def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.d
 
 
 def rule(node: fx.Node, members) -> Callable | None:
-    """The function here that computes member ``node`` (a cat, a max-pool's values), or None: one line per op."""
+    """The function here that computes member ``node`` (a cat, a max-pool's values, a depthwise convolution), or
+    None: one line per op."""
     if node not in members:
         return None
-    return concatenation if node.target is CAT else window_max if pooled_values(node) else None
+    if node.target is CAT:
+        return concatenation
+    return window_max if pooled_values(node) else window_sum if is_depthwise(node) else None
 
 
-def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
-    """(tmp, dtype) of a max-pool's values (``node`` = getitem 0) at ``index``: for each offset of the window, the
-    input at ``out * stride - padding + offset * dilation`` in every pooled dim, its loads masked to the input's
-    bounds (outside: -inf, never read), folded by a NaN-propagating max as torch's max-pool does. An offset outside
-    the input for a constant index (a size-1 dim) is left out at generation time."""
-    pool, bound = node.args[0], bind_args(node.args[0])
-    x, kernel, stride, padding, dilation = (bound[k] for k in ("self", "kernel_size", "stride", "padding", "dilation"))
-    nd, shape = len(kernel), tuple(x.meta["val"].shape)
-    stride = list(stride) or list(kernel)
-    padding, dilation = ([v] * nd if isinstance(v, int) else list(v) for v in (padding, dilation))
-    dtype, acc = compute_dtype(node.meta["val"].dtype), None
+def window_taps(writer, index: list[str], shape, kernel, stride, padding, dilation):
+    """For each offset of a window (``kernel`` sizes over the last ``len(kernel)`` dims of an input of ``shape``),
+    ``(offsets, src, inside, shifted)``: the input index ``out * stride - padding + offset * dilation`` of the output
+    element at ``index``, the tmp of the mask where it lies inside the input (None: always inside) and the index
+    expressions it shifted. An offset outside the input for a constant index (a size-1 dim) is left out at generation
+    time."""
+    nd = len(kernel)
     for offsets in itertools.product(*(range(k) for k in kernel)):
         src, conds, outside = list(index[:-nd]), [], False
         for o, k, s, p, d, size in zip(index[-nd:], offsets, stride, padding, dilation, shape[-nd:], strict=True):
@@ -126,19 +132,74 @@ def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
             at = f"({at if s == 1 else f'{s}*{at}'}{f' - {-shift}' if shift < 0 else f' + {shift}' if shift else ''})"
             src.append(at)
             conds += [f"({at} >= 0)"] * (shift < 0) + [f"({at} < {size})"]
-        if outside:
+        if not outside:
+            shifted = tuple(i for i in src[-nd:] if not i.isdigit())
+            yield offsets, src, writer.emit(" & ".join(conds), torch.bool)[0] if conds else None, shifted
+
+
+def _one_window_deep(writer, node: fx.Node, x: fx.Node) -> None:
+    """A window reading a value this kernel computes from another window would compute that window again at each of
+    its taps (9 x 9 loads for two 3x3 windows in a row): :class:`SplitRegion` there instead, ``x`` stored by a first
+    kernel and read by the second. A window over a pointwise chain (MobileNet's BatchNorm+ReLU6 before its depthwise
+    convolution) is computed at each tap: a few ALU ops per load, and the chain's output is never written."""
+    stack, seen = [x], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n not in writer.members:
             continue
-        if conds:
-            inside = writer.emit(" & ".join(conds), torch.bool)[0]
-            with guarded(writer, inside):
-                value = writer.operand(x, src, dtype)
-            value = writer.emit(f'tl.where({inside}, {value}, float("-inf"))', dtype)[0]
-        else:
-            value = writer.operand(x, src, dtype)
+        seen.add(n)
+        if is_depthwise(n) or pooled_values(n):
+            raise SplitRegion(f"{node.name} reads {x.name}, computed from the window of {n.name}: each tap would "
+                              "compute that window again", node, [x])  # fmt: skip
+        stack += n.all_input_nodes
+
+
+def _window_load(writer, x: fx.Node, tap: tuple, dtype: torch.dtype, outside: str) -> str:
+    """``x`` at a window tap's index, its loads masked to where it lies inside the input, ``outside`` elsewhere."""
+    _, src, inside, shifted = tap
+    if inside is None:
+        return writer.operand(x, src, dtype)
+    with guarded(writer, inside, shifted):
+        value = writer.operand(x, src, dtype)
+    return writer.emit(f"tl.where({inside}, {value}, {outside})", dtype)[0]
+
+
+def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
+    """(tmp, dtype) of a max-pool's values (``node`` = getitem 0) at ``index``: for each offset of the window
+    (:func:`window_taps`), the input there (outside it: -inf, never read), folded by a NaN-propagating max as torch's
+    max-pool does."""
+    pool, bound = node.args[0], bind_args(node.args[0])
+    x, kernel, stride, padding, dilation = (bound[k] for k in ("self", "kernel_size", "stride", "padding", "dilation"))
+    nd = len(kernel)
+    stride = list(stride) or list(kernel)
+    padding, dilation = ([v] * nd if isinstance(v, int) else list(v) for v in (padding, dilation))
+    dtype, acc = compute_dtype(node.meta["val"].dtype), None
+    _one_window_deep(writer, pool, x)
+    for tap in window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation):
+        value = _window_load(writer, x, tap, dtype, 'float("-inf")')
         acc = value if acc is None else writer.emit(STEP["_maximum"].format(acc, value), dtype)[0]
     if acc is None:  # every offset of the window lies in the padding: torch's max-pool gives -inf
         acc = f'tl.full(xindex.shape, float("-inf"), {tl_dtype(dtype)})'
     return writer.emit(acc, dtype, pool)  # recorded as the pool's line: the kernel's op list names the max-pool
+
+
+def window_sum(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
+    """(tmp, dtype) of a depthwise convolution (``fusion::depthwise_conv2d(x, w, stride, padding, dilation)``) at
+    ``index`` = (n, c, i, j): for each offset (a, b) of the window (:func:`window_taps`), the input there (outside
+    it: 0, the zero padding, never read) times ``w[c, 0, a, b]``, summed in the compute dtype (float32 for half and
+    bfloat16, as cuDNN accumulates) in the window's order."""
+    x, w, stride, padding, dilation = node.args
+    dtype, acc = compute_dtype(node.meta["val"].dtype), None
+    kernel = tuple(w.meta["val"].shape[2:])
+    _one_window_deep(writer, node, x)
+    for tap in window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation):
+        value = _window_load(writer, x, tap, dtype, "0.0")
+        weight = writer.operand(w, [index[1], "0", *map(str, tap[0])], dtype)
+        term = writer.emit(f"{value} * {weight}", dtype)[0]
+        acc = term if acc is None else writer.emit(f"{acc} + {term}", dtype)[0]
+    if acc is None:  # every offset of the window lies in the padding
+        acc = f"tl.full(xindex.shape, 0.0, {tl_dtype(dtype)})"
+    return writer.emit(acc, dtype, node)
 
 
 def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, is_view_node
+from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2, rows_per_program
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
@@ -27,6 +27,13 @@ MAX_POOLS = LOW_MEMORY_MAX_POOLS | {"aten::max_pool2d_with_indices", "aten::max_
 def is_max_pool(node: object) -> bool:
     target = getattr(node, "target", None)
     return isinstance(target, torch._ops.OpOverload) and target._schema.name in MAX_POOLS
+
+
+def is_depthwise(node: object) -> bool:
+    """Is ``node`` a depthwise convolution renamed by Phase 9's pass ``depthwise`` (a window sum with weights,
+    ``triton_blocks.window_sum``)?"""
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name == DEPTHWISE_CONV
 
 
 def pooled_values(node: fx.Node) -> bool:
@@ -417,7 +424,7 @@ def stored_members(region) -> list[fx.Node]:
 
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:
     """Raise :class:`Unsupported` unless every member is an op the generator has a rule for (pointwise, a view, one of
-    ``reductions``, a getitem of var_mean) and every tensor has static sizes and lives on one device."""
+    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor has static sizes and lives on one device."""
     if not stored:
         raise Unsupported("nothing in the region is used outside it")
     devices = set()
@@ -434,6 +441,8 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
                     )
                 if not val[0].dtype.is_floating_point:
                     raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
+                continue
+            if is_depthwise(n):  # a window sum: triton_blocks.window_sum
                 continue
             if t is operator.getitem:
                 src = n.args[0]
