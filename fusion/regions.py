@@ -45,8 +45,14 @@ from fusion.aten.capture import aten_inputs, capture_aten
 from fusion.aten.collapse import REGION_PREFIX, collapse_regions, expand_regions
 from fusion.aten.inductor import inductor_fusion_regions
 from fusion.aten.lesson import histogram_table, show_bandwidth, show_known_differences, show_regions
-from fusion.aten.nodes import DEPTHWISE_CONV  # Phase 9's depthwise convolution as a window sum: a pooling op
-from fusion.aten.nodes import MissingMetaError, is_view_node, kernel_counts, short_target, unique_regions
+from fusion.aten.nodes import (
+    DEPTHWISE_CONV,  # Phase 9's depthwise convolution as a window sum: a pooling op
+    MissingMetaError,
+    is_view_node,
+    kernel_counts,
+    short_target,
+    unique_regions,
+)
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
 from fusion.compiler.ir import Region
