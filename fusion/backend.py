@@ -160,7 +160,8 @@ PASSES = [
     passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
     passes.Pass("depthwise", noted(depthwise.depthwise_as_window_sums), kinds=("inference",), requires=("codegen",),
-                doc="a depthwise conv (<= 5x5) as a window sum inside the generated kernel around it"),
+                unless=("cudagraphs",),  # replayed, a launch costs no CPU: cuDNN's faster kernel wins (measured)
+                doc="a depthwise conv (<= 5x5) as a window sum in the generated kernel around it: fewer launches"),
     passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
     passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
                 doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),

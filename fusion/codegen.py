@@ -381,7 +381,7 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     if writer.rows:
         rows, rblock = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), writer.rows.rblock
         return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock))  # fmt: skip
-    return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape))
+    return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape), tlang.pointwise_block(region))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------------

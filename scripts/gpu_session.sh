@@ -66,7 +66,12 @@
 #     bash scripts/gpu_session.sh aq    # after pass depthwise (a depthwise conv as a window sum in the generated
 #                                       # kernel): CUDA tests, memcheck of the window kernels, MobileNetV2 with every
 #                                       # backend and the pass switched off (fusion+no-depthwise)
-#     bash scripts/gpu_session.sh ar    # the same code: EfficientNet-B0 and MobileNetV3 (every backend, +no-depthwise)
+#                                       # (ran the pass's first version: XBLOCK 1024, on under CUDA graphs too)
+#     bash scripts/gpu_session.sh as    # after the window kernels took 512 elements a program and CUDA graphs turned
+#                                       # the pass off: CUDA tests; MobileNetV2 and EfficientNet-B0, every backend,
+#                                       # the pass off, and on under CUDA graphs
+#     bash scripts/gpu_session.sh at    # the same code: MobileNetV3; the depthwise probe again
+#   (part ar, prepared with aq, was never run: as and at took its place; the probe ran by hand as aq2 and aq3)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -86,6 +91,7 @@ step "machine"
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
 
 all_fusion=eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead
+depthwise_ablation=fusion+no-depthwise,fusion+cudagraphs+with-depthwise
 dryflag=()
 [ "$dry" = 1 ] && dryflag=(--dry-run)
 suite() {  # suite BUDGET MODELS BACKENDS
@@ -346,7 +352,15 @@ aq)
     else timeout 150 "$PY" scripts/gpu_memcheck_kernels.py 2>&1 | tee "$OUT/memcheck.log" | tail -3; fi
     suite $((570 - (SECONDS - start))) mobilenet_v2 "$all_fusion,fusion+no-depthwise"
     ;;
-ar) suite 560 efficientnet_b0,mobilenet_v3_large "$all_fusion,fusion+no-depthwise" ;;
-*) echo "part must be one of a to z, z1 to z3, aa to ar" && exit 2 ;;
+as)
+    cuda_tests 100
+    suite $((560 - (SECONDS - start))) mobilenet_v2,efficientnet_b0 "$all_fusion,$depthwise_ablation"
+    ;;
+at)
+    suite 330 mobilenet_v3_large "$all_fusion,$depthwise_ablation"
+    step "a depthwise stage of MobileNetV2 per layer shape: cuDNN vs the window kernel (GPU time)"
+    timeout 150 "$PY" scripts/gpu_probe_depthwise.py "${dryflag[@]}" 2>&1 | grep -v USDT | tee "$OUT/probe_depthwise.log" | tail -4
+    ;;
+*) echo "part must be one of a to z, z1 to z3, aa to aq, as, at" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

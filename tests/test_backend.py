@@ -1865,12 +1865,14 @@ def _depthwise_chain(stride, padding, dilation):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    n=st.sampled_from([0, 1, 2]), c=st.sampled_from([1, 3, 8]), h=st.sampled_from([1, 2, 5]),
-    w=st.sampled_from([1, 4, 7]), kernel=st.sampled_from([(1, 1), (3, 3), (5, 5), (3, 1), (2, 3)]),
+    n=st.sampled_from([0, 1, 2]), c=st.sampled_from([1, 3, 8, 16, 24]), h=st.sampled_from([1, 2, 5]),
+    w=st.sampled_from([1, 4, 7, 17]), kernel=st.sampled_from([(1, 1), (3, 3), (5, 5), (3, 1), (2, 3)]),
     stride=st.sampled_from([1, 2]), padding=st.sampled_from([0, 1, 2]), dilation=st.sampled_from([1, 2]),
     layout=st.sampled_from(["channels_last", "contiguous", "strided"]), special=st.sampled_from([None, "nan", "inf"]),
 )  # fmt: skip
 @example(n=2, c=8, h=5, w=7, kernel=(3, 3), stride=2, padding=1, dilation=1, layout="channels_last", special=None)
+@example(n=2, c=24, h=5, w=7, kernel=(3, 3), stride=1, padding=1, dilation=1, layout="channels_last", special="nan")
+@example(n=1, c=3, h=5, w=17, kernel=(5, 5), stride=1, padding=2, dilation=1, layout="contiguous", special="inf")
 def test_a_depthwise_convolution_is_a_window_sum_with_the_same_values(
     n, c, h, w, kernel, stride, padding, dilation, layout, special
 ):
@@ -1924,8 +1926,20 @@ def test_an_inverted_residual_block_is_two_convolutions_and_two_kernels(options,
     part = backend.reports[0].part("inference")
     assert part.library_calls.get("convolution", 0) == convs, part.library_calls
     assert len(part.kernels) == kernels, [k.name for k in part.kernels]
+    # a program of the window's kernel takes 512 elements on a GPU (its many loads: measured faster), others 1024
+    blocks = sorted(lch.owner.plan.xblock for lch in part.graph.launchers)
+    assert blocks == ([512] if not options else []) + [1024] * (kernels - (0 if options else 1)), blocks
     renamed = [p for p in part.passes if p[0] == "depthwise conv"]
     assert [p[2] for p in renamed] == (["window sum"] if not options else []), renamed
+
+
+def test_depthwise_is_off_by_default_under_cuda_graphs_and_an_explicit_option_wins():
+    """Replayed as a CUDA graph a launch costs no CPU, and cuDNN's depthwise kernel is the faster one on the GPU: the
+    pass's default follows the cudagraphs switch (passes.Pass.unless); an explicit option is kept either way."""
+    assert backend.Options.parse(None).depthwise and not backend.Options.parse({"cudagraphs": True}).depthwise
+    assert backend.Options.parse({"cudagraphs": True, "depthwise": True}).depthwise
+    assert not backend.Options.parse({"depthwise": False}).depthwise
+    assert [p.name for p in backend.Options.parse({"cudagraphs": True}).passes_for("inference")].count("depthwise") == 0
 
 
 class _SqueezeExcite(nn.Module):

@@ -1029,7 +1029,8 @@ def test_suite_cli_and_unknown_names(tmp_path, capsys):
 def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     """``fusion+no-<pass>``: the backend with that pass off (``fusion+no-conv1x1``: options {"conv1x1": False}),
     ``fusion+with-<pass>`` with an opt-in pass on, both accepted by the suite's name check;
-    ``fusion+fold+cudagraphs`` still turns both on."""
+    ``fusion+fold+cudagraphs`` still turns both on, ``fusion+cudagraphs+with-depthwise`` a pass that CUDA graphs
+    turn off by default."""
     from fusion.bench import suite as S
 
     seen = []
@@ -1038,9 +1039,13 @@ def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     S.compile_with("fusion+with-conv1x1_forward", nn.Identity())
     S.compile_with("fusion+fold+cudagraphs", nn.Identity())
     S.compile_with("fusion", nn.Identity())
-    assert seen == [{"conv1x1": False}, {"conv1x1_forward": True}, {"fold_bn": True, "cudagraphs": True}, None]
+    S.compile_with("fusion+cudagraphs+with-depthwise", nn.Identity())
+    assert seen == [{"conv1x1": False}, {"conv1x1_forward": True}, {"fold_bn": True, "cudagraphs": True}, None,
+                    {"cudagraphs": True, "depthwise": True}]  # fmt: skip
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
         S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+conv1x1"], device="cpu")
+    with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
+        S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+cudagraphs+conv1x1"], device="cpu")
 
 
 def test_suite_table_joins_a_model_measured_in_two_files(tmp_path):

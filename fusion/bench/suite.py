@@ -63,6 +63,14 @@ CUDAGRAPHS = (
 PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
 
 
+def is_ablation(backend: str) -> bool:
+    """``fusion+`` with at least one ``no-<pass>``/``with-<pass>`` switch, the rest ``fold``/``cudagraphs`` flags."""
+    parts = backend.split("+")
+    switched = [p.partition("-")[0] in PASS_SWITCHES for p in parts[1:]]
+    flags = [p in ("fold", "cudagraphs") for p in parts[1:]]
+    return parts[0] == "fusion" and any(switched) and all(s or f for s, f in zip(switched, flags, strict=True))
+
+
 def compile_with(backend: str, model: nn.Module) -> Callable:
     """``model`` as ``backend`` runs it; VariantUnavailable where its phase is not written here."""
     if backend == "eager":
@@ -390,8 +398,7 @@ def run_suite(
 ) -> dict:
     """Run the suite (default: every model, every backend; on CPU tiny shapes without the Inductor backends)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ablation = lambda b: b.startswith("fusion+") and b.split("+", 1)[1].partition("-")[0] in PASS_SWITCHES  # noqa: E731
-    unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not ablation(b)]
+    unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not is_ablation(b)]
     if unknown:
         raise ValueError(
             f"unknown model/backend {unknown}. Fix: models {', '.join(MODELS)}; backends {BACKENDS} "

@@ -119,15 +119,16 @@ class KernelPlan:
     constexprs: dict[str, int]  # e.g. {"RBLOCK": 1024}
     num_warps: int = 4
     xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
+    xblock: int = 1024  # a pointwise kernel's elements a program on a GPU (fewer for a window's many loads)
 
     def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
-        """(programs, constexprs): a pointwise kernel takes 1024 elements per program on a GPU, and many more in the
-        interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its rows
-        (:func:`rows_per_program`)."""
+        """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
+        more in the interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its
+        rows (:func:`rows_per_program`)."""
         if not self.xnumel:
             xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda")
             return -(-self.grid // xblock), {**self.constexprs, "XBLOCK": xblock}
-        cap = 1024 if device.type == "cuda" else 16384
+        cap = self.xblock if device.type == "cuda" else 16384
         block = min(cap, next_power_of_2(self.xnumel))
         return -(-self.xnumel // block), {"XBLOCK": block}
 

@@ -28,6 +28,7 @@ class Pass:
     default: bool = True  # on unless options={name: False}; an opt-in pass says default=False
     doc: str = ""
     requires: tuple[str, ...] = ()  # other switches it is pointless without (e.g. "codegen")
+    unless: tuple[str, ...] = ()  # switches that turn its default off (e.g. "cudagraphs"); an explicit option wins
 
 
 class Options:
@@ -44,6 +45,9 @@ class Options:
         if unknown:
             raise ValueError(f"unknown fusion backend option(s) {sorted(unknown)}; known: {list(known)}")
         self.enabled = {name: bool((options or {}).get(name, default)) for name, default in known.items()}
+        for p in self.passes:  # a default that another switch turns off: depthwise under cudagraphs
+            if p.name not in (options or {}) and any(self.enabled[u] for u in p.unless):
+                self.enabled[p.name] = False
 
     def __getattr__(self, name: str) -> bool:  # opts.fold_bn, opts.codegen
         enabled = self.__dict__.get("enabled", {})
