@@ -70,8 +70,10 @@
 #     bash scripts/gpu_session.sh as    # after the window kernels took 512 elements a program and CUDA graphs turned
 #                                       # the pass off: CUDA tests; MobileNetV2 and EfficientNet-B0, every backend,
 #                                       # the pass off, and on under CUDA graphs
-#     bash scripts/gpu_session.sh at    # the same code: MobileNetV3; the depthwise probe again
-#   (part ar, prepared with aq, was never run: as and at took its place; the probe ran by hand as aq2 and aq3)
+#     bash scripts/gpu_session.sh au    # after a window stays out of reduction kernels and off costly per-tap chains
+#                                       # (EfficientNet's SiLU): CUDA tests; MobileNetV2, EfficientNet-B0, MobileNetV3
+#                                       # with every backend and the pass off
+#   (parts ar and at were prepared and never run: as and au took their place; the probe ran by hand as aq2, aq3)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -356,11 +358,10 @@ as)
     cuda_tests 100
     suite $((560 - (SECONDS - start))) mobilenet_v2,efficientnet_b0 "$all_fusion,$depthwise_ablation"
     ;;
-at)
-    suite 330 mobilenet_v3_large "$all_fusion,$depthwise_ablation"
-    step "a depthwise stage of MobileNetV2 per layer shape: cuDNN vs the window kernel (GPU time)"
-    timeout 150 "$PY" scripts/gpu_probe_depthwise.py "${dryflag[@]}" 2>&1 | grep -v USDT | tee "$OUT/probe_depthwise.log" | tail -4
+au)
+    cuda_tests 100
+    suite $((565 - (SECONDS - start))) mobilenet_v2,efficientnet_b0,mobilenet_v3_large "$all_fusion,fusion+no-depthwise"
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to aq, as, at" && exit 2 ;;
+*) echo "part must be one of a to z, z1 to z3, aa to aq, as, au" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -1957,19 +1957,48 @@ class _SqueezeExcite(nn.Module):
         return y * s
 
 
-def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values():
-    """The window sum read by a mean (squeeze-excitation) and by a multiply after it: the same values as eager
-    (float64), wherever the generator cuts the regions."""
+@pytest.mark.parametrize("n,c,in_reduction", [(2, 8, False), (16, 256, True)])
+def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in_reduction):
+    """The window sum read by a mean (squeeze-excitation) and by a multiply after it: eager's values (float64). With
+    16 rows of 8 channels the mean is an aten call (too few rows to share programs and read channels coalesced) and
+    the window is in the pointwise kernel before it; with 4096 rows the mean has a reduction kernel, and a window is
+    never computed inside one (each pass over the rows would compute it again, its loads scattered): it runs as one
+    aten convolution there."""
     torch.manual_seed(0)
-    model = _SqueezeExcite().double().to(memory_format=torch.channels_last).eval()
+    model = _SqueezeExcite(c).double().to(memory_format=torch.channels_last).eval()
     model.bn.running_mean.uniform_(-1, 1), model.bn.running_var.uniform_(0.5, 2.0)
-    x = _cl(2, 8, 9, 6)
+    x = _cl(n, c, 9, 10)
     backend.reset()
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
     part = backend.reports[0].part("inference")
     assert [p[2] for p in part.passes if p[0] == "depthwise conv"] == ["window sum"], part.passes
     assert part.library_calls.get("convolution", 0) == 2, part.library_calls  # the two 1x1 convolutions
+    windows = [k for k in part.kernels if any("depthwise" in op for op in k.ops)]
+    reductions = [k for k in part.kernels if k.kind == "reduction"]
+    assert (len(windows), len(reductions), part.library_calls.get("depthwise_conv2d", 0)) == (
+        (0, 1, 1) if in_reduction else (1, 0, 0)
+    ), (part.kernels, part.library_calls)
+    assert all(not any("depthwise" in op for op in k.ops) for k in reductions)
+
+
+@pytest.mark.parametrize("act,kernels", [(nn.ReLU6, 1), (nn.SiLU, 2), (nn.GELU, 2)])
+def test_a_costly_chain_before_a_window_is_stored_not_computed_at_each_tap(act, kernels):
+    """A window computes what it reads again at each tap: worth it for BatchNorm+ReLU6 (one kernel, the expanded
+    tensor never written), not for a SiLU or GELU (an exp or erf at each of 9 taps): there the chain is stored by a
+    kernel of its own and read by the window's (two kernels). Eager's values either way (float64)."""
+    torch.manual_seed(0)
+    c = 6
+    model = nn.Sequential(nn.BatchNorm2d(c), act(), nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.ReLU6())
+    model = model.double().to(memory_format=torch.channels_last).eval()
+    model[0].running_mean.uniform_(-1, 1), model[0].running_var.uniform_(0.5, 2.0)
+    x = _cl(2, c, 7, 5)
+    backend.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
+    part = backend.reports[0].part("inference")
+    assert len(part.kernels) == kernels and not part.library_calls, (part.kernels, part.library_calls)
+    assert sum(any("depthwise" in op for op in k.ops) for k in part.kernels) == 1
 
 
 @pytest.mark.parametrize("case", ["7x7", "bias", "grouped", "transposed", "dense"])

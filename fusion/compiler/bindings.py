@@ -18,13 +18,16 @@ Two more become Tensor methods where the call's arguments make them the same op 
 another dtype is ``Tensor.to(dtype)`` (a training step under autocast casts every weight and every weight's
 gradient: ResNet-50, 110 a step; 6.3 µs of CPU each as an OpOverload with its keyword argument, 2.1 µs as ``.to``
 on this project's CPU machine), ``add_`` without ``alpha`` is ``Tensor.add_``. (``.to`` returns its input itself
-for the same dtype, where ``_to_copy`` copies: that call stays the overload.)
+for the same dtype, where ``_to_copy`` copies: that call stays the overload.) A depthwise convolution that pass
+``depthwise`` renamed and the generator left out is ``torch.convolution`` again.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
+
+from fusion.compiler.depthwise import DEPTHWISE
 
 aten = torch.ops.aten
 
@@ -65,10 +68,18 @@ def _to_another_dtype(node: fx.Node) -> tuple | None:
     return (x, dtype)
 
 
-# overload -> (Tensor method, the method's positional arguments for a node, or None where it is not the same op)
+def _depthwise_as_convolution(node: fx.Node) -> tuple:
+    """``fusion::depthwise_conv2d(x, w, stride, padding, dilation)``, run outside a kernel: ``torch.convolution``'s
+    arguments, every channel its own group (not the op's Python implementation behind the dispatcher)."""
+    x, w, stride, padding, dilation = node.args
+    return (x, w, None, stride, padding, dilation, False, [0, 0], x.meta["val"].shape[1])
+
+
+# overload -> (Tensor method or function, its positional arguments for a node, or None where it is not the same op)
 METHODS = {
     aten._to_copy.default: (torch.Tensor.to, _to_another_dtype),
     aten.add_.Tensor: (torch.Tensor.add_, lambda node: None if node.kwargs or len(node.args) != 2 else node.args),
+    DEPTHWISE: (torch.convolution, _depthwise_as_convolution),
 }
 
 

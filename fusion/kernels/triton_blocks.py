@@ -12,8 +12,10 @@ from contextlib import contextmanager
 import torch
 import torch.fx as fx
 
-from fusion.compiler.ir import SplitRegion
+from fusion.compiler.ir import SplitRegion, Unsupported
 from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, is_depthwise, pooled_values, tl_dtype
+
+aten = torch.ops.aten
 
 # How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
 IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
@@ -137,11 +139,22 @@ def window_taps(writer, index: list[str], shape, kernel, stride, padding, dilati
             yield offsets, src, writer.emit(" & ".join(conds), torch.bool)[0] if conds else None, shifted
 
 
+# What a window may compute again at each of its taps: a few cheap ops (MobileNet's BatchNorm and ReLU6 before its
+# depthwise convolution, 7 lines a tap), not a transcendental function or a long chain (EfficientNet's SiLU: an exp
+# at every tap made its GPU time 3.7x, scripts/results/h200-2026-11-25-as-suite.json): the region is split instead.
+COSTLY_PER_TAP = frozenset({aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.sigmoid, aten.tanh,
+                            aten.erf, aten.erfc, aten.pow, aten.sin, aten.cos, aten.sqrt, aten.rsqrt, aten.div,
+                            aten.reciprocal, aten.atan, aten.gelu, aten.silu})  # fmt: skip
+MAX_OPS_PER_TAP = 12
+
+
 def _one_window_deep(writer, node: fx.Node, x: fx.Node) -> None:
-    """A window reading a value this kernel computes from another window would compute that window again at each of
-    its taps (9 x 9 loads for two 3x3 windows in a row): :class:`SplitRegion` there instead, ``x`` stored by a first
-    kernel and read by the second. A window over a pointwise chain (MobileNet's BatchNorm+ReLU6 before its depthwise
-    convolution) is computed at each tap: a few ALU ops per load, and the chain's output is never written."""
+    """Where a window is generated. Not inside a reduction kernel (a row walk would compute it in each pass over the
+    rows, its loads scattered): :class:`Unsupported`, the window is an aten call and the reduction keeps its kernel.
+    Not over another window's values in this kernel (9 x 9 loads for two 3x3 windows in a row): :class:`SplitRegion`
+    there, ``x`` stored by a first kernel and read by the second."""
+    if writer.rows:
+        raise Unsupported(f"{node.name} is read by a reduction in this kernel: its window runs as an aten call", node)
     stack, seen = [x], set()
     while stack:
         n = stack.pop()
@@ -152,6 +165,17 @@ def _one_window_deep(writer, node: fx.Node, x: fx.Node) -> None:
             raise SplitRegion(f"{node.name} reads {x.name}, computed from the window of {n.name}: each tap would "
                               "compute that window again", node, [x])  # fmt: skip
         stack += n.all_input_nodes
+
+
+def _cheap_per_tap(writer, node: fx.Node, x: fx.Node, start: int) -> None:
+    """After a window's second tap (the first also computes what every tap shares: a BatchNorm's per-channel scale):
+    :class:`SplitRegion` storing ``x`` unless what the tap computed again (the lines from ``start``) is at most
+    :data:`MAX_OPS_PER_TAP` ops, none of them :data:`COSTLY_PER_TAP`."""
+    again = [ln.node for ln in writer.body[start:] if ln.node in writer.members]
+    costly = [n.name for n in again if getattr(n.target, "overloadpacket", None) in COSTLY_PER_TAP]
+    if costly or len(again) > MAX_OPS_PER_TAP:
+        why = f"{', '.join(costly)} at every tap" if costly else f"{len(again)} ops at every tap"
+        raise SplitRegion(f"{node.name} reads {x.name}: {why}; stored by a kernel of its own instead", node, [x])
 
 
 def _window_load(writer, x: fx.Node, tap: tuple, dtype: torch.dtype, outside: str) -> str:
@@ -175,8 +199,11 @@ def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
     padding, dilation = ([v] * nd if isinstance(v, int) else list(v) for v in (padding, dilation))
     dtype, acc = compute_dtype(node.meta["val"].dtype), None
     _one_window_deep(writer, pool, x)
-    for tap in window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation):
+    for i, tap in enumerate(window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation)):
+        start = len(writer.body)
         value = _window_load(writer, x, tap, dtype, 'float("-inf")')
+        if i == 1:
+            _cheap_per_tap(writer, pool, x, start)
         acc = value if acc is None else writer.emit(STEP["_maximum"].format(acc, value), dtype)[0]
     if acc is None:  # every offset of the window lies in the padding: torch's max-pool gives -inf
         acc = f'tl.full(xindex.shape, float("-inf"), {tl_dtype(dtype)})'
@@ -192,8 +219,11 @@ def window_sum(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
     dtype, acc = compute_dtype(node.meta["val"].dtype), None
     kernel = tuple(w.meta["val"].shape[2:])
     _one_window_deep(writer, node, x)
-    for tap in window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation):
+    for i, tap in enumerate(window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation)):
+        start = len(writer.body)
         value = _window_load(writer, x, tap, dtype, "0.0")
+        if i == 1:
+            _cheap_per_tap(writer, node, x, start)
         weight = writer.operand(w, [index[1], "0", *map(str, tap[0])], dtype)
         term = writer.emit(f"{value} * {weight}", dtype)[0]
         acc = term if acc is None else writer.emit(f"{acc} + {term}", dtype)[0]
