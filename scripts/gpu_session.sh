@@ -74,6 +74,10 @@
 #                                       # (EfficientNet's SiLU): CUDA tests; MobileNetV2, EfficientNet-B0, MobileNetV3
 #                                       # with every backend and the pass off
 #   (parts ar and at were prepared and never run: as and au took their place; the probe ran by hand as aq2, aq3)
+#   By hand after au: av (gpu_profile_models.py efficientnet_b0, fusion vs fusion+no-depthwise), aw (EfficientNet-B0
+#   with the variants in reverse order, and gpu_profile_cpu.py: fusion is slower there whatever the order)
+#     bash scripts/gpu_session.sh ax    # after a window over a costly chain is left to cuDNN (not stored for it):
+#                                       # MobileNetV2, EfficientNet-B0, MobileNetV3 (eager, fusion, no-depthwise, Inductor)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
@@ -362,6 +366,7 @@ au)
     cuda_tests 100
     suite $((565 - (SECONDS - start))) mobilenet_v2,efficientnet_b0,mobilenet_v3_large "$all_fusion,fusion+no-depthwise"
     ;;
-*) echo "part must be one of a to z, z1 to z3, aa to aq, as, au" && exit 2 ;;
+ax) suite 540 mobilenet_v2,efficientnet_b0,mobilenet_v3_large eager,fusion,fusion+no-depthwise,inductor ;;
+*) echo "part must be one of a to z, z1 to z3, aa to aq, as, au, ax" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -140,11 +140,11 @@ def window_taps(writer, index: list[str], shape, kernel, stride, padding, dilati
 
 
 # What a window may compute again at each of its taps: a few cheap ops (MobileNet's BatchNorm and ReLU6 before its
-# depthwise convolution, 7 lines a tap), not a transcendental function or a long chain (EfficientNet's SiLU: an exp
-# at every tap made its GPU time 3.7x, scripts/results/h200-2026-11-25-as-suite.json): the region is split instead.
+# depthwise convolution, 7 lines a tap; MobileNetV3's hardswish), not a transcendental function or a long chain
+# (EfficientNet's SiLU, an exp at every tap, made its GPU time 3.7x: scripts/results/h200-2026-11-25-as-suite.json;
+# storing the chain for the window's kernel instead measured slower than leaving the convolution to cuDNN, part au).
 COSTLY_PER_TAP = frozenset({aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.sigmoid, aten.tanh,
-                            aten.erf, aten.erfc, aten.pow, aten.sin, aten.cos, aten.sqrt, aten.rsqrt, aten.div,
-                            aten.reciprocal, aten.atan, aten.gelu, aten.silu})  # fmt: skip
+                            aten.erf, aten.erfc, aten.pow, aten.sin, aten.cos, aten.atan, aten.gelu, aten.silu})  # fmt: skip
 MAX_OPS_PER_TAP = 12
 
 
@@ -169,13 +169,14 @@ def _one_window_deep(writer, node: fx.Node, x: fx.Node) -> None:
 
 def _cheap_per_tap(writer, node: fx.Node, x: fx.Node, start: int) -> None:
     """After a window's second tap (the first also computes what every tap shares: a BatchNorm's per-channel scale):
-    :class:`SplitRegion` storing ``x`` unless what the tap computed again (the lines from ``start``) is at most
-    :data:`MAX_OPS_PER_TAP` ops, none of them :data:`COSTLY_PER_TAP`."""
+    :class:`Unsupported` (the window is left to its library call, the chains around it keep their kernels) unless
+    what the tap computed again (the lines from ``start``) is at most :data:`MAX_OPS_PER_TAP` ops, none of them
+    :data:`COSTLY_PER_TAP`."""
     again = [ln.node for ln in writer.body[start:] if ln.node in writer.members]
     costly = [n.name for n in again if getattr(n.target, "overloadpacket", None) in COSTLY_PER_TAP]
     if costly or len(again) > MAX_OPS_PER_TAP:
         why = f"{', '.join(costly)} at every tap" if costly else f"{len(again)} ops at every tap"
-        raise SplitRegion(f"{node.name} reads {x.name}: {why}; stored by a kernel of its own instead", node, [x])
+        raise Unsupported(f"{node.name} reads {x.name}, computed in this kernel: {why}; runs as an aten call", node)
 
 
 def _window_load(writer, x: fx.Node, tap: tuple, dtype: torch.dtype, outside: str) -> str:
