@@ -10,6 +10,8 @@
   conv+bias(+add)+ReLU epilogue, and the conv bias moved into the next generated kernel.
 * :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM
   copied head-major (MultiheadAttention's packed q, k, v) as one GEMM per head.
+* :mod:`fusion.compiler.depthwise` — pass ``depthwise``: a depthwise convolution renamed ``fusion::depthwise_conv2d``,
+  a window sum the generator computes inside the kernel around it (``fusion.kernels.triton_blocks.window_sum``).
 * :mod:`fusion.compiler.partition` — the cut-and-retry loop over regions and the graph rebuilt around the kernels.
 * :mod:`fusion.compiler.bindings` — library calls of a compiled graph through torch's Python bindings
   (``torch.convolution`` instead of the ``aten.convolution.default`` OpOverload: less CPU per call).
