@@ -179,6 +179,19 @@ def _cheap_per_tap(writer, node: fx.Node, x: fx.Node, start: int) -> None:
         raise Unsupported(f"{node.name} reads {x.name}, computed in this kernel: {why}; runs as an aten call", node)
 
 
+def _window_values(writer, node: fx.Node, x: fx.Node, index: list[str], window: tuple, dtype, outside: str):
+    """For each tap of ``window`` = (kernel, stride, padding, dilation) over ``x`` (the input of window op ``node``):
+    ``(offsets, value)``, the input at the tap (``outside`` where it lies outside the input), once the window is
+    legal here (:func:`_one_window_deep`) and cheap to recompute per tap (:func:`_cheap_per_tap`, on the second)."""
+    _one_window_deep(writer, node, x)
+    for i, tap in enumerate(window_taps(writer, index, x.meta["val"].shape, *window)):
+        start = len(writer.body)
+        value = _window_load(writer, x, tap, dtype, outside)
+        if i == 1:
+            _cheap_per_tap(writer, node, x, start)
+        yield tap[0], value
+
+
 def _window_load(writer, x: fx.Node, tap: tuple, dtype: torch.dtype, outside: str) -> str:
     """``x`` at a window tap's index, its loads masked to where it lies inside the input, ``outside`` elsewhere."""
     _, src, inside, shifted = tap
@@ -199,12 +212,7 @@ def window_max(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
     stride = list(stride) or list(kernel)
     padding, dilation = ([v] * nd if isinstance(v, int) else list(v) for v in (padding, dilation))
     dtype, acc = compute_dtype(node.meta["val"].dtype), None
-    _one_window_deep(writer, pool, x)
-    for i, tap in enumerate(window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation)):
-        start = len(writer.body)
-        value = _window_load(writer, x, tap, dtype, 'float("-inf")')
-        if i == 1:
-            _cheap_per_tap(writer, pool, x, start)
+    for _, value in _window_values(writer, pool, x, index, (kernel, stride, padding, dilation), dtype, 'float("-inf")'):
         acc = value if acc is None else writer.emit(STEP["_maximum"].format(acc, value), dtype)[0]
     if acc is None:  # every offset of the window lies in the padding: torch's max-pool gives -inf
         acc = f'tl.full(xindex.shape, float("-inf"), {tl_dtype(dtype)})'
@@ -218,14 +226,9 @@ def window_sum(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
     bfloat16, as cuDNN accumulates) in the window's order."""
     x, w, stride, padding, dilation = node.args
     dtype, acc = compute_dtype(node.meta["val"].dtype), None
-    kernel = tuple(w.meta["val"].shape[2:])
-    _one_window_deep(writer, node, x)
-    for i, tap in enumerate(window_taps(writer, index, x.meta["val"].shape, kernel, stride, padding, dilation)):
-        start = len(writer.body)
-        value = _window_load(writer, x, tap, dtype, "0.0")
-        if i == 1:
-            _cheap_per_tap(writer, node, x, start)
-        weight = writer.operand(w, [index[1], "0", *map(str, tap[0])], dtype)
+    window = (tuple(w.meta["val"].shape[2:]), stride, padding, dilation)
+    for offsets, value in _window_values(writer, node, x, index, window, dtype, "0.0"):
+        weight = writer.operand(w, [index[1], "0", *map(str, offsets)], dtype)
         term = writer.emit(f"{value} * {weight}", dtype)[0]
         acc = term if acc is None else writer.emit(f"{acc} + {term}", dtype)[0]
     if acc is None:  # every offset of the window lies in the padding
