@@ -1,7 +1,7 @@
 """Blocks of lines a kernel body holds besides one line per op (Phase 8, ``fusion.codegen``): a looped reduction's
-loops over blocks of a row, and loads masked to where they may read (a ``cat``'s inputs, the window of a max-pool or a depthwise convolution).
-Each function takes the code generator's ``KernelWriter`` and writes through its ``emit``/``operand``/``body``.
-Machinery: a learner reads ``fusion/codegen.py``."""
+loops over blocks of a row, and loads masked to where they may read (a ``cat``'s inputs, the window of a max-pool or
+of a depthwise convolution). Each function takes the code generator's ``KernelWriter`` and writes through its
+``emit``/``operand``/``body``. Machinery: a learner reads ``fusion/codegen.py``."""
 
 from __future__ import annotations
 

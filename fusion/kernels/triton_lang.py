@@ -434,7 +434,8 @@ def stored_members(region) -> list[fx.Node]:
 
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:
     """Raise :class:`Unsupported` unless every member is an op the generator has a rule for (pointwise, a view, one of
-    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor has static sizes and lives on one device."""
+    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor
+    has static sizes and lives on one device."""
     if not stored:
         raise Unsupported("nothing in the region is used outside it")
     devices = set()
