@@ -1980,6 +1980,9 @@ def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in
         (0, 1, 1) if in_reduction else (1, 0, 0)
     ), (part.kernels, part.library_calls)
     assert all(not any("depthwise" in op for op in k.ops) for k in reductions)
+    # left to aten, the op is torch.convolution itself (bindings), not its Python implementation behind the dispatcher
+    code = part.graph.graph_module.code
+    assert "torch.ops.fusion" not in code and code.count("torch.convolution(") == 2 + in_reduction, code
 
 
 @pytest.mark.parametrize("act,taken", [(nn.ReLU6, True), (nn.Hardswish, True), (nn.SiLU, False), (nn.GELU, False)])
