@@ -2073,12 +2073,17 @@ def test_two_windows_in_a_row_are_two_kernels():
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("k,stride", [(3, 1), (3, 2), (5, 1), (5, 2)])
-def test_cuda_depthwise_window_sums_in_bfloat16(k, stride):
-    """On the GPU, bf16 channels-last (the suite's setting): an inverted-residual block with a k x k depthwise
-    convolution of stride 1 or 2 is within bf16 rounding of a float32 reference, no further from it than eager bf16
-    (2x its error, the suite's accuracy rule), and the depthwise convolution runs inside a generated kernel."""
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize(
+    "device,k,stride",
+    [("cpu", 3, 2), ("cpu", 5, 1), *(pytest.param("cuda", k, s, marks=NEEDS_GPU) for k in (3, 5) for s in (1, 2))],
+)
+def test_depthwise_window_sums_in_bfloat16_in_the_interpreter_and_on_cuda(device, k, stride):
+    """bf16 channels-last (the suite's setting), on the GPU and in the interpreter: an inverted-residual block with a
+    k x k depthwise convolution of stride 1 or 2 is within bf16 rounding of a float32 reference, no further from it
+    than eager bf16 (2x its error, the suite's accuracy rule), and the depthwise convolution runs inside a kernel."""
     torch.manual_seed(0)
     c = 48
     block = nn.Sequential(
@@ -2088,8 +2093,8 @@ def test_cuda_depthwise_window_sums_in_bfloat16(k, stride):
     ).eval()  # fmt: skip
     for bn in (m for m in block.modules() if isinstance(m, nn.BatchNorm2d)):
         bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
-    x = torch.randn(4, 16, 29, 31).cuda().contiguous(memory_format=torch.channels_last)
-    ref = block.cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(4, 16, 29, 31).to(device).contiguous(memory_format=torch.channels_last)
+    ref = block.to(device).to(memory_format=torch.channels_last)
     with torch.no_grad():
         want = ref(x)
         fast = copy.deepcopy(ref).bfloat16()
