@@ -37,7 +37,7 @@ def is_depthwise(node: object) -> bool:
 
 
 # Elements a program of a pointwise kernel takes on a GPU: 1024, and 512 where the kernel computes a depthwise
-# convolution (9 or 25 loads an element, the ops before the window again at each): 1.1-1.7x faster on MobileNetV2's
+# convolution (9 or 25 loads an element, the ops before the window again at each): 1.04-1.7x faster on MobileNetV2's
 # layers on an H200 (scripts/gpu_probe_depthwise.py, results h200-2026-11-25-aq2-probe_depthwise.json).
 POINTWISE_BLOCK, WINDOW_BLOCK = 1024, 512
 
