@@ -432,45 +432,48 @@ def stored_members(region) -> list[fx.Node]:
     return stored
 
 
+def _check_rule(region, n: fx.Node, val, reductions: set) -> None:
+    """Raise :class:`Unsupported` unless member ``n`` is an op the generator has a rule for (:func:`check_region`)."""
+    t = n.target
+    if n.op != "call_function" or val is None:
+        raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten", n)
+    if is_max_pool(n):  # only its values are generated, read inside the region
+        if any(not pooled_values(u) or u not in region.members for u in n.users):
+            raise Unsupported(f"{n.name} ({t}): only a max-pool's values, read inside the region, are generated", n)
+        if not val[0].dtype.is_floating_point:
+            raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
+        return
+    if is_depthwise(n):  # a window sum: triton_blocks.window_sum
+        return
+    if t is operator.getitem:
+        src = n.args[0]
+        if pooled_values(n) and src in region.members:
+            return
+        if getattr(src, "target", None) is not torch.ops.aten.var_mean.correction or src not in region.members:
+            raise Unsupported(f"no Triton expression for {n.name} = {src}[{n.args[1]}] ({src.target})", n)
+        return
+    if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
+        raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
+    if not isinstance(t, torch._ops.OpOverload) or not (
+        is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags or t is CAT
+    ):
+        raise Unsupported(
+            f"no Triton expression for {n.name} ({t}): neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean",
+            n,
+        )
+
+
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:
     """Raise :class:`Unsupported` unless every member is an op the generator has a rule for (pointwise, a view, one of
-    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor
-    has static sizes and lives on one device."""
+    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor,
+    members' values included, has static sizes, a dtype kernels take, elements and 32-bit offsets, and one device."""
     if not stored:
         raise Unsupported("nothing in the region is used outside it")
     devices = set()
     for n in [*region.nodes, *region.external_inputs]:
         val = n.meta.get("val")
         if n in region.members:
-            t = n.target
-            if n.op != "call_function" or val is None:
-                raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten", n)
-            if is_max_pool(n):  # only its values are generated, read inside the region
-                if any(not pooled_values(u) or u not in region.members for u in n.users):
-                    raise Unsupported(
-                        f"{n.name} ({t}): only a max-pool's values, read inside the region, are generated", n
-                    )
-                if not val[0].dtype.is_floating_point:
-                    raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
-                continue
-            if is_depthwise(n):  # a window sum: triton_blocks.window_sum
-                continue
-            if t is operator.getitem:
-                src = n.args[0]
-                if pooled_values(n) and src in region.members:
-                    continue
-                if getattr(src, "target", None) is not torch.ops.aten.var_mean.correction or src not in region.members:
-                    raise Unsupported(f"no Triton expression for {n.name} = {src}[{n.args[1]}] ({src.target})", n)
-                continue
-            if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
-                raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
-            if not isinstance(t, torch._ops.OpOverload) or not (
-                is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags or t is CAT
-            ):
-                raise Unsupported(
-                    f"no Triton expression for {n.name} ({t}): neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean",
-                    n,
-                )
+            _check_rule(region, n, val, reductions)  # then its values, as every tensor's below
         for v in val if isinstance(val, (tuple, list)) else [val]:
             if isinstance(v, torch.Tensor):
                 if v.dtype not in DTYPES:
