@@ -61,13 +61,14 @@ CUDAGRAPHS = (
 
 
 PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
+FUSION_FLAGS = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}  # fusion+fold, fusion+cudagraphs: the option they set
 
 
 def is_ablation(backend: str) -> bool:
     """``fusion+`` with at least one ``no-<pass>``/``with-<pass>`` switch, the rest ``fold``/``cudagraphs`` flags."""
     parts = backend.split("+")
     switched = [p.partition("-")[0] in PASS_SWITCHES for p in parts[1:]]
-    flags = [p in ("fold", "cudagraphs") for p in parts[1:]]
+    flags = [p in FUSION_FLAGS for p in parts[1:]]
     return parts[0] == "fusion" and any(switched) and all(s or f for s, f in zip(switched, flags, strict=True))
 
 
@@ -84,14 +85,13 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
         # fusion+fold: the opt-in BatchNorm fold (Phase 9's freezing-like promise); +cudagraphs: one CUDA graph;
         # +no-<pass>: that pass off (an ablation: fusion+no-conv1x1 is fusion without pass conv1x1); +with-<pass>:
         # an opt-in pass on (fusion+with-conv1x1_forward)
-        flags = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}
         options = {}
         for f in backend.split("+")[1:]:
             switch, _, name = f.partition("-")
             if switch in PASS_SWITCHES:
                 options[name] = PASS_SWITCHES[switch]
             else:
-                options[flags[f]] = True
+                options[FUSION_FLAGS[f]] = True
         return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
         return torch.compile(model)
