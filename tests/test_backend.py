@@ -1863,6 +1863,22 @@ def _depthwise_chain(stride, padding, dilation):
     return f
 
 
+def _random_bn_stats(model: nn.Module, spread: float = 1.0) -> None:
+    """BatchNorm running statistics that are not the identity: means in [-spread, spread], variances in [0.5, 2]."""
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+        bn.running_mean.uniform_(-spread, spread), bn.running_var.uniform_(0.5, 2.0)
+
+
+def _compiled_inference(model: nn.Module, x: torch.Tensor, options: dict | None = None):
+    """``model(x)`` through ``backend="fusion"`` under no_grad, checked against eager (float64: 1e-10); returns the
+    report of its inference graph."""
+    backend.reset()
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(model), backend="fusion", options=options)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-10, atol=1e-10)
+    return backend.reports[0].part("inference")
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.sampled_from([0, 1, 2]), c=st.sampled_from([1, 3, 8, 16, 24]), h=st.sampled_from([1, 2, 5]),
@@ -1904,9 +1920,8 @@ def test_a_depthwise_convolution_is_a_window_sum_with_the_same_values(
     torch.testing.assert_close(compiled(x, wt, scale), f(x, wt, scale), rtol=1e-12, atol=1e-12, equal_nan=True)
     ops = [op for k in compiled.kernels for op in k.ops]
     assert any("depthwise_conv2d" in op for op in ops) == (n > 0), (ops, compiled.report)
-    assert compiled.num_kernels == (1 if n else 0), [
-        k.name for k in compiled.kernels
-    ]  # one kernel: before, conv, after
+    names = [k.name for k in compiled.kernels]
+    assert compiled.num_kernels == (1 if n else 0), names  # one kernel: before, conv, after
 
 
 @pytest.mark.parametrize("options,convs,kernels", [({}, 2, 2), ({"depthwise": False}, 3, 3)])
@@ -1916,14 +1931,8 @@ def test_an_inverted_residual_block_is_two_convolutions_and_two_kernels(options,
     convolution is a library call between two kernels: 6. The values are eager's either way (float64)."""
     torch.manual_seed(0)
     model = _inverted_residual().eval()
-    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # statistics that are not the identity
-        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2.0)
-    x = _cl(2, 6, 5, 7)
-    backend.reset()
-    with torch.no_grad():
-        out = torch.compile(copy.deepcopy(model), backend="fusion", options=options)(x)
-        torch.testing.assert_close(out, model(x), rtol=1e-10, atol=1e-10)
-    part = backend.reports[0].part("inference")
+    _random_bn_stats(model)
+    part = _compiled_inference(model, _cl(2, 6, 5, 7), options)
     assert part.library_calls.get("convolution", 0) == convs, part.library_calls
     assert len(part.kernels) == kernels, [k.name for k in part.kernels]
     # a program of the window's kernel takes 512 elements on a GPU (its many loads: measured faster), others 1024
@@ -1966,12 +1975,8 @@ def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in
     aten convolution there."""
     torch.manual_seed(0)
     model = _SqueezeExcite(c).double().to(memory_format=torch.channels_last).eval()
-    model.bn.running_mean.uniform_(-1, 1), model.bn.running_var.uniform_(0.5, 2.0)
-    x = _cl(n, c, 9, 10)
-    backend.reset()
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
-    part = backend.reports[0].part("inference")
+    _random_bn_stats(model)
+    part = _compiled_inference(model, _cl(n, c, 9, 10))
     assert [p[2] for p in part.passes if p[0] == "depthwise conv"] == ["window sum"], part.passes
     assert part.library_calls.get("convolution", 0) == 2, part.library_calls  # the two 1x1 convolutions
     windows = [k for k in part.kernels if any("depthwise" in op for op in k.ops)]
@@ -1994,12 +1999,8 @@ def test_a_window_over_a_costly_chain_is_left_to_its_library_call(act, taken):
     c = 6
     model = nn.Sequential(nn.BatchNorm2d(c), act(), nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.ReLU6())
     model = model.double().to(memory_format=torch.channels_last).eval()
-    model[0].running_mean.uniform_(-1, 1), model[0].running_var.uniform_(0.5, 2.0)
-    x = _cl(2, c, 7, 5)
-    backend.reset()
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
-    part = backend.reports[0].part("inference")
+    _random_bn_stats(model)
+    part = _compiled_inference(model, _cl(2, c, 7, 5))
     windows = sum(any("depthwise" in op for op in k.ops) for k in part.kernels)
     assert (len(part.kernels), windows, part.library_calls.get("depthwise_conv2d", 0)) == (
         (1, 1, 0) if taken else (2, 0, 1)
@@ -2026,13 +2027,7 @@ def test_a_convolution_the_window_sum_does_not_take_stays_a_library_call(case):
     torch.manual_seed(0)
     model = nn.Sequential(conv_type(c, c, k, padding=k // 2, groups=groups, bias=case == "bias"), nn.ReLU6())
     model = model.double().eval()
-    x = torch.randn(2, c, 8, 8, dtype=torch.float64)
-    backend.reset()
-    with torch.no_grad():
-        torch.testing.assert_close(
-            torch.compile(model, backend="fusion", options=options)(x), model(x), rtol=1e-10, atol=1e-10
-        )
-    part = backend.reports[0].part("inference")
+    part = _compiled_inference(model, torch.randn(2, c, 8, 8, dtype=torch.float64), options)
     notes = [p for p in part.passes if p[0] == "depthwise conv"]
     if case in ("7x7", "bias"):
         (note,) = notes
@@ -2059,11 +2054,7 @@ def test_two_windows_in_a_row_are_two_kernels():
 
     torch.manual_seed(0)
     model = TwoWindows().double().to(memory_format=torch.channels_last).eval()
-    x = _cl(2, 4, 11, 9)
-    backend.reset()
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="fusion")(x), model(x), rtol=1e-10, atol=1e-10)
-    part = backend.reports[0].part("inference")
+    part = _compiled_inference(model, _cl(2, 4, 11, 9))
     windows = [[op for op in k.ops if "depthwise" in op or "max_pool" in op] for k in part.kernels]
     assert all(len(w) <= 1 for w in windows), windows  # at most one window a kernel
     # the max-pool alone between the two is one op: an aten call, not a kernel of its own
@@ -2091,8 +2082,7 @@ def test_depthwise_window_sums_in_bfloat16_in_the_interpreter_and_on_cuda(device
         nn.Conv2d(c, c, k, stride=stride, padding=k // 2, groups=c, bias=False), nn.BatchNorm2d(c), nn.ReLU6(),
         nn.Conv2d(c, 16, 1, bias=False), nn.BatchNorm2d(16),
     ).eval()  # fmt: skip
-    for bn in (m for m in block.modules() if isinstance(m, nn.BatchNorm2d)):
-        bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+    _random_bn_stats(block, spread=0.5)
     x = torch.randn(4, 16, 29, 31).to(device).contiguous(memory_format=torch.channels_last)
     ref = block.to(device).to(memory_format=torch.channels_last)
     with torch.no_grad():
