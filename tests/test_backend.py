@@ -1924,6 +1924,23 @@ def test_a_depthwise_convolution_is_a_window_sum_with_the_same_values(
     assert compiled.num_kernels == (1 if n else 0), names  # one kernel: before, conv, after
 
 
+@pytest.mark.parametrize("padding", [0, 1])
+def test_a_depthwise_window_of_negative_zeros_sums_to_positive_zero(padding):
+    """The window sum's zero has eager's sign: a convolution of -0.0 (every term -0.0) is +0.0, and 1 / it +inf."""
+    from fusion.codegen import compile_graph
+    from fusion.compiler import depthwise
+
+    def f(x, wt):
+        y = aten.convolution.default(x, wt, None, [1, 1], [padding] * 2, [1, 1], False, [0, 0], x.shape[1])
+        return (1.0 / y,)
+
+    x, wt = torch.full((1, 3, 4, 5), -0.0).contiguous(memory_format=torch.channels_last), torch.ones(3, 1, 3, 3)
+    gm = _conv_graph(f, x, wt)
+    assert depthwise.depthwise_as_window_sums(gm, lambda *note: None) == 1
+    (got,), (want,) = compile_graph(gm, [x, wt])(x, wt), f(x, wt)
+    assert torch.equal(got, want) and bool((want == float("inf")).all()), (got, want)
+
+
 @pytest.mark.parametrize("options,convs,kernels", [({}, 2, 2), ({"depthwise": False}, 3, 3)])
 def test_an_inverted_residual_block_is_two_convolutions_and_two_kernels(options, convs, kernels):
     """Inference of MobileNetV2's block: 1x1 expand (cuDNN) → [BN, ReLU6, depthwise 3x3, BN, ReLU6] one generated

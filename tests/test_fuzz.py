@@ -482,6 +482,26 @@ def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
     torch.testing.assert_close(got, run_program(program, inputs), equal_nan=False)
 
 
+def test_fuzz_found_a_sum_of_negative_zeros_is_positive_zero():
+    """Found by CI's run (2026-11-25): the mean of a row of -0.0 is +0.0 in eager (its sum starts at +0.0), and 1 / it
+    is +inf; a row that fills its block exactly had no +0.0 lane, so the kernel's tree of adds kept -0.0 (-inf)."""
+    program = {"steps": [("reduce", "mean_keep", (1,), None), ("unary", "clone", (3,), None), ("pow", "pow", (4,), -1)],
+               "outputs": [5]}  # fmt: skip
+    inputs = (torch.tensor([1.5410]), torch.tensor(-0.0), torch.tensor(5, dtype=torch.int32))
+    assert run_compiled(program, inputs)[0][0].item() == run_program(program, inputs)[0].item() == float("inf")
+
+
+@pytest.mark.parametrize("n", [1, 4, 7, 16, 300])  # a row filling its block, a partial block, a looped row
+@pytest.mark.parametrize("name", ["sum", "mean_keep"])
+def test_every_sum_of_a_row_of_negative_zeros_is_positive_zero(name, n):
+    """The sign of a zero sum is eager's (+0.0) for every row length: one block filled exactly, one with masked
+    lanes, a looped row (its partials start at +0.0)."""
+    program = {"steps": [("reduce", name, (0,), None), ("unary", "reciprocal", (1,), None)], "outputs": [2]}
+    inputs = (torch.full((3, n), -0.0),)
+    got, want = run_compiled(program, inputs)[0][0], run_program(program, inputs)[0]
+    assert torch.equal(got, want) and bool((got == float("inf")).all()), (got, want)
+
+
 def _describe(program, inputs) -> str:
     ins = ", ".join(f"{t.dtype} {tuple(t.shape)} stride {t.stride()}" for t in inputs)
     return f"inputs: {ins}\nsteps: {program['steps']}\noutputs: {program['outputs']}"

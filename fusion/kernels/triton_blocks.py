@@ -233,7 +233,7 @@ def window_sum(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
         acc = term if acc is None else writer.emit(f"{acc} + {term}", dtype)[0]
     if acc is None:  # every offset of the window lies in the padding
         acc = f"tl.full(xindex.shape, 0.0, {tl_dtype(dtype)})"
-    return writer.emit(acc, dtype, node)
+    return writer.emit(f"{acc} + 0.0", dtype, node)  # eager's sum starts at +0.0: -0.0 terms give +0.0
 
 
 def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:
@@ -242,7 +242,12 @@ def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch
     by block in a loop, then one ``tl.reduce`` of the partials."""
     identity = IDENTITY[combine]
     if not writer.rows.looped:
-        return writer.emit(f"tl.reduce(tl.where(rmask, {operand()}, {identity}), 1, {combine})[:, None]", dtype, node)
+        # eager's sum starts at +0.0, so a row of -0.0 sums to +0.0; a tree of adds over a row that fills its block
+        # (no masked +0.0 lane) keeps -0.0, and 1 / it is -inf: adding 0.0 gives eager's zero, any other sum unchanged
+        plus = " + 0.0" if combine == "_add" else ""
+        return writer.emit(
+            f"tl.reduce(tl.where(rmask, {operand()}, {identity}), 1, {combine})[:, None]{plus}", dtype, node
+        )
     acc = writer.emit(f"tl.full([XBLOCK, RBLOCK], {identity}, {tl_dtype(dtype)})", dtype)[0]
     with row_loop(writer):
         block = writer.emit(f"tl.where(rmask, {operand()}, {identity})", dtype)[0]
