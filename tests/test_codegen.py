@@ -422,6 +422,20 @@ def test_rows_longer_than_a_block_are_reduced_in_a_loop(rows, n, seed, special):
         assert "for roffset in range(0, " in compiled.kernels[0].source
 
 
+@pytest.mark.parametrize("looped", [False, True])
+def test_a_long_sum_keeps_its_small_terms_as_eager_does(looped):
+    """1.0 then 4095 terms of 1e-8, in float32: added one by one to the running 1.0 each term is lost (the sum stays
+    1.0); eager's cascade, a GPU's tree and Triton's interpreter sum the small terms together first (1.00004095). The
+    generator's sums are trees in the interpreter too (Triton's own combine function: numpy's pairwise sum), in one
+    block or over a looped row's partials."""
+    x = torch.full((2, 4096), 1e-8)
+    x[:, 0] = 1.0
+    with short_blocks(max_rblock=1024) if looped else contextlib.nullcontext():
+        # looped: each lane's partial folds 16 blocks in turn, its 15 small terms lost beside the 1.0 (4 ulp)
+        compiled = check(lambda x: (x * 1.0).sum(-1), x, kernels=1, atol=0, rtol=6e-7 if looped else 2e-7)
+    assert ("for roffset" in compiled.kernels[0].source) == looped
+
+
 def test_looped_reductions_of_every_kind():
     """Loops over one and several reduced dims, float64 exact to the last bits, half rounded where eager rounds, a
     transposed input, a whole tensor as one row."""

@@ -17,8 +17,28 @@ from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, is_d
 
 aten = torch.ops.aten
 
+
+def _sum_combine() -> str:
+    try:
+        import triton.language as tl
+
+        return "tl.standard._sum_combine" if hasattr(tl.standard, "_sum_combine") else "_add"
+    except ImportError:  # no Triton: nothing is generated to run
+        return "_add"
+
+
 # How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
 IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
+# A row's last fold. A sum's combine function is Triton's own, the one tl.sum reduces with (tl.sum itself cannot be
+# called from a kernel loaded for the interpreter): on a GPU the same tree of adds as our a + b (the same PTX), and
+# Triton's interpreter then sums with numpy's pairwise sum, where a function of ours is called lane by lane, a float32
+# fold from left to right (slow, and far from eager's sum on long rows). A Triton without it: ours. Max and min
+# propagate NaN: our combine functions.
+REDUCE = {
+    "_add": f"tl.reduce({{0}}, 1, {_sum_combine()})",
+    "_maximum": "tl.reduce({0}, 1, _maximum)",
+    "_minimum": "tl.reduce({0}, 1, _minimum)",
+}
 STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
         "_minimum": "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"}  # fmt: skip
 
@@ -245,11 +265,10 @@ def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch
         # eager's sum starts at +0.0, so a row of -0.0 sums to +0.0; a tree of adds over a row that fills its block
         # (no masked +0.0 lane) keeps -0.0, and 1 / it is -inf: adding 0.0 gives eager's zero, any other sum unchanged
         plus = " + 0.0" if combine == "_add" else ""
-        return writer.emit(
-            f"tl.reduce(tl.where(rmask, {operand()}, {identity}), 1, {combine})[:, None]{plus}", dtype, node
-        )
+        row = REDUCE[combine].format(f"tl.where(rmask, {operand()}, {identity})")
+        return writer.emit(f"{row}[:, None]{plus}", dtype, node)
     acc = writer.emit(f"tl.full([XBLOCK, RBLOCK], {identity}, {tl_dtype(dtype)})", dtype)[0]
     with row_loop(writer):
         block = writer.emit(f"tl.where(rmask, {operand()}, {identity})", dtype)[0]
         writer.body.append(Line(acc, STEP[combine].format(acc, block), dtype, None, writer.depth))
-    return writer.emit(f"tl.reduce({acc}, 1, {combine})[:, None]", dtype, node)
+    return writer.emit(f"{REDUCE[combine].format(acc)}[:, None]", dtype, node)

@@ -358,8 +358,9 @@ def index_setup(shape: tuple[int, ...], rows: Rows | None) -> list[str]:
 
 
 def module_source(head: str, body: list[str], reduction: bool) -> str:
-    """A kernel's module: the imports, the combine functions a reduction's tl.reduce calls (tl.sum is a @jit helper,
-    not a builtin), then ``@triton.jit``, the signature ``head`` and the ``body`` indented under it."""
+    """A kernel's module: the imports, the combine functions a reduction's tl.reduce may call (NaN-propagating max
+    and min; a sum where Triton lacks its own), then ``@triton.jit``, the signature ``head`` and the ``body``
+    indented under it."""
     lines = ["import triton", "import triton.language as tl", "", ""] + ([*COMBINE_FUNCTIONS, ""] if reduction else [])
     return "\n".join([*lines, "@triton.jit", head] + ["    " + b for b in body]) + "\n"
 
