@@ -491,15 +491,25 @@ def test_fuzz_found_a_sum_of_negative_zeros_is_positive_zero():
     assert run_compiled(program, inputs)[0][0].item() == run_program(program, inputs)[0].item() == float("inf")
 
 
-@pytest.mark.parametrize("n", [1, 4, 7, 16, 300])  # a row filling its block, a partial block, a looped row
+@pytest.mark.parametrize("looped", [False, True])
+@pytest.mark.parametrize("n", [1, 4, 7, 16])  # a row filling its block, one with masked lanes
 @pytest.mark.parametrize("name", ["sum", "mean_keep"])
-def test_every_sum_of_a_row_of_negative_zeros_is_positive_zero(name, n):
+def test_every_sum_of_a_row_of_negative_zeros_is_positive_zero(name, n, looped):
     """The sign of a zero sum is eager's (+0.0) for every row length: one block filled exactly, one with masked
-    lanes, a looped row (its partials start at +0.0)."""
+    lanes, a row reduced in a loop over blocks (its partials start at +0.0)."""
+    from unittest import mock
+
+    from fusion import codegen
+    from fusion.kernels import triton_lang
+
     program = {"steps": [("reduce", name, (0,), None), ("unary", "reciprocal", (1,), None)], "outputs": [2]}
     inputs = (torch.full((3, n), -0.0),)
-    got, want = run_compiled(program, inputs)[0][0], run_program(program, inputs)[0]
-    assert torch.equal(got, want) and bool((got == float("inf")).all()), (got, want)
+    block = 4 if looped else codegen.MAX_RBLOCK
+    with mock.patch.object(codegen, "MAX_RBLOCK", block), mock.patch.object(triton_lang, "LOOPED_MIN_ROWS", 1):
+        got, compiled = run_compiled(program, inputs)
+    want = run_program(program, inputs)[0]
+    assert torch.equal(got[0], want) and bool((want == float("inf")).all()), (got, want)
+    assert ("for roffset" in compiled.kernels[0].source) == (looped and n > 4), compiled.kernels[0].source
 
 
 def _describe(program, inputs) -> str:
