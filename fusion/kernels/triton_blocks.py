@@ -19,6 +19,7 @@ aten = torch.ops.aten
 
 
 def _sum_combine() -> str:
+    """The combine function a sum's last fold names: Triton's own where it has one (see ``REDUCE``), else ours."""
     try:
         import triton.language as tl
 
