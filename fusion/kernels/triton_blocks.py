@@ -5,6 +5,7 @@ of a depthwise convolution). Each function takes the code generator's ``KernelWr
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -18,28 +19,8 @@ from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, is_d
 aten = torch.ops.aten
 
 
-def _sum_combine() -> str:
-    """The combine function a sum's last fold names: Triton's own where it has one (see ``REDUCE``), else ours."""
-    try:
-        import triton.language as tl
-
-        return "tl.standard._sum_combine" if hasattr(tl.standard, "_sum_combine") else "_add"
-    except ImportError:  # no Triton: nothing is generated to run
-        return "_add"
-
-
 # How a reduction starts (masked lanes hold it) and how a looped one folds a block into its XBLOCK x RBLOCK partials.
 IDENTITY = {"_add": "0.0", "_maximum": 'float("-inf")', "_minimum": 'float("inf")'}
-# A row's last fold. A sum's combine function is Triton's own, the one tl.sum reduces with (tl.sum itself cannot be
-# called from a kernel loaded for the interpreter): on a GPU the same tree of adds as our a + b (the same PTX), and
-# Triton's interpreter then sums with numpy's pairwise sum, where a function of ours is called lane by lane, a float32
-# fold from left to right (slow, and far from eager's sum on long rows). A Triton without it: ours. Max and min
-# propagate NaN: our combine functions.
-REDUCE = {
-    "_add": f"tl.reduce({{0}}, 1, {_sum_combine()})",
-    "_maximum": "tl.reduce({0}, 1, _maximum)",
-    "_minimum": "tl.reduce({0}, 1, _minimum)",
-}
 STEP = {"_add": "{0} + {1}", "_maximum": "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
         "_minimum": "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"}  # fmt: skip
 
@@ -257,19 +238,39 @@ def window_sum(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.dtyp
     return writer.emit(f"{acc} + 0.0", dtype, node)  # eager's sum starts at +0.0: -0.0 terms give +0.0
 
 
+@functools.cache
+def _sum_combine() -> str:
+    """The combine function a sum's last fold names: Triton's own where it has one (see :func:`_last_fold`), else
+    ours. Asked when a sum is first generated, not at import: importing Triton takes ~0.2 s."""
+    try:
+        import triton.language as tl
+    except ImportError:  # no Triton: the source is only printed (Phase 8's lesson), ours reads the same
+        return "_add"
+    return "tl.standard._sum_combine" if hasattr(tl.standard, "_sum_combine") else "_add"
+
+
+def _last_fold(values: str, combine: str) -> str:
+    """Each row of ``values`` folded to one column by ``combine``. A sum's combine function is Triton's own, the one
+    tl.sum reduces with (tl.sum itself cannot be called from a kernel loaded for the interpreter): on a GPU the same
+    tree of adds as our a + b (the same PTX), and Triton's interpreter then sums with numpy's pairwise sum, where a
+    function of ours is called lane by lane, a float32 fold from left to right (slow, and far from eager's sum on long
+    rows). A sum ends ``+ 0.0``: eager's sum starts at +0.0, so a row of -0.0 sums to +0.0, where a tree of adds over a
+    row that fills its block (no masked +0.0 lane) keeps -0.0 (and 1 / it is -inf); any other sum is unchanged. Max
+    and min propagate NaN: our combine functions."""
+    if combine == "_add":
+        return f"tl.reduce({values}, 1, {_sum_combine()})[:, None] + 0.0"
+    return f"tl.reduce({values}, 1, {combine})[:, None]"
+
+
 def row_reduction(writer, operand: Callable[[], str], combine: str, dtype: torch.dtype, node=None) -> tuple:
     """(tmp, dtype): each row reduced with ``combine`` over the values ``operand()`` emits (masked lanes hold the
     identity). One block: one ``tl.reduce`` over the row in registers. Looped: partials of XBLOCK x RBLOCK folded block
     by block in a loop, then one ``tl.reduce`` of the partials."""
     identity = IDENTITY[combine]
     if not writer.rows.looped:
-        # eager's sum starts at +0.0, so a row of -0.0 sums to +0.0; a tree of adds over a row that fills its block
-        # (no masked +0.0 lane) keeps -0.0, and 1 / it is -inf: adding 0.0 gives eager's zero, any other sum unchanged
-        plus = " + 0.0" if combine == "_add" else ""
-        row = REDUCE[combine].format(f"tl.where(rmask, {operand()}, {identity})")
-        return writer.emit(f"{row}[:, None]{plus}", dtype, node)
+        return writer.emit(_last_fold(f"tl.where(rmask, {operand()}, {identity})", combine), dtype, node)
     acc = writer.emit(f"tl.full([XBLOCK, RBLOCK], {identity}, {tl_dtype(dtype)})", dtype)[0]
     with row_loop(writer):
         block = writer.emit(f"tl.where(rmask, {operand()}, {identity})", dtype)[0]
         writer.body.append(Line(acc, STEP[combine].format(acc, block), dtype, None, writer.depth))
-    return writer.emit(f"{REDUCE[combine].format(acc)}[:, None]", dtype, node)
+    return writer.emit(_last_fold(acc, combine), dtype, node)
