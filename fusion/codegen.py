@@ -51,6 +51,7 @@ from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, tl_dtype
+from fusion.kernels.triton_values import ValueWriter
 from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -175,11 +176,15 @@ COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
 LOGICAL = (aten.add, aten.mul, aten.maximum, aten.minimum)  # on bools: or, and, or, and
 
 
-class KernelWriter:
-    """Writes one region as a Triton kernel. ``value(node, index)`` returns the tmp holding that element."""
+class KernelWriter(ValueWriter):
+    """Writes one region as a Triton kernel. ``value(node, index)`` returns the tmp holding that element (it and
+    ``emit``/``operand``/``address`` are machinery: ``fusion.kernels.triton_values``)."""
 
-    def __init__(self, region: FusionRegion) -> None:
+    broadcast_index = staticmethod(broadcast_index)  # what ValueWriter.operand reads an operand's index with
+
+    def __init__(self, region: FusionRegion, rounded: frozenset[fx.Node] = frozenset()) -> None:
         self.region, self.members = region, region.members
+        self.start_values(rounded)  # eager's rounding: one per value, computed where the value is (triton_values)
         self.body: list[tlang.Line] = []  # the kernel body as data: source and op list are read off it
         self.inputs: dict[fx.Node, str] = {}  # external input -> in_ptr<i>
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
@@ -208,52 +213,6 @@ class KernelWriter:
         walked = offset_expr([n for n, _ in self.splits], [math.prod(walk[d + 1 :]) for d in range(len(walk))])
         self.flat = ({walked, f"({walked})"}, flat)  # at the walk's own contiguous strides: the flat index itself
         self.bf16 = tlang.Bf16Values()  # tmps holding a bfloat16 already: rounding one again is a no-op
-
-    def emit(self, expr: str, dtype: torch.dtype, node: fx.Node | None = None) -> tuple[str, torch.dtype]:
-        """Append ``tmp<i> = expr`` (computing ``node``, if any); returns (tmp, dtype)."""
-        expr = self.bf16.reuse(expr)  # a bfloat16 (a load, a rounding) rounded again is itself: no ALU spent
-        self.body.append(tlang.Line(tmp := f"tmp{len(self.body)}", expr, dtype, node, self.depth))
-        self.bf16.note(tmp, expr, loaded=node is not None and node not in self.members and node.meta["val"].dtype)
-        return tmp, dtype
-
-    def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
-        """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
-        down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
-        guard = "".join(f" & {g}" for g, at in self.guards if any(s in offset for s in at))  # cat input, window tap
-        if any(v in offset for v in self.lanes if v != "0"):
-            offset = self.flat[1] if offset in self.flat[0] else offset
-            return f"{ptr} + ({offset})", (("xmask & rmask" if down else "rmask") if self.rows else "xmask") + guard
-        if down:
-            return f"{ptr} + ({offset})", "xmask" + guard  # one element per row: a column of XBLOCK
-        return f"{ptr} + ({offset}) + 0 * xindex", "xmask" + guard  # one element in every lane: a vector
-
-    def value(self, node: object, index: list[str]) -> tuple[str, torch.dtype]:
-        """Source for ``node``'s element at ``index`` (one index expression per dimension of ``node``)."""
-        if not isinstance(node, fx.Node):
-            return const_source(node), torch.float64 if isinstance(node, float) else torch.int64
-        key, compute = (node, tuple(index)), blocks.rule(node, self.members) or KernelWriter._compute  # (cat, max-pool)
-        if key not in self.cache:
-            try:
-                self.cache[key] = compute(self, node, list(index))
-            except Unsupported as e:  # remember the op that failed: compile_graph cuts the region there
-                e.node = e.node or node
-                raise
-        return self.cache[key]
-
-    def operand(self, arg: object, index: list[str], dtype: torch.dtype, exact: bool = False, op_dtype=None) -> str:
-        """``arg`` (a node or a Python scalar) read at ``index`` broadcast to its shape, converted to ``dtype``.
-        ``exact``: a computed half/bf16 value rounded to its dtype first, as eager holds it (before a comparison or an
-        integer cast). ``op_dtype``: torch converts a tensor operand to the op's dtype first (0-d float32 into fp16)."""
-        if not isinstance(arg, fx.Node):
-            return tlang.constant(arg, dtype)
-        val = arg.meta["val"]
-        src, dt = self.value(arg, broadcast_index(index, val.shape))
-        wider = op_dtype not in (None, torch.float16, torch.bfloat16)  # eager rounded it before promoting it
-        if (exact or wider) and arg in self.members and val.dtype in (torch.float16, torch.bfloat16):
-            src, dt = self.emit(tlang.cast(src, dt, val.dtype), dt)
-        if op_dtype in (torch.float16, torch.bfloat16) and val.dtype not in (op_dtype, torch.bool):
-            src, dt = self.emit(tlang.cast(src, dt, op_dtype), torch.float32)
-        return src if dt == dtype else self.emit(tlang.cast(src, dt, dtype), dtype)[0]
 
     def _compute(self, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
         val = node.meta.get("val")
@@ -374,7 +333,11 @@ class KernelWriter:
 def generate_kernel(region: FusionRegion) -> KernelPlan:
     """One region → one KernelPlan (source, arguments, grid), or :class:`Unsupported` with the reason."""
     writer = KernelWriter(region)
-    name, source = tlang.kernel_name(region, writer.rows, writer.source(tlang.UNNAMED))  # a repeated code: one name
+    code = writer.source(tlang.UNNAMED)
+    if writer.exact_reads:  # values some op reads rounded: written again, rounded once where they are computed
+        writer = KernelWriter(region, frozenset(writer.exact_reads))
+        code = writer.source(tlang.UNNAMED)
+    name, source = tlang.kernel_name(region, writer.rows, code)  # a repeated code: one name
     kind, inputs = "reduction" if writer.rows else "pointwise", list(writer.inputs)
     kernel = GeneratedKernel(name, source, region, kind, tlang.ops(writer.body, region.members))
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
