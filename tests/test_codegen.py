@@ -977,31 +977,36 @@ class _Rows(nn.Module):
         return ((h - mu) / torch.sqrt(var + 1e-5),)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reader", ["mean", "view", "amax", "compare", "cast", "layernorm"])
-def test_a_value_has_one_rounding_whichever_op_reads_it(reader, dtype):
+def test_a_value_has_one_rounding_whichever_op_reads_it(reader, dtype, device):
     """Every row of x holds three equal entries, so v's rows are constant and eager gives exactly 0 (True). Before the
     fix a reduction read v rounded to float16 and the subtraction read it unrounded: 0.44 off (LayerNorm: -1.0)."""
     base = _rand((5, 17, 1), 0).to(dtype)
     base[3, 2, 0] = -10000.0
-    x = base.expand(5, 17, 3)
+    x = base.to(device).expand(5, 17, 3)
     model = _Rows(reader)
     got, want = compile_regions(model, [x])(x)[0], model(x)[0]
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("scalar", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("op", ["mul", "rmul", "div", "rdiv", "add", "sub", "rsub"])
-def test_a_zero_dim_operand_is_used_at_the_precision_eager_uses_it(op, scalar, dtype):
+def test_a_zero_dim_operand_is_used_at_the_precision_eager_uses_it(op, scalar, dtype, device):
     """A 0-d float32/float64 tensor in a half op: eager reads it at float32 for some ops and positions and rounds it
     to the half dtype for others. GradScaler's 65536 times a float16 gave inf (rounded first) where eager gives the
     product; a 1/3 shows the rounding on the ops that do round."""
-    x = torch.cat([torch.tensor([0.0, 0.001, 0.5]), _rand((61,), 3) * 100]).to(dtype)
+    x = torch.cat([torch.tensor([0.0, 0.001, 0.5]), _rand((61,), 3) * 100]).to(device, dtype)
     fn = {
         "mul": lambda x, s: torch.relu(x * s), "rmul": lambda x, s: torch.relu(s * x), "div": lambda x, s: x / s,
         "rdiv": lambda x, s: s / x, "add": lambda x, s: x + s, "sub": lambda x, s: x - s,
         "rsub": lambda x, s: s - x,
     }[op]  # fmt: skip
     for s in (65536.0, 1 / 3 + 1e-5):  # a constant of the traced function: a 0-d tensor in its graph
-        check(lambda x, s=s: fn(x, torch.tensor(s, dtype=scalar)), x, atol=0, rtol=0)
+        check(lambda x, s=s: fn(x, torch.tensor(s, dtype=scalar, device=x.device)), x, atol=0, rtol=0)

@@ -61,10 +61,17 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
         _need("torchvision")
         import torchvision
 
-        if arch == "vit_b_16" and sizes != "full":  # ViT-B/16's architecture, a tiny config: 2 layers, d 32
-            make = lambda: torchvision.models.VisionTransformer(  # noqa: E731
+        tv = torchvision.models
+        tiny = {  # each architecture's family at a tiny config (CPU tests): the same blocks, fewer and narrower
+            "vit_b_16": lambda: tv.VisionTransformer(
                 image_size=32, patch_size=16, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64
-            )
+            ),
+            "swin_t": lambda: tv.SwinTransformer([4, 4], 16, [2, 2], [2, 4], [4, 4], stochastic_depth_prob=0.0),
+            "maxvit_t": lambda: tv.MaxVit((32, 32), 8, 2, [16, 32], [1, 1], head_dim=8, stochastic_depth_prob=0.0),
+            "densenet121": lambda: tv.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16),
+        }
+        if sizes != "full" and arch in tiny:
+            make = tiny[arch]
         else:
             make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
         model = models.randomize_batchnorm_(_seeded(make).eval(), SEED)  # random BN statistics: folding is tested
@@ -166,6 +173,49 @@ def _llama_config(sizes: str):
     )
 
 
+def _t5_config(sizes: str):  # relative-position attention bias (T5's encoder)
+    from transformers import T5Config
+
+    if sizes == "full":  # t5-base's encoder: d 768, 12 layers, 12 heads
+        return T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, dropout_rate=0.0)
+    t = TINY_TEXT
+    return T5Config(
+        d_model=t["hidden"], d_kv=8, d_ff=t["intermediate"], num_layers=t["layers"], num_heads=t["heads"],
+        vocab_size=t["vocab"], dropout_rate=0.0, relative_attention_num_buckets=8,
+    )  # fmt: skip
+
+
+def _mistral_config(sizes: str):  # grouped-query attention with a sliding window
+    from transformers import MistralConfig
+
+    common = dict(attn_implementation="sdpa", use_cache=False)
+    if sizes == "full":  # 8 layers, d 1024, 16 heads over 4 key/value heads, a 256-token window over 512 tokens
+        return MistralConfig(
+            hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, sliding_window=256, **common,
+        )  # fmt: skip
+    t = TINY_TEXT
+    return MistralConfig(
+        hidden_size=t["hidden"], intermediate_size=t["intermediate"], num_hidden_layers=t["layers"],
+        num_attention_heads=t["heads"], num_key_value_heads=1, vocab_size=t["vocab"],
+        max_position_embeddings=t["positions"], sliding_window=4, **common,
+    )  # fmt: skip
+
+
+def _opt_config(sizes: str):  # learned positions (OPT: an offset of 2 into its position table)
+    from transformers import OPTConfig
+
+    common = dict(attn_implementation="sdpa", use_cache=False, dropout=0.0, attention_dropout=0.0)
+    if sizes == "full":  # opt-125m: d 768, 12 layers, 12 heads
+        return OPTConfig(**common)
+    t = TINY_TEXT
+    return OPTConfig(
+        hidden_size=t["hidden"], num_hidden_layers=t["layers"], ffn_dim=t["intermediate"],
+        num_attention_heads=t["heads"], vocab_size=t["vocab"], max_position_embeddings=t["positions"],
+        word_embed_proj_dim=t["hidden"], **common,
+    )  # fmt: skip
+
+
 def hf(model_class: str, make_config: Callable[[str], object]):
     def build(sizes: str):
         _need("transformers")
@@ -193,11 +243,17 @@ SUITE: tuple[SuiteModel, ...] = (
             "efficientnet_b0",
             "convnext_tiny",
             "vit_b_16",
+            "swin_t",  # shifted-window attention
+            "maxvit_t",  # block and grid attention
+            "densenet121",  # dense concatenation
         )
     ),
     SuiteModel("bert", "HF BertModel (bert-base config)", "transformers", hf("BertModel", _bert_config)),
     SuiteModel("gpt2", "HF GPT2Model (gpt2 config)", "transformers", hf("GPT2Model", _gpt2_config)),
     SuiteModel("llama", "HF LlamaModel (8 layers, d 1024)", "transformers", hf("LlamaModel", _llama_config)),
+    SuiteModel("t5_encoder", "HF T5EncoderModel (t5-base encoder)", "transformers", hf("T5EncoderModel", _t5_config)),
+    SuiteModel("mistral", "HF MistralModel (GQA, sliding window)", "transformers", hf("MistralModel", _mistral_config)),
+    SuiteModel("opt", "HF OPTModel (opt-125m config)", "transformers", hf("OPTModel", _opt_config)),
     SuiteModel("resnet50_train", "torchvision resnet50, training step", "torchvision", vision("resnet50"), True, True),
     SuiteModel("bert_train", "HF BertModel, training step", "transformers", hf("BertModel", _bert_config), True),
 )

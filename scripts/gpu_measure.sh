@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU measurements of this round, one device-tool call per part (each under the tool's 10-minute limit):
+#
+#     bash scripts/gpu_measure.sh numerics   # CUDA tests of Phases 8-9; which 0-d operands eager reads at float32 on
+#                                            # CUDA; the suite's widened families (eager, fusion, Inductor)
+#     bash scripts/gpu_measure.sh cuda       # CUDA tests of Phases 8-9 only
+#
+# Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
+# NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part="${1:-numerics}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY="${PYTHON:-python3}"
+dry="${GPU_MEASURE_DRY:-0}"
+start=$SECONDS
+step() { echo "=== [$((SECONDS - start)) s] $*"; }
+
+step "machine"
+"$PY" -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__,
+torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee "$OUT/machine.txt"
+
+suite() {  # suite BUDGET MODELS BACKENDS
+    local extra=()
+    [ "$dry" = 1 ] && extra=(--dry-run)
+    [ -f "$OUT/suite.json" ] && extra+=(--merge "$OUT/suite.json")
+    step "suite: $2 / $3 (budget $1 s)"
+    timeout $(($1 + 30)) "$PY" scripts/gpu_suite.py --models "$2" --backends "$3" --budget "$1" --timeout 200 \
+        --out "$OUT" "${extra[@]}" 2>&1 | tee -a "$OUT/suite.log"
+}
+
+cuda_tests() {  # cuda_tests LIMIT
+    step "CUDA tests of Phases 8-9 (generated kernels, launchers, CUDA graphs, attention, eager's roundings)"
+    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py \
+        -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes or one_rounding \
+or zero_dim" 2>&1 | tail -15 | tee "$OUT/cuda_tests.log"
+}
+
+zero_dim() {
+    step "which 0-d float operands of a half op eager reads at float32 (CUDA 0-d tensor; CPU scalar tensor)"
+    "$PY" - <<'PY' 2>&1 | tee "$OUT/zero_dim.txt"
+import torch
+from fusion.aten import precision
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+for packet in precision.PROBED:
+    for dtype in (torch.float16, torch.bfloat16):
+        for pos in (0, 1):
+            ours = precision.zero_dim_at_op_math(packet, pos, 2, dtype, torch.float32, dev)
+            print(f"{dev} {packet._qualified_op_name:10} {str(dtype):15} position {pos}: "
+                  f"{'float32' if ours else 'rounded'}")
+PY
+}
+
+case "$part" in
+numerics)
+    cuda_tests 170
+    zero_dim
+    suite $((560 - (SECONDS - start))) t5_encoder,mistral,swin_t,maxvit_t,opt,densenet121 eager,fusion,inductor
+    ;;
+cuda) cuda_tests 300 ;;
+*) echo "part must be numerics or cuda" && exit 2 ;;
+esac
+step "done; files: $(ls "$OUT" | tr '\n' ' ')"
