@@ -280,11 +280,11 @@ class KernelWriter(ValueWriter):
             out = blocks.row_reduction(self, x, "_maximum" if target is aten.amax.default else "_minimum", dt, node)
         else:
             total = blocks.row_reduction(self, x, "_add", dt, node)
-            out = total if target.overloadpacket is aten.sum else self.emit(f"{total[0]} / {n}", dt)
+            out = total if target.overloadpacket is aten.sum else self.emit(tlang.divide(total[0], n, dt), dt)
         if target.overloadpacket in (aten.var_mean, aten.var):
             corr = bind_args(node).get("correction")
             sq = blocks.row_reduction(self, squares, "_add", dt)
-            var = self.emit(f"{sq[0]} / {max(n - (1 if corr is None else corr), 0)}", dt)
+            var = self.emit(tlang.divide(sq[0], max(n - (1 if corr is None else corr), 0), dt), dt)
             out = (var, out) if target is aten.var_mean.correction else var
         self.cache[key] = out
         return out

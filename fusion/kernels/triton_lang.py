@@ -278,6 +278,12 @@ def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to({tl_dtype(dst)})"
 
 
+def divide(x: str, n: int, dtype: torch.dtype) -> str:
+    """``x / n`` rounded as torch rounds it. Triton's float32 ``/`` is ``div.full.f32`` on NVIDIA GPUs (up to 2 ulp
+    off: 3v / 3 need not be v), so a float32 quotient is ``tl.math.div_rn``; float64's ``/`` is already IEEE."""
+    return f"tl.math.div_rn({x}, {float(n)})" if dtype == torch.float32 else f"{x} / {n}"
+
+
 def int_power(x: str, e: int, floating: bool) -> str:
     """``x ** e`` for an integer ``e`` by repeated squaring, as torch (and Inductor) do: signs stay exact (x**4 of a
     negative x is positive), NaN ** 0 and inf ** 0 are 1, a negative exponent is one reciprocal."""
