@@ -1,6 +1,6 @@
 """CPU cost of a generated-kernel launch, and what CUDA graphs buy, on a launch-bound model (issue 23).
 
-    PYTHONPATH=. python3 scripts/gpu_launch_cost.py      (on the lent GPU; part of scripts/gpu_session.sh a)
+    PYTHONPATH=. python3 scripts/gpu_launch_cost.py      (on the lent GPU; part of scripts/archive/gpu_session.sh a)
 
 An 8-block MLP (Linear, GELU, LayerNorm) at a small batch: eager vs backend="fusion" vs options={"cudagraphs": True}
 vs Inductor's default and reduce-overhead, median wall time per call (torch.utils.benchmark, interleaved); then

@@ -1,6 +1,6 @@
 """CPU cost of one library call, by the way it is spelled (issue 23: EfficientNet-B0 is CPU-bound under fusion).
 
-    PYTHONPATH=. python3 scripts/gpu_probe_calls.py [--out DIR]      (on the lent GPU; part of gpu_session.sh a)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_calls.py [--out DIR]      (on the lent GPU; part of gpu_session.sh a)
 
 A profile of EfficientNet-B0 under backend="fusion" put ~37 µs of CPU on each convolution our compiled graph calls
 (``torch.ops.aten.convolution.default``, an OpOverload, as fx writes it) against ~21 µs for Inductor's

@@ -1,6 +1,6 @@
 """Which attention does a compiled HF model run? (issue 23: BERT's attention went through float32 math)
 
-    PYTHONPATH=. python3 scripts/gpu_probe_attention.py bert vit_b_16 gpt2     (on the lent GPU; full suite sizes)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_attention.py bert vit_b_16 gpt2     (on the lent GPU; full suite sizes)
 
 For each model: the attention kernels eager launches (torch.profiler), the attention-like aten ops in the graph
 AOTAutograd hands our backend (our decomposition table), and the mask HuggingFace passes under compile.

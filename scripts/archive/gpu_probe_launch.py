@@ -1,6 +1,6 @@
 """Triton launch cost probe: CPU µs per launch through the JIT dispatch vs the compiled kernel's own launcher.
 
-PYTHONPATH=. python3 scripts/gpu_probe_launch.py      (on the lent GPU)
+PYTHONPATH=. python3 scripts/archive/gpu_probe_launch.py      (on the lent GPU)
 """
 
 import inspect

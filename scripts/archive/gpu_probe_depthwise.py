@@ -14,8 +14,8 @@ window masks and each channel's weights computed once per tile); it was slower t
 channels are not a power of two (the tile's row is padded to one) and no faster elsewhere, and was removed: its rows
 stay in ``scripts/results/h200-2026-11-25-aq3-probe_depthwise.json``.
 
-    PYTHONPATH=. python3 scripts/gpu_probe_depthwise.py          (on the lent GPU)
-    python3 scripts/gpu_probe_depthwise.py --dry-run              (CPU, tiny shapes: rehearse it)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_depthwise.py          (on the lent GPU)
+    python3 scripts/archive/gpu_probe_depthwise.py --dry-run              (CPU, tiny shapes: rehearse it)
 """
 
 from __future__ import annotations

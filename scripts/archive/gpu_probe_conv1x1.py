@@ -1,6 +1,6 @@
 """A 1x1 convolution as cuDNN runs it and as one cuBLAS GEMM (pass ``conv1x1``, issue 23): CPU per call, GPU time.
 
-    PYTHONPATH=. python3 scripts/gpu_probe_conv1x1.py [--out DIR]      (on the lent GPU; gpu_session.sh part z)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_conv1x1.py [--out DIR]      (on the lent GPU; gpu_session.sh part z)
 
 The shapes are the suite's (batch 32, bf16, channels-last): ResNet-50's bottleneck 1x1s and EfficientNet-B0's
 expand, project and squeeze-excite 1x1s. Per shape and per spelling (``torch.convolution`` and its

@@ -1,7 +1,7 @@
 """Where a first call's time goes (issue 23's target: compile time ≤ Inductor's on every model).
 
-    PYTHONPATH=. python3 scripts/gpu_compile_time.py resnet18 vit_b_16      (on the lent GPU; full suite sizes)
-    python3 scripts/gpu_compile_time.py --dry-run resnet18                  (CPU, tiny shapes: rehearse it)
+    PYTHONPATH=. python3 scripts/archive/gpu_compile_time.py resnet18 vit_b_16      (on the lent GPU; full suite sizes)
+    python3 scripts/archive/gpu_compile_time.py --dry-run resnet18                  (CPU, tiny shapes: rehearse it)
 
 Each (model, backend) runs in a fresh process with cold caches (new FUSION_CACHE_DIR, TRITON_CACHE_DIR and
 TORCHINDUCTOR_CACHE_DIR), as a user's first run, after each compiler's one-time process costs were paid on a throwaway

@@ -1,6 +1,6 @@
 """Why does the suite time backend="fusion" on EfficientNet-B0 at ~6 ms a call when a plain loop times it at ~3.6?
 
-    PYTHONPATH=. python3 scripts/gpu_probe_suite_timing.py [--model efficientnet_b0] [--out DIR]   (on the GPU)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_suite_timing.py [--model efficientnet_b0] [--out DIR]   (on the GPU)
 
 One process, the suite's own runners (fusion.bench.suite._runner), each number the mean/median per call:
 1. fusion alone: a plain loop of 30 calls with one sync at the end; then Phase 4's time_variants (the suite's timer);

@@ -1,88 +1,88 @@
 #!/usr/bin/env bash
 # This round's GPU measurements (issue 23), in calls of the device tool (each under its 10-minute limit):
 #
-#     bash scripts/gpu_session.sh a     # CUDA tests, library-call cost probe, launch cost, compute-sanitizer smoke,
+#     bash scripts/archive/gpu_session.sh a     # CUDA tests, library-call cost probe, launch cost, compute-sanitizer smoke,
 #                                       # suite: resnet50, mobilenet_v2
-#     bash scripts/gpu_session.sh b     # suite: resnet18, efficientnet_b0, mobilenet_v3_large, convnext_tiny
-#     bash scripts/gpu_session.sh c     # suite: vit_b_16, bert, gpt2, llama
-#     bash scripts/gpu_session.sh d     # launch paths and cost, a probe of the suite's timing, the training steps
-#     bash scripts/gpu_session.sh e     # after reinplace and non-innermost reductions: SE models, training again
-#     bash scripts/gpu_session.sh f     # the final code: the vision suite (5 models, every backend)
-#     bash scripts/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
-#     bash scripts/gpu_session.sh h     # after pass bmm_as_mm (ViT's in-projection as one GEMM): ViT and BERT
-#     bash scripts/gpu_session.sh i     # looped reductions on CUDA; where Llama and GPT-2 lose GPU time (profiles)
-#     bash scripts/gpu_session.sh j     # after cat kernels and the output split: CUDA tests, the text models + ViT
-#     bash scripts/gpu_session.sh k     # the vision suite; compute-sanitizer over the GPU smoke test
-#     bash scripts/gpu_session.sh l     # where ResNet-18 and ConvNeXt lose GPU time to Inductor (kernel profiles)
-#     bash scripts/gpu_session.sh m     # CUDA tests; compute-sanitizer over this round's kernel kinds
-#     bash scripts/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
-#     bash scripts/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
-#     bash scripts/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
-#     bash scripts/gpu_session.sh q     # the CPU cost of one launch on the final code (and the launch path taken)
-#     bash scripts/gpu_session.sh s     # after the launch trim: the CPU-bound rows again (eager, fusion, Inductor)
+#     bash scripts/archive/gpu_session.sh b     # suite: resnet18, efficientnet_b0, mobilenet_v3_large, convnext_tiny
+#     bash scripts/archive/gpu_session.sh c     # suite: vit_b_16, bert, gpt2, llama
+#     bash scripts/archive/gpu_session.sh d     # launch paths and cost, a probe of the suite's timing, the training steps
+#     bash scripts/archive/gpu_session.sh e     # after reinplace and non-innermost reductions: SE models, training again
+#     bash scripts/archive/gpu_session.sh f     # the final code: the vision suite (5 models, every backend)
+#     bash scripts/archive/gpu_session.sh g     # the final code: MobileNetV3, ViT and the HF models
+#     bash scripts/archive/gpu_session.sh h     # after pass bmm_as_mm (ViT's in-projection as one GEMM): ViT and BERT
+#     bash scripts/archive/gpu_session.sh i     # looped reductions on CUDA; where Llama and GPT-2 lose GPU time (profiles)
+#     bash scripts/archive/gpu_session.sh j     # after cat kernels and the output split: CUDA tests, the text models + ViT
+#     bash scripts/archive/gpu_session.sh k     # the vision suite; compute-sanitizer over the GPU smoke test
+#     bash scripts/archive/gpu_session.sh l     # where ResNet-18 and ConvNeXt lose GPU time to Inductor (kernel profiles)
+#     bash scripts/archive/gpu_session.sh m     # CUDA tests; compute-sanitizer over this round's kernel kinds
+#     bash scripts/archive/gpu_session.sh n     # after max-pool kernels and ConvNeXt's bias: the four conv models
+#     bash scripts/archive/gpu_session.sh o     # ViT-B/16's kernels (eager vs fusion); the training steps again
+#     bash scripts/archive/gpu_session.sh p     # after LayerNorm stores MHA's transposed copy: memcheck, ViT-B/16 suite rows
+#     bash scripts/archive/gpu_session.sh q     # the CPU cost of one launch on the final code (and the launch path taken)
+#     bash scripts/archive/gpu_session.sh s     # after the launch trim: the CPU-bound rows again (eager, fusion, Inductor)
 #   2026-11-25:
-#     bash scripts/gpu_session.sh u     # CUDA tests (hardware bf16 rounding, shared kernels); first-call time cold,
+#     bash scripts/archive/gpu_session.sh u     # CUDA tests (hardware bf16 rounding, shared kernels); first-call time cold,
 #                                       # fusion vs Inductor; ViT-B/16 and ResNet-50 training kernels and CPU profile
-#     bash scripts/gpu_session.sh v     # after pass gemm_heads and one reinterpret per view chain: ViT suite row and
+#     bash scripts/archive/gpu_session.sh v     # after pass gemm_heads and one reinterpret per view chain: ViT suite row and
 #                                       # kernels; CPU time per op of the ResNet-50 training step, eager vs fusion
-#     bash scripts/gpu_session.sh w     # this round's code: the vision suite (5 models, every backend)
-#     bash scripts/gpu_session.sh x     # this round's code: MobileNetV3, ViT and the HF models
-#     bash scripts/gpu_session.sh y     # CUDA tests (Phases 3, 8, 9); the ResNet-50 training step after the bindings
+#     bash scripts/archive/gpu_session.sh w     # this round's code: the vision suite (5 models, every backend)
+#     bash scripts/archive/gpu_session.sh x     # this round's code: MobileNetV3, ViT and the HF models
+#     bash scripts/archive/gpu_session.sh y     # CUDA tests (Phases 3, 8, 9); the ResNet-50 training step after the bindings
 #   2026-11-25, second session:
-#     bash scripts/gpu_session.sh z     # pass conv1x1: conv vs GEMM per call (CPU, GPU); ResNet-50, MobileNetV2,
+#     bash scripts/archive/gpu_session.sh z     # pass conv1x1: conv vs GEMM per call (CPU, GPU); ResNet-50, MobileNetV2,
 #                                       # EfficientNet-B0 and the ResNet-50 training step with and without it
-#     bash scripts/gpu_session.sh z1    # after conv1x1, its prims fix and the caching allocator: the vision suite
-#     bash scripts/gpu_session.sh z2    # the same code: MobileNetV3, ViT and the HF models
-#     bash scripts/gpu_session.sh z3    # CUDA tests (Phases 8, 9); both training steps (ResNet-50, BERT)
+#     bash scripts/archive/gpu_session.sh z1    # after conv1x1, its prims fix and the caching allocator: the vision suite
+#     bash scripts/archive/gpu_session.sh z2    # the same code: MobileNetV3, ViT and the HF models
+#     bash scripts/archive/gpu_session.sh z3    # CUDA tests (Phases 8, 9); both training steps (ResNet-50, BERT)
 #   2026-11-25, third session:
-#     bash scripts/gpu_session.sh aa    # where GPT-2 and Llama spend CPU under fusion and Inductor (ops, cProfile)
-#     bash scripts/gpu_session.sh ab    # after passes cse and constants, split items as strides: CUDA tests; the
+#     bash scripts/archive/gpu_session.sh aa    # where GPT-2 and Llama spend CPU under fusion and Inductor (ops, cProfile)
+#     bash scripts/archive/gpu_session.sh ab    # after passes cse and constants, split items as strides: CUDA tests; the
 #                                       # text models, MobileNetV3 and ViT (every backend); GPT-2's CPU per op again
-#     bash scripts/gpu_session.sh ac    # the same code: the vision suite (5 models) and Llama, every backend
-#     bash scripts/gpu_session.sh ad    # what passes cse and constants buy (GPT-2, one process); ResNet-50 again
+#     bash scripts/archive/gpu_session.sh ac    # the same code: the vision suite (5 models) and Llama, every backend
+#     bash scripts/archive/gpu_session.sh ad    # what passes cse and constants buy (GPT-2, one process); ResNet-50 again
 #   2026-11-25, fourth session:
-#     bash scripts/gpu_session.sh ae    # where ResNet-50 spends CPU under fusion and Inductor (ops, cProfile);
+#     bash scripts/archive/gpu_session.sh ae    # where ResNet-50 spends CPU under fusion and Inductor (ops, cProfile);
 #                                       # GPT-2's ops after the select drop
-#     bash scripts/gpu_session.sh af    # ResNet-50: GPU kernel time vs wall (fusion, Inductor); with and without conv1x1
-#     bash scripts/gpu_session.sh ag    # CPU-bound rows: the calling thread's CPU against wall, waits, other threads
-#     bash scripts/gpu_session.sh ah    # after cold caches, 25 rounds and the early compile pool: the vision suite
+#     bash scripts/archive/gpu_session.sh af    # ResNet-50: GPU kernel time vs wall (fusion, Inductor); with and without conv1x1
+#     bash scripts/archive/gpu_session.sh ag    # CPU-bound rows: the calling thread's CPU against wall, waits, other threads
+#     bash scripts/archive/gpu_session.sh ah    # after cold caches, 25 rounds and the early compile pool: the vision suite
 #                                       # (eager, fusion, Inductor)
-#     bash scripts/gpu_session.sh ai    # the same code: MobileNetV3, ViT and the HF models (eager, fusion, Inductor)
-#     bash scripts/gpu_session.sh aj    # the same code: both training steps
+#     bash scripts/archive/gpu_session.sh ai    # the same code: MobileNetV3, ViT and the HF models (eager, fusion, Inductor)
+#     bash scripts/archive/gpu_session.sh aj    # the same code: both training steps
 #   Prepared in the fourth session, never run (parts am to ap took their place):
-#     bash scripts/gpu_session.sh ak    # CUDA-graph variants of the vision models beside reduce-overhead; what the
+#     bash scripts/archive/gpu_session.sh ak    # CUDA-graph variants of the vision models beside reduce-overhead; what the
 #                                       # inference half of conv1x1 buys (ResNet-50, MobileNetV2, 25 rounds)
-#     bash scripts/gpu_session.sh al    # CUDA-graph variants of MobileNetV3, ViT and the HF models; BERT's training step
+#     bash scripts/archive/gpu_session.sh al    # CUDA-graph variants of MobileNetV3, ViT and the HF models; BERT's training step
 #   2026-11-25, fifth session:
-#     bash scripts/gpu_session.sh am    # CUDA tests (Phases 8, 9); what the inference half of conv1x1 buys
+#     bash scripts/archive/gpu_session.sh am    # CUDA tests (Phases 8, 9); what the inference half of conv1x1 buys
 #                                       # (ResNet-50, MobileNetV2, EfficientNet-B0; 25 interleaved rounds, cold caches)
-#     bash scripts/gpu_session.sh an    # after the forward half of conv1x1 went opt-in: the four vision models with
+#     bash scripts/archive/gpu_session.sh an    # after the forward half of conv1x1 went opt-in: the four vision models with
 #                                       # 1x1 convolutions, every backend (CUDA graphs and reduce-overhead included)
-#     bash scripts/gpu_session.sh ao    # the same code: MobileNetV3 (every backend); CUDA-graph variants of ConvNeXt,
+#     bash scripts/archive/gpu_session.sh ao    # the same code: MobileNetV3 (every backend); CUDA-graph variants of ConvNeXt,
 #                                       # ViT and the HF models (their default rows: parts ah, ai, same code for them)
-#     bash scripts/gpu_session.sh ap    # the same code: the training steps (ResNet-50 with the backward half of conv1x1
+#     bash scripts/archive/gpu_session.sh ap    # the same code: the training steps (ResNet-50 with the backward half of conv1x1
 #                                       # on and off; BERT)
 #   2026-11-25, sixth session:
-#     bash scripts/gpu_session.sh aq    # after pass depthwise (a depthwise conv as a window sum in the generated
+#     bash scripts/archive/gpu_session.sh aq    # after pass depthwise (a depthwise conv as a window sum in the generated
 #                                       # kernel): CUDA tests, memcheck of the window kernels, MobileNetV2 with every
 #                                       # backend and the pass switched off (fusion+no-depthwise)
 #                                       # (ran the pass's first version: XBLOCK 1024, on under CUDA graphs too)
-#     bash scripts/gpu_session.sh as    # after the window kernels took 512 elements a program and CUDA graphs turned
+#     bash scripts/archive/gpu_session.sh as    # after the window kernels took 512 elements a program and CUDA graphs turned
 #                                       # the pass off: CUDA tests; MobileNetV2 and EfficientNet-B0, every backend,
 #                                       # the pass off, and on under CUDA graphs
-#     bash scripts/gpu_session.sh au    # after a window stays out of reduction kernels and off costly per-tap chains
+#     bash scripts/archive/gpu_session.sh au    # after a window stays out of reduction kernels and off costly per-tap chains
 #                                       # (EfficientNet's SiLU): CUDA tests; MobileNetV2, EfficientNet-B0, MobileNetV3
 #                                       # with every backend and the pass off
 #   (parts ar and at were prepared and never run: as and au took their place; the probe ran by hand as aq2, aq3)
 #   By hand after au: av (gpu_profile_models.py efficientnet_b0, fusion vs fusion+no-depthwise), aw (EfficientNet-B0
 #   with the variants in reverse order, and gpu_profile_cpu.py: fusion is slower there whatever the order)
-#     bash scripts/gpu_session.sh ax    # after a window over a costly chain is left to cuDNN (not stored for it):
+#     bash scripts/archive/gpu_session.sh ax    # after a window over a costly chain is left to cuDNN (not stored for it):
 #                                       # MobileNetV2, EfficientNet-B0, MobileNetV3 (eager, fusion, no-depthwise, Inductor)
 #
 # Everything lands in $OUT (the device tool brings it back); the integrator commits it under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_SESSION_DRY=1 rehearses the steps on CPU.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 part="${1:-a}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
@@ -119,7 +119,7 @@ case "$part" in
 a)
     cuda_tests 150
     step "CPU cost of one library call by spelling (OpOverload vs torch.convolution vs F.conv2d)"
-    timeout 60 "$PY" scripts/gpu_probe_calls.py --out "$OUT" 2>&1 | tee "$OUT/probe_calls.log"
+    timeout 60 "$PY" scripts/archive/gpu_probe_calls.py --out "$OUT" 2>&1 | tee "$OUT/probe_calls.log"
     step "CPU cost per launch and CUDA graphs on a small MLP"
     timeout 60 "$PY" scripts/gpu_launch_cost.py 2>&1 | tee "$OUT/launch_cost.log"
     step "compute-sanitizer memcheck over the GPU smoke test (out-of-bounds writes of generated kernels)"
@@ -159,7 +159,7 @@ d)
     step "CPU cost per launch and CUDA graphs on a small MLP"
     timeout 60 "$PY" scripts/gpu_launch_cost.py 2>&1 | tee "$OUT/launch_cost.log"
     step "the suite's timing against a plain loop (EfficientNet-B0)"
-    timeout 150 "$PY" scripts/gpu_probe_suite_timing.py --out "$OUT" 2>&1 | tail -12 | tee "$OUT/probe_suite_timing.log"
+    timeout 150 "$PY" scripts/archive/gpu_probe_suite_timing.py --out "$OUT" 2>&1 | tail -12 | tee "$OUT/probe_suite_timing.log"
     suite $((560 - (SECONDS - start))) bert_train,resnet50_train eager,fusion,inductor
     ;;
 e)
@@ -236,7 +236,7 @@ s)
 u)
     cuda_tests 150
     step "first call with cold caches, where its time goes (fresh process per model and backend)"
-    timeout 200 "$PY" scripts/gpu_compile_time.py resnet18 vit_b_16 2>&1 | tee "$OUT/compile_time.log" | tail -8
+    timeout 200 "$PY" scripts/archive/gpu_compile_time.py resnet18 vit_b_16 2>&1 | tee "$OUT/compile_time.log" | tail -8
     step "GPU kernels of ViT-B/16 and the ResNet-50 training step, eager vs fusion"
     timeout 200 "$PY" scripts/gpu_profile_models.py vit_b_16 resnet50_train --backends=eager,fusion \
         2>&1 | grep -v Warn | tee "$OUT/profile_models.log" | tail -75
@@ -265,7 +265,7 @@ y)
     ;;
 z)
     step "a 1x1 convolution: cuDNN vs one GEMM, CPU per call and GPU time"
-    timeout 120 "$PY" scripts/gpu_probe_conv1x1.py --out "$OUT" 2>&1 | tee "$OUT/probe_conv1x1.log" | tail -40
+    timeout 120 "$PY" scripts/archive/gpu_probe_conv1x1.py --out "$OUT" 2>&1 | tee "$OUT/probe_conv1x1.log" | tail -40
     suite 330 resnet50,mobilenet_v2,efficientnet_b0 eager,fusion,fusion+no-conv1x1,inductor
     suite 170 resnet50_train eager,fusion,fusion+no-conv1x1,inductor
     ;;
@@ -311,9 +311,9 @@ af)
     ;;
 ag)
     step "ResNet-50 and GPT-2: wall against the calling thread's CPU time, context switches, other threads"
-    timeout 200 "$PY" scripts/gpu_probe_cpu_wait.py resnet50 --backends=eager,fusion,fusion+no-conv1x1,inductor 2>&1 \
+    timeout 200 "$PY" scripts/archive/gpu_probe_cpu_wait.py resnet50 --backends=eager,fusion,fusion+no-conv1x1,inductor 2>&1 \
         | grep -v Warn | tee "$OUT/probe_cpu_wait.log" | grep -v RESULT | tail -8
-    timeout 200 "$PY" scripts/gpu_probe_cpu_wait.py gpt2 --backends=eager,fusion,inductor 2>&1 \
+    timeout 200 "$PY" scripts/archive/gpu_probe_cpu_wait.py gpt2 --backends=eager,fusion,inductor 2>&1 \
         | grep -v Warn | tee -a "$OUT/probe_cpu_wait.log" | grep -v RESULT | tail -8
     ;;
 ah) suite 500 resnet50,mobilenet_v2,resnet18,convnext_tiny,efficientnet_b0 eager,fusion,inductor ;;

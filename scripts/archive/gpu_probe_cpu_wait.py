@@ -1,8 +1,8 @@
 """Is a CPU-bound row's wall time the calling thread's own CPU work, or time it waits (GIL, a full launch queue, a
 sync, other threads)? Issue 23: the same compiled code timed 3.5-5.5 ms a call in one process.
 
-    PYTHONPATH=. python3 scripts/gpu_probe_cpu_wait.py resnet50 gpt2 [--backends eager,fusion,inductor]   (the GPU)
-    python3 scripts/gpu_probe_cpu_wait.py --dry-run resnet18                                           (CPU, tiny)
+    PYTHONPATH=. python3 scripts/archive/gpu_probe_cpu_wait.py resnet50 gpt2 [--backends eager,fusion,inductor]   (the GPU)
+    python3 scripts/archive/gpu_probe_cpu_wait.py --dry-run resnet18                                           (CPU, tiny)
 
 One process, the suite's own runners (``fusion.bench.suite._runner``), variants interleaved over rounds. Per block of
 calls (one sync at its end): wall ms a call; the calling thread's CPU ms a call (``time.thread_time``: the time it
