@@ -4,6 +4,8 @@
 #     bash scripts/gpu_measure.sh numerics   # CUDA tests of Phases 8-9; which 0-d operands eager reads at float32 on
 #                                            # CUDA; the suite's widened families (eager, fusion, Inductor)
 #     bash scripts/gpu_measure.sh cuda       # CUDA tests of Phases 8-9 only
+#     bash scripts/gpu_measure.sh profile    # eager's roundings on CUDA again; where the attention families lose
+#                                            # (torch.profiler: wall vs GPU time, launches, top kernels)
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -60,6 +62,16 @@ numerics)
     suite $((560 - (SECONDS - start))) t5_encoder,mistral,swin_t,maxvit_t,opt,densenet121 eager,fusion,inductor
     ;;
 cuda) cuda_tests 300 ;;
-*) echo "part must be numerics or cuda" && exit 2 ;;
+profile)
+    step "eager's roundings on CUDA (one rounding per value, 0-d operands)"
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_codegen.py -k "one_rounding or zero_dim" 2>&1 \
+        | tail -5 | tee "$OUT/roundings.log"
+    step "profile: the attention families against eager and Inductor"
+    extra=()
+    [ "$dry" = 1 ] && extra=(--dry-run)
+    timeout 400 "$PY" scripts/gpu_profile_models.py t5_encoder mistral swin_t opt "${extra[@]}" 2>&1 \
+        | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
+    ;;
+*) echo "part must be numerics, cuda or profile" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
