@@ -2380,3 +2380,29 @@ def test_a_window_sum_in_a_graph_that_is_not_compiled_is_reported_as_its_convolu
     assert part.library_calls == collections.Counter({"convolution": 1}), part.library_calls
     assert [p[2] for p in part.passes] == ["torch.convolution"] and "the whole graph" in part.passes[0][3], part.passes
     assert part.fallbacks == [("the whole graph", "dynamic shapes")], part.fallbacks
+
+
+# Issue 41: the lesson's picture, `uv run --extra plot python -m fusion.backend --plot backend.png`
+
+
+def test_the_backend_picture_is_a_png_of_what_each_call_runs(tmp_path):
+    """ConvBNNet's call as the picture's lane reads it from the report: conv, kernel, conv, kernel, the depthwise conv
+    the generator left to aten (with its reason), the reduction kernel, addmm; and the lesson's picture is a PNG."""
+    pytest.importorskip("matplotlib")  # the `plot` extra: uv run --extra plot pytest -m phase9
+    from fusion.viz import kernels as picture
+
+    backend.reset()
+    with torch.no_grad():
+        torch.compile(models.ConvBNNet(width=8).eval(), backend="fusion")(models.conv_inputs(batch=2, size=8)[0])
+    ((title, lane),) = picture.lanes_of("ConvBNNet", backend.reports)
+    assert title == "ConvBNNet · graph 0 (inference)"
+    assert [(kind, text if kind != "kernel" else detail) for kind, text, detail in lane] == [
+        ("library", "conv"), ("kernel", "pointwise"), ("library", "conv"), ("kernel", "pointwise"),
+        ("aten", "conv"), ("kernel", "reduction"), ("library", "addmm"),
+    ], lane  # fmt: skip
+    assert "reduction" in lane[4][2] and "rsqrt" in lane[1][1], lane
+    path = tmp_path / "backend.png"
+    picture.draw_lesson(backend, str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
+    assert backend.reports == []  # the picture leaves the lesson's reports as reset() does
