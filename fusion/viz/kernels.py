@@ -122,18 +122,19 @@ def lanes_of(title: str, reports) -> list[tuple[str, list[tuple[str, str, str]]]
 
 def draw_lesson(lesson: ModuleType, path: str, quick: bool = False) -> None:
     """The lesson's small models through its own backend (``backend="fusion"``, reports in ``lesson.reports``):
-    DataDependentBlock (a graph break: two graphs) and ConvBNNet (eval), on the CPU in float32."""
+    DataDependentBlock (a graph break: two graphs) and ConvBNNet (eval), in float32 on the GPU where there is one
+    (its library calls are then cuBLAS's and cuDNN's), else on the CPU (the kernels in Triton's interpreter)."""
     plt = pyplot(lesson.__spec__.name if getattr(lesson, "__spec__", None) else "fusion.backend")
     models = lesson.models
     cases = (
         ("DataDependentBlock", models.DataDependentBlock(d=32).eval(), models.data_dependent_inputs(batch=4, d=32)),
         ("ConvBNNet (eval)", models.ConvBNNet(width=8).eval(), models.conv_inputs(batch=2, size=8)),
     )
-    lanes = []
+    device, lanes = "cuda" if torch.cuda.is_available() else "cpu", []
     for title, model, inputs in cases:
         lesson.reset()
         with torch.no_grad():
-            torch.compile(model, backend="fusion")(*inputs)
+            torch.compile(model.to(device), backend="fusion")(*(x.to(device) for x in inputs))
         lanes += lanes_of(title, lesson.reports)
     lesson.reset()
     longest = max(len(items) for _, items in lanes)
