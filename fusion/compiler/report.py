@@ -80,7 +80,8 @@ class PartReport:
         self.folded = sum(n.op == "placeholder" and n.meta.get("folded") == "weight" for n in gm.graph.nodes)
 
     def count_library_calls(self, gm: fx.GraphModule, kernels: Sequence) -> None:
-        """Every op outside the generated kernels: a library call (or an op of a region that fell back)."""
+        """Every op outside the generated kernels: a library call (or an op of a region that fell back), named by
+        what runs (:func:`library_name`); a window sum left out is then reported once (:meth:`_window_left_to_aten`)."""
         covered = {n.name for k in kernels for n in getattr(getattr(k, "region", None), "nodes", ())}
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
         self.aten_ops = len(ops)
