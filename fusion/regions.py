@@ -1,6 +1,7 @@
 """Phase 6 — fusion regions: group fusible aten ops into bandwidth-costed regions, the way Inductor does.
 
 Run it:   uv run python -m fusion.regions          (``--quick`` for the small version CI runs)
+Draw it:  uv run --extra plot python -m fusion.regions --plot regions.png   (two graphs, coloured by region)
 Test it:  uv run pytest -m phase6
 Bench it: uv run python scripts/bench_regions.py  (ours vs Inductor's region builder on a ~100k-node graph)
 

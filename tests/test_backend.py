@@ -1994,12 +1994,14 @@ def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in
     model = _SqueezeExcite(c).double().to(memory_format=torch.channels_last).eval()
     _random_bn_stats(model)
     part = _compiled_inference(model, _cl(n, c, 9, 10))
-    assert [p[2] for p in part.passes if p[0] == "depthwise conv"] == ["window sum"], part.passes
-    assert part.library_calls.get("convolution", 0) == 2, part.library_calls  # the two 1x1 convolutions
+    # what ran, once: a window the generator refused is torch.convolution in the notes and among the library calls
+    notes = [p[2] for p in part.passes if p[0] == "depthwise conv"]
+    assert notes == ["torch.convolution" if in_reduction else "window sum"], part.passes
+    assert part.library_calls.get("convolution", 0) == 2 + in_reduction, part.library_calls  # + the two 1x1 convs
     windows = [k for k in part.kernels if any("depthwise" in op for op in k.ops)]
     reductions = [k for k in part.kernels if k.kind == "reduction"]
     assert (len(windows), len(reductions), part.library_calls.get("depthwise_conv2d", 0)) == (
-        (0, 1, 1) if in_reduction else (1, 0, 0)
+        (0, 1, 0) if in_reduction else (1, 0, 0)
     ), (part.kernels, part.library_calls)
     assert all(not any("depthwise" in op for op in k.ops) for k in reductions)
     # left to aten, the op is torch.convolution itself (bindings), not its Python implementation behind the dispatcher
@@ -2019,7 +2021,7 @@ def test_a_window_over_a_costly_chain_is_left_to_its_library_call(act, taken):
     _random_bn_stats(model)
     part = _compiled_inference(model, _cl(2, c, 7, 5))
     windows = sum(any("depthwise" in op for op in k.ops) for k in part.kernels)
-    assert (len(part.kernels), windows, part.library_calls.get("depthwise_conv2d", 0)) == (
+    assert (len(part.kernels), windows, part.library_calls.get("convolution", 0)) == (
         (1, 1, 0) if taken else (2, 0, 1)
     ), (part.kernels, part.library_calls)
 
@@ -2335,3 +2337,72 @@ def test_cse_never_merges_two_buffers_that_are_written():
     gen = torch.Generator().manual_seed(0)
     x0, y0 = torch.randn(5, dtype=torch.float64, generator=gen), torch.randn(5, dtype=torch.float64, generator=gen)
     torch.testing.assert_close(gm(x0, y0), x0 + y0)
+
+
+# Issue 41: the report names each node once, with what ran
+
+
+@pytest.mark.parametrize("c,in_reduction", [(8, True), (4, False)])
+def test_a_depthwise_convolution_is_reported_once_as_what_ran(c, in_reduction):
+    """A depthwise convolution read by a reduction kernel (ConvBNNet's BN → + residual → ReLU → mean) is torch.convolution,
+    not a window sum: one row says so (pass depthwise's note, with the generator's reason), no fallback row repeats it,
+    and it is counted among the convolutions the compiled code calls, not as ``depthwise_conv2d``. Without the
+    reduction (a window between BatchNorms) the note stays "window sum" and no library call counts it."""
+    if in_reduction:
+        model, x = models.ConvBNNet(width=c).double().eval(), models.conv_inputs(batch=2, size=6)[0].double()
+    else:
+        model = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU6(), nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False))
+        model, x = model.double().eval(), torch.randn(2, c, 5, 5, dtype=torch.float64)
+    part = _compiled_inference(model, x)
+    (dw,) = [p[1] for p in part.passes if p[0] == "depthwise conv"]
+    rows = [p for p in part.passes if dw in p[1].split(" → ")] + [f for f in part.fallbacks if dw in f[0]]
+    assert len(rows) == 1, part.passes + part.fallbacks
+    assert rows[0][2] == ("torch.convolution" if in_reduction else "window sum"), rows
+    assert not in_reduction or "reduction" in rows[0][3], rows  # the generator's reason
+    code = part.graph.graph_module.code
+    assert "depthwise_conv2d" not in part.library_calls, part.library_calls
+    assert part.library_calls.get("convolution", 0) == code.count("torch.convolution("), (part.library_calls, code)
+    assert "torch.convolution" in str(backend.reports[0]) or not in_reduction
+
+
+def test_a_window_sum_in_a_graph_that_is_not_compiled_is_reported_as_its_convolution():
+    """The graph runs as its aten ops (e.g. dynamic shapes): the window sum pass depthwise noted is a convolution."""
+    from fusion.compiler.depthwise import DEPTHWISE
+    from fusion.compiler.report import PartReport
+
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    g.output(g.call_function(DEPTHWISE, (x, w, [1, 1], [1, 1], [1, 1]), name="conv"))
+    part = PartReport("inference", compiled=False)
+    part.note_pass("depthwise conv", ["conv"], "window sum", "computed by the generated kernel around it")
+    part.fallback("the whole graph", "dynamic shapes")
+    part.count_library_calls(fx.GraphModule(torch.nn.Module(), g), [])
+    assert part.library_calls == collections.Counter({"convolution": 1}), part.library_calls
+    assert [p[2] for p in part.passes] == ["torch.convolution"] and "the whole graph" in part.passes[0][3], part.passes
+    assert part.fallbacks == [("the whole graph", "dynamic shapes")], part.fallbacks
+
+
+# Issue 41: the lesson's picture, `uv run --extra plot python -m fusion.backend --plot backend.png`
+
+
+def test_the_backend_picture_is_a_png_of_what_each_call_runs(tmp_path):
+    """ConvBNNet's call as the picture's lane reads it from the report: conv, kernel, conv, kernel, the depthwise conv
+    the generator left to aten (with its reason), the reduction kernel, addmm; and the lesson's picture is a PNG."""
+    pytest.importorskip("matplotlib")  # the `plot` extra: uv run --extra plot pytest -m phase9
+    from fusion.viz import kernels as picture
+
+    backend.reset()
+    with torch.no_grad():
+        torch.compile(models.ConvBNNet(width=8).eval(), backend="fusion")(models.conv_inputs(batch=2, size=8)[0])
+    ((title, lane),) = picture.lanes_of("ConvBNNet", backend.reports)
+    assert title == "ConvBNNet · graph 0 (inference)"
+    assert [(kind, text if kind != "kernel" else detail) for kind, text, detail in lane] == [
+        ("library", "conv"), ("kernel", "pointwise"), ("library", "conv"), ("kernel", "pointwise"),
+        ("aten", "conv"), ("kernel", "reduction"), ("library", "addmm"),
+    ], lane  # fmt: skip
+    assert "reduction" in lane[4][2] and "rsqrt" in lane[1][1], lane
+    path = tmp_path / "backend.png"
+    picture.draw_lesson(backend, str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
+    assert backend.reports == []  # the picture leaves the lesson's reports as reset() does

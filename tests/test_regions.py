@@ -1010,3 +1010,43 @@ def test_phase_runs(capsys):
     regions.run(quick=True)
     out = capsys.readouterr().out
     assert "decompose=True" in out and "kernels:" in out and "collapse_regions" in out and "H100" in out
+
+
+# Issue 41: the lesson's picture, `uv run --extra plot python -m fusion.regions --plot regions.png`
+
+
+def test_the_regions_picture_is_a_png_of_the_lessons_regions(tmp_path):
+    """Both demo graphs drawn from the lesson's own functions: a PNG, each region one colour, every cut labelled."""
+    pytest.importorskip("matplotlib")  # the `plot` extra: uv run --extra plot pytest -m phase6
+    from fusion.viz import regions as picture
+
+    path = tmp_path / "regions.png"
+    picture.draw_lesson(regions, str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
+    gm = capture_aten(models.TransformerMLP(), models.transformer_inputs(batch=2, seq=8))
+    params = set(list(gm.graph.find_nodes(op="placeholder"))[:-1])
+    nodes, inputs = picture.drawn_graph(gm, params)
+    assert not any(regions.is_view_node(n) for n in nodes if n.op == "call_function") and not params & set(nodes)
+    at = picture.layout(nodes, inputs)
+    assert len(set(at.values())) == len(nodes), at  # no two boxes in one place
+    assert all(at[i][0] < at[n][0] for n in nodes for i in inputs[n]), at  # every edge points right
+    assert [picture.label(n) for n in picture.spine(nodes, inputs)][-4:] == ["mul", "addmm", "add", "output"]
+
+
+def test_plot_is_offered_where_a_lesson_has_a_picture_and_names_the_extra_without_matplotlib(capsys):
+    """`--plot` belongs to the shared lesson CLI (fusion.common.lesson_cli): Phase 6 and 9 have it, Phase 1 not; without
+    matplotlib the run stops before the lesson with the command that installs the extra."""
+    from fusion import trace_basics, viz
+
+    assert viz.picture_of("fusion.regions") and viz.picture_of("fusion.backend") and not viz.picture_of("fusion.x")
+    with pytest.raises(SystemExit):
+        regions.main(["--help"])
+    assert "--plot FILE.png" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        trace_basics.main(["--help"])
+    assert "--plot" not in capsys.readouterr().out
+    with mock.patch.object(viz, "have_matplotlib", lambda: False), pytest.raises(SystemExit) as stop:
+        regions.main(["--quick", "--plot", "regions.png"])
+    assert stop.value.code == 2
+    assert "uv run --extra plot python -m fusion.regions --plot regions.png" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import DEPTHWISE_CONV, is_view_node
 from fusion.common import shorten, table
 
 
@@ -24,6 +24,24 @@ def op_name(node: fx.Node) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return t.overloadpacket.__name__
     return getattr(t, "__name__", str(t))
+
+
+def is_window_sum(node: fx.Node) -> bool:
+    """A depthwise convolution pass ``depthwise`` renamed ``fusion::depthwise_conv2d`` (a window sum for a kernel)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.name == DEPTHWISE_CONV
+
+
+def library_name(node: fx.Node) -> str:
+    """The library call a node outside every generated kernel runs: its op's name, except a window sum the generator
+    left out, which runs as ``torch.convolution`` (``fusion.compiler.bindings``; its op's Python implementation
+    calls the same): ``convolution``."""
+    return "convolution" if is_window_sum(node) else op_name(node)
+
+
+# Pass ``depthwise``'s note on a convolution it renamed: a claim that a generated kernel computes the window
+WINDOW_SUM = ("depthwise conv", "window sum")
+AN_ATEN_CALL = "runs as an aten call: "  # how the code generator's report begins the reason for a node it cut out
 
 
 @dataclass
@@ -62,11 +80,32 @@ class PartReport:
         self.folded = sum(n.op == "placeholder" and n.meta.get("folded") == "weight" for n in gm.graph.nodes)
 
     def count_library_calls(self, gm: fx.GraphModule, kernels: Sequence) -> None:
-        """Every op outside the generated kernels: a library call (or an op of a region that fell back)."""
+        """Every op outside the generated kernels: a library call (or an op of a region that fell back), named by
+        what runs (:func:`library_name`); a window sum left out is then reported once (:meth:`_window_left_to_aten`)."""
         covered = {n.name for k in kernels for n in getattr(getattr(k, "region", None), "nodes", ())}
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and not is_view_node(n)]
         self.aten_ops = len(ops)
-        self.library_calls = Counter(op_name(n) for n in ops if n.name not in covered)
+        self.library_calls = Counter(library_name(n) for n in ops if n.name not in covered)
+        for n in ops:
+            if is_window_sum(n) and n.name not in covered:
+                self._window_left_to_aten(n.name)
+
+    def _window_left_to_aten(self, name: str) -> None:
+        """One row, saying what ran, for a window sum no generated kernel computes (the generator refused it, or the
+        graph was not compiled): pass ``depthwise``'s "window sum" note becomes "torch.convolution" with the generator's
+        reason, which leaves the fallbacks (it was there as ``op: <name>``); a refused region keeps its row."""
+        at = next((i for i, p in enumerate(self.passes) if (p[0], p[2]) == WINDOW_SUM and p[1] == name), None)
+        if at is None:  # no pass note to correct: the generator's fallback row is the node's one row
+            return
+        why = next((w for what, w in self.fallbacks if what == f"op: {name}"), None)
+        if why is not None:
+            self.fallbacks.remove((f"op: {name}", why))
+            why = f"the generator refused the window: {why.removeprefix(AN_ATEN_CALL)}"
+        elif not self.compiled:
+            why = "the graph runs as its aten ops (see 'the whole graph')"
+        else:
+            why = "its region runs as aten ops (see 'ran as aten')"
+        self.passes[at] = (self.passes[at][0], name, "torch.convolution", why)
 
     def kernel_launches(self) -> int:
         """Kernels one call launches: one per generated kernel plus one per library call."""
