@@ -172,6 +172,7 @@ def offset_expr(index: Sequence[str], stride: Sequence[int], offset: int = 0) ->
 
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
 REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}  # what Inductor's decompositions leave
+REDUCTIONS |= {aten.any.dim, aten.any.dims, aten.any.default}  # a masked softmax's "does the row keep any entry"
 COMPARISONS = (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge)
 LOGICAL = (aten.add, aten.mul, aten.maximum, aten.minimum)  # on bools: or, and, or, and
 
@@ -267,6 +268,11 @@ class KernelWriter(ValueWriter):
             return self.cache[key]
         val = node.meta["val"]
         dt = compute_dtype((val[0] if isinstance(val, (tuple, list)) else val).dtype)  # sum(dtype=float64): float64
+        if node.target.overloadpacket is aten.any:  # the largest of (x != 0) as 0.0/1.0 (NaN is True); > 0 after it,
+            x = functools.partial(self.operand, node.args[0], self.index, torch.bool, True)  # as an empty row is -inf
+            flag = blocks.row_reduction(self, lambda: f"({x()}).to(tl.float32)", "_maximum", torch.float32)
+            self.cache[key] = out = self.emit(f"{flag[0]} > 0", torch.bool, node)
+            return out
         if not dt.is_floating_point:
             raise Unsupported(f"{node.name}: reductions to {dt} are not generated")
         n, target = self.rows.rnumel, node.target

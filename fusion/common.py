@@ -69,10 +69,9 @@ def _plain_reason(exc: BaseException) -> str:
         )
     if "control flow" in msg or "__bool__" in msg:
         return (
-            "its forward() branches or loops on the *value* of a tensor. "
-            f"{proxy}but holds no values, so Python cannot decide `if`/`while` on it. Fix: make the branch "
-            "independent of data (e.g. torch.where), move it into a leaf function with torch.fx.wrap, or pass "
-            "concrete_args for the input it depends on"
+            f"its forward() branches or loops on the *value* of a tensor. {proxy}but holds no values, so Python "
+            "cannot decide `if`/`while` on it. Fix: make the branch independent of data (e.g. torch.where), move it "
+            "into a leaf function with torch.fx.wrap, or pass concrete_args for the input it depends on"
         )
     return (
         f"{type(exc).__name__}: {msg}. Tracing stopped at the line named above, with a Proxy where that call needs a "
@@ -425,7 +424,7 @@ def lesson_cli(run: Callable[..., object], doc: str | None, argv: Sequence[str] 
     parser = argparse.ArgumentParser(prog=cli_prog(module), description=first[0] if first else None)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer examples (what CI runs)")
     if draw := viz.picture_of(name := lesson_name(module)):
-        parser.add_argument("--plot", metavar="FILE.png", help=f"after the lesson, save its picture ({viz.extra(name)})")
+        parser.add_argument("--plot", metavar="FILE.png", help=f"then save its picture ({viz.extra(name)})")
     args = parser.parse_args(argv)
     if (path := getattr(args, "plot", None)) and not viz.have_matplotlib():
         parser.error(viz.plot_hint(name, path))  # before the lesson runs, not after

@@ -269,7 +269,8 @@ class FusionRegion(Region):
 
 
 def fusible_spans(gm: fx.GraphModule | fx.Graph) -> list[list[fx.Node]]:
-    """The graph's nodes in order, cut at every non-fusible node: the maximal runs of consecutive fusible nodes."""
+    """The graph's nodes in order, cut at every non-fusible node that reads a value (a constant such as
+    ``scalar_tensor`` does not cut): the maximal runs of consecutive fusible nodes."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     spans: list[list[fx.Node]] = []
     current: list[fx.Node] = []
@@ -288,6 +289,8 @@ def fusible_spans(gm: fx.GraphModule | fx.Graph) -> list[list[fx.Node]]:
             fusible = is_fusible_node(node)
         if fusible:
             current.append(node)
+        elif node.op == "call_function" and not node.all_input_nodes:
+            continue  # a constant (scalar_tensor, full): nothing of a span feeds it, so it cannot close a cycle
         elif current:
             spans.append(current)
             current = []

@@ -1010,3 +1010,29 @@ def test_a_zero_dim_operand_is_used_at_the_precision_eager_uses_it(op, scalar, d
     }[op]  # fmt: skip
     for s in (65536.0, 1 / 3 + 1e-5):  # a constant of the traced function: a 0-d tensor in its graph
         check(lambda x, s=s: fn(x, torch.tensor(s, dtype=scalar, device=x.device)), x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [(4, 7), (3, 1), (2, 0), (5, 33)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_any_is_a_row_reduction_in_the_kernel_of_a_masked_softmax(rows):
+    """A masked softmax (T5's, Swin's): ``where(mask.any(-1), softmax(x), 0)``. ``any`` reduces in the softmax's
+    kernel, not as an aten call beside it: one kernel, a row of all False (and a row of no entries) gives 0.
+    A float row's any is ``!= 0`` (NaN counts)."""
+    x = _rand(rows, 1)
+    mask = _rand(rows, 2) > 0.3
+    if rows[0] > 1 and rows[1]:
+        mask[1] = False
+
+    def masked_softmax(x, m):
+        p = torch.softmax(x.masked_fill(m.logical_not(), float("-inf")), -1)
+        return torch.where(m.any(-1, keepdim=True), p, 0.0)
+
+    check(masked_softmax, x, mask, kernels=1 if rows[1] else None)
+    y = x.clone()
+    if rows[1]:
+        y[0, 0], y[-1] = float("nan"), 0.0
+    check(lambda y: y.any(-1), y)
+    check(lambda y: (y * 2).any(-1, keepdim=True), y)

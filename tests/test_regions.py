@@ -1050,3 +1050,19 @@ def test_plot_is_offered_where_a_lesson_has_a_picture_and_names_the_extra_withou
         regions.main(["--quick", "--plot", "regions.png"])
     assert stop.value.code == 2
     assert "uv run --extra plot python -m fusion.regions --plot regions.png" in capsys.readouterr().err
+
+
+def test_a_constant_between_two_fusible_ops_does_not_cut_their_region():
+    """``where(mask.any(-1), p, 0.0)`` traces a ``scalar_tensor`` (no inputs, not fusible) between the softmax and
+    its ``where``: nothing of the region feeds a constant, so it cannot close a cycle and must not end the region."""
+
+    class MaskedSoftmax(nn.Module):
+        def forward(self, x, m):
+            return (torch.where(m.any(-1, keepdim=True), torch.softmax(x, -1), 0.0),)
+
+    x, m = torch.randn(4, 7), torch.rand(4, 7) > 0.5
+    gm = capture_aten(MaskedSoftmax(), [x, m])
+    assert any(n.target is torch.ops.aten.scalar_tensor.default for n in gm.graph.nodes)
+    (region,) = unique_regions(build_fusion_regions(gm))
+    names = {n.target.overloadpacket.__name__ for n in region.nodes if n.op == "call_function"}
+    assert {"amax", "exp", "sum", "div", "any", "where"} <= names, names

@@ -102,7 +102,9 @@ class Rows:
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
 
         def dims_of(r: fx.Node) -> list[int]:
-            return sorted({d % ndim for d in (bind_args(r).get("dim") or range(ndim))}) if ndim else []
+            dims = bind_args(r).get("dim")  # a list, None (all), or one int (any.dim)
+            dims = [dims] if isinstance(dims, int) else dims or range(ndim)
+            return sorted({d % ndim for d in dims}) if ndim else []
 
         nred = len(dims_of(reductions[0]))  # the row: the last nred dims (softmax 1, a global pool 2)
         nrow = ndim - nred
