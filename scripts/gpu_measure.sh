@@ -6,6 +6,7 @@
 #     bash scripts/gpu_measure.sh cuda       # CUDA tests of Phases 8-9 only
 #     bash scripts/gpu_measure.sh profile    # eager's roundings on CUDA again; where the attention families lose
 #                                            # (torch.profiler: wall vs GPU time, launches, top kernels)
+#     bash scripts/gpu_measure.sh final      # CUDA tests of Phases 8-9; T5 and Swin-T profiled and timed again
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -72,6 +73,15 @@ profile)
     timeout 400 "$PY" scripts/gpu_profile_models.py t5_encoder mistral swin_t opt "${extra[@]}" 2>&1 \
         | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
     ;;
-*) echo "part must be numerics, cuda or profile" && exit 2 ;;
+final)
+    cuda_tests 200
+    step "profile: T5 (its masked softmax) and Swin-T"
+    extra=()
+    [ "$dry" = 1 ] && extra=(--dry-run)
+    timeout 200 "$PY" scripts/gpu_profile_models.py t5_encoder swin_t --backends=eager,fusion,inductor "${extra[@]}" \
+        2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
+    suite $((560 - (SECONDS - start))) t5_encoder,swin_t eager,fusion,inductor
+    ;;
+*) echo "part must be numerics, cuda, profile or final" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
