@@ -13,7 +13,9 @@ What you learn
   is free: a size-1 (or missing) dimension contributes nothing, so ``b`` of shape (64,) is read at ``x0``. Other
   strides, views, the *mask* ``xindex < numel`` for the last block's tail, a ``cat`` (each input loaded at its shifted
   index under its own mask, a ``tl.where`` picks): all index arithmetic. The walk follows the first output's memory
-  order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses.
+  order (channels_last: C fastest), so neighbouring lanes touch neighbouring addresses. In Triton's CPU interpreter
+  every load and store is checked to stay inside its tensor (``fusion.kernels.interp_check``): a missing mask or a
+  wrong index is an error naming the kernel's line, never a silent read past the end or a crash of Python.
 * **Reductions over the last dimension** (softmax, LayerNorm): a program takes ``XBLOCK`` rows (``xindex``, a column)
   of ``RBLOCK`` lanes (``rindex``, masked by ``rindex < N``), reduces along axis 1 and does the pointwise work before
   and after in the same kernel: softmax is one kernel. Short rows share a program. A row longer than one block is
