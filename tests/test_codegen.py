@@ -99,7 +99,7 @@ def test_split_index_recovers_every_coordinate(shape):
     for flat, coord in enumerate(itertools.product(*(range(s) for s in shape))):
         env = {"xindex": flat}
         got = tuple(eval(expr, {}, env) for _, expr in parts)
-        assert got == coord
+        assert got == coord, f"split_index('xindex', {shape}) = {parts}: element {flat} gets {got}, not {coord}"
 
 
 def test_split_index_names_and_broadcast():
@@ -1036,3 +1036,193 @@ def test_any_is_a_row_reduction_in_the_kernel_of_a_masked_softmax(rows):
         y[0, 0], y[-1] = float("nan"), 0.0
     check(lambda y: y.any(-1), y)
     check(lambda y: (y * 2).any(-1, keepdim=True), y)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Rules the task states, each tested with a message naming the mistake (issue 41: wrong solutions passed these)
+
+
+@contextlib.contextmanager
+def mistake(why: str):
+    """A failed comparison inside is re-raised with ``why`` (the rule it breaks) in front of assert_close's report."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(f"{why}\n{e}") from None
+
+
+INDEXING = (
+    "the kernel read or wrote other elements than eager's: check each dimension's index (split_index returns them "
+    "outermost first; each is the flat index // the sizes inside it, % its size but the outermost), broadcast_index "
+    "and the strides"
+)
+
+
+def test_loads_and_stores_stay_inside_their_tensors():
+    """Lanes past a tensor's end (the last block's tail, a row shorter than RBLOCK) must be masked. The interpreter
+    would read there and the masked store throws the lane away (bit-equal outputs): fusion.kernels.interp_check
+    stops any access outside the launch's tensors with OutOfBounds, naming the line."""
+    with mistake(INDEXING):
+        check(lambda x, b: torch.relu(x * 2.0 + b), _rand((5, 7), 0), _rand((7,), 1), kernels=1)  # 35 of 1024 lanes
+        check(lambda x: torch.softmax(x * 2.0, -1), _rand((3, 5), 2), kernels=1)  # rows of 5 in blocks of 8
+        x = _rand((2, 3, 4), 3)
+        check(lambda x: (x * 2.0).permute(2, 0, 1).contiguous() + x.sum(-1)[None] + 1.0, x)  # a 3-d walk, permuted
+
+
+def test_the_bounds_check_stops_an_unmasked_load_and_a_stray_store():
+    """The check itself, on hand-written kernels: an unmasked load past the end (harmless-looking in the interpreter)
+    and a store a billion elements away (a segfault of the whole test run without the check) are errors."""
+    from fusion.kernels.interp_check import OutOfBounds
+
+    src = (
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def stray(in_ptr0, out_ptr0, XBLOCK: tl.constexpr):\n"
+        "    xindex = tl.arange(0, XBLOCK)\n"
+        "    tmp0 = tl.load(in_ptr0 + (xindex))\n"
+        "    tl.store(out_ptr0 + (xindex * FAR), tmp0, xindex < 5)\n"
+    )
+    x, out = torch.ones(5), torch.empty(5)
+    unmasked = rt.load_kernel(src.replace("FAR", "1"), "stray", interpret=True)
+    with pytest.raises(OutOfBounds, match=r"(?s)tl\.load\(in_ptr0 \+ \(xindex\)\)`.*load of in_ptr0 .*no mask"):
+        unmasked[(1,)](x, out, XBLOCK=8)
+    far = rt.load_kernel(src.replace("FAR", "1000000000").replace("(xindex))\n", "(xindex), xindex < 5)\n"), "stray", interpret=True)  # fmt: skip
+    with pytest.raises(OutOfBounds, match=r"(?s)store of out_ptr0 .*offsets are wrong"):
+        far[(1,)](x, out, XBLOCK=8)
+
+
+def test_bool_add_and_mul_are_logical_or_and():
+    """On bools torch's add is or and mul is and (True + True is True): Triton's int1 arithmetic wraps (1 + 1 = 0)."""
+    a = torch.tensor([[True, True, False, False]]).expand(3, 4).contiguous()
+    b = torch.tensor([[True, False, True, False]]).expand(3, 4).contiguous()
+    c = torch.tensor([[True], [False], [True]]).expand(3, 4).contiguous()
+    with mistake("bool add must be logical or and bool mul logical and (True + True is True), as torch computes them"):
+        check(lambda a, b, c: (torch.logical_not((a + b) * c), a + b, a * b, (a + b) + (a + c)), a, b, c)
+        check(lambda a, b: torch.maximum(a, b) * torch.minimum(a, ~b), a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_tanh_is_accurate_near_zero(dtype):
+    """tanh(x) near 0 is x - x³/3: 2*sigmoid(2x) - 1 and (1 - e^-2x) / (1 + e^-2x) cancel every digit there
+    (tanh(5e-7) * 1e6 gives 0.477 for 0.5), which a default absolute tolerance hides."""
+    x = torch.cat([_rand((40,), 0, dtype), torch.tensor([0.5, -0.3, 1e-30, 0.0], dtype=dtype)])
+    with mistake("tanh must keep its relative accuracy near 0 (tlang.tanh: its series there), not 2*sigmoid(2x)-1"):
+        check(lambda x: (torch.tanh(x * 1e-6) * 1e6, torch.tanh(x * 3.0)), x, atol=0, rtol=1e-5)
+
+
+def test_a_where_condition_of_size_one_dims_is_broadcast():
+    """The condition of ``where`` is read at its own broadcast index, like every operand: a (4, 1) condition selects
+    whole rows of a (4, 5) result, a (5,) one whole columns."""
+    rows, cols = torch.tensor([[True], [False], [False], [True]]), torch.tensor([True, False, True, True, False])
+    x, y = _rand((4, 5), 0), _rand((5,), 1)
+    with mistake("where's condition must be read at its broadcast index (a size-1 dimension at 0)"):
+        check(lambda c, x, y: torch.where(c, x, y) * 2.0, rows, x, y)
+        check(lambda c, x, y: torch.where(c, x * 2.0, y), cols, x, y)
+        check(lambda c, x: torch.where(c.t(), x.t() + 1.0, 0.0), rows, x)
+
+
+POW_SPECIAL = [float("-inf"), -2.0, -1.0, -0.0, 0.0, 0.25, 1.0, 4.0, float("inf"), float("nan")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log(-1), 1/0 in the interpreter: the cases tested
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_pow_of_special_values_follows_torch(dtype):
+    """torch's pow by a scalar: an integer exponent multiplies (x**3 of -2 is -8, nan**0 is 1); 0.5 and -0.5 are sqrt
+    and rsqrt ((-0.0)**-0.5 is -inf, (-inf)**0.5 nan); another exponent e is exp(e*log(x)), except (-inf)**e, which
+    is inf for e > 0 and 0 for e < 0 (log(-inf) is nan); a negative finite base gives nan."""
+    x = torch.tensor(POW_SPECIAL, dtype=dtype)
+    wrong = []
+    for e in (0, 1, 2, 3, -1, -2, 0.5, -0.5, 1.5, -1.5, 2.5, 0.3):
+        got, want = compile_regions(Fn(lambda x, e=e: (x * 1) ** e), (x,))(x), (x * 1) ** e
+        ok = torch.isclose(got, want, rtol=1e-6, atol=0, equal_nan=True) & ((torch.signbit(got) == torch.signbit(want)) | want.isnan())  # -0.0
+        wrong += [f"({v})**{e}: got {g}, torch gives {w}" for v, g, w, k in zip(POW_SPECIAL, got.tolist(), want.tolist(), ok.tolist()) if not k]  # fmt: skip
+    assert not wrong, "pow by a scalar differs from torch:\n  " + "\n  ".join(wrong)
+
+
+def test_an_overload_without_a_rule_is_named_as_such():
+    """x.mean() is aten.mean.default: a mean, but not the overload the generator reduces with (mean.dim): the reason
+    says that, not that it is no mean (issue 41)."""
+    c = check(lambda x: (x * 2.0).mean() + 1.0, _rand((3, 4), 0))
+    (skip,) = c.report.skipped
+    assert "aten.mean.dim, not for this overload" in skip.reason and "neither" not in skip.reason, skip.reason
+
+
+def test_a_kernel_has_no_index_line_it_does_not_read():
+    """A LayerNorm reads its rows at the flat index: no x0/x1 line is written for it (nor a loop's unused r0)."""
+    (k,) = check(lambda x: F.layer_norm(x, (8,)) * 2.0, _rand((3, 4, 8), 0), kernels=1, atol=1e-5, rtol=1e-5).kernels
+    assert "x0 = " not in k.source and "x1 = " not in k.source, k.source
+    with short_blocks():
+        (k,) = check(lambda x: torch.softmax(x, -1), _rand((2, 40), 1), kernels=1).kernels
+    assert "for roffset" in k.source and "r0 = " not in k.source, k.source
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Wrong solutions a learner could write: each must fail a test above with a message naming its mistake, never pass and
+# never crash the test run. Each is the reference's function with one piece of its text replaced (issue 41).
+
+WRONG_SOLUTIONS = {  # name: (learner's function, reference text, wrong text, the test that must fail, its message)
+    "an unmasked load": (
+        "KernelWriter._compute", "load = f\"tl.load({pointer}{', ' + mask if mask else ''})\"",
+        'load = f"tl.load({pointer})"', "loads_and_stores", r"(?s)tl\.load\(in_ptr0 \+ \(xindex\)\).*has no mask",
+    ),
+    "bool add and mul as + and *": (
+        "KernelWriter._compute", "logical = cast_to == torch.bool and node.target.overloadpacket in LOGICAL",
+        "logical = False", "bool", "bool add must be logical or",
+    ),
+    "tanh as 2*sigmoid(2x)-1": (
+        "pointwise_expr", 'aten.tanh: tlang.tanh("{0}", node.meta["val"].dtype)',
+        'aten.tanh: "2.0 / (1.0 + tl.exp(-2.0 * {0})) - 1.0"', "tanh", "tanh must keep its relative accuracy",
+    ),
+    "where's condition at the result's index": (
+        "KernelWriter._compute", 'operands.append(self.value(a, broadcast_index(index, a.meta["val"].shape))[0])',
+        "operands.append(self.value(a, index)[0])", "where", "(?s)load of in_ptr0 .*broadcasting of size-1 dims",
+    ),
+    "pow of -inf as exp(e*log(x))": (
+        "pointwise_expr", "return f'tl.where({a[0]} == float(\"-inf\"), {limit}, tl.exp(tl.log({a[0]}) * {const_source(float(e))}))'",
+        "return f'tl.exp(tl.log({a[0]}) * {const_source(float(e))})'", "pow", r"\(-inf\)\*\*1\.5: got nan, torch gives inf",
+    ),
+    "pow by -0.5 as exp(e*log(x))": (
+        "pointwise_expr", "if e in (0.5, -0.5):", "if e == 0.5:", "pow", r"\(-0\.0\)\*\*-0\.5: got inf, torch gives -inf",
+    ),
+    "split_index without % on middle dims": (
+        "split_index", 'expr = f"({expr}) % {size}" if inner != 1 else f"{expr} % {size}"',
+        'expr = expr if inner != 1 else f"{expr} % {size}"', "loads_and_stores", "(?s)offsets are wrong.*split_index",
+    ),
+    "split_index innermost first": (
+        "split_index", "return out[::-1]", "return out", "loads_and_stores", "(?s)other elements than eager's.*split_index",
+    ),
+}  # fmt: skip
+RULE_TESTS = {
+    "loads_and_stores": test_loads_and_stores_stay_inside_their_tensors, "bool": test_bool_add_and_mul_are_logical_or_and,
+    "tanh": lambda: test_tanh_is_accurate_near_zero(torch.float32), "where": test_a_where_condition_of_size_one_dims_is_broadcast,
+    "pow": lambda: test_pow_of_special_values_follows_torch(torch.float32),
+}  # fmt: skip
+
+
+def wrong_solution(monkeypatch, where: str, right: str, wrong: str) -> None:
+    """Put into fusion.codegen the reference's ``where`` ("split_index", "KernelWriter._compute") with the text
+    ``right`` replaced by ``wrong``, compiled in fusion.codegen's namespace."""
+    import __future__
+    import inspect
+    import textwrap
+
+    owner, name = (getattr(codegen, where.split(".")[0]), where.split(".")[1]) if "." in where else (codegen, where)
+    source = textwrap.dedent(inspect.getsource(getattr(owner, name)))
+    assert source.count(right) == 1, f"the reference's {where} no longer reads {right!r}: update WRONG_SOLUTIONS"
+    scope: dict = {}
+    code = compile(source.replace(right, wrong), f"<{where}, wrong>", "exec", __future__.annotations.compiler_flag)
+    exec(code, vars(codegen), scope)
+    monkeypatch.setattr(owner, name, scope[name])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("mistake_name", list(WRONG_SOLUTIONS))
+def test_a_wrong_solution_fails_with_a_message_naming_its_mistake(mistake_name, monkeypatch):
+    from fusion import practice
+    from fusion.kernels.interp_check import OutOfBounds
+
+    if practice.is_workspace():
+        pytest.skip("checks the tests against the reference's solutions, which a practice workspace does not hold")
+    where, right, wrong, test, message = WRONG_SOLUTIONS[mistake_name]
+    wrong_solution(monkeypatch, where, right, wrong)
+    with pytest.raises((AssertionError, OutOfBounds), match=message):
+        RULE_TESTS[test]()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -39,6 +40,16 @@ def _block_scope(writer, shifted: tuple[str, ...] = ()):
         writer.cache.clear()
         writer.cache.update(saved)
         writer.cache.update(kept)
+
+
+def used_splits(writer) -> list[tuple[str, str]]:
+    """The split indices (``x0 = xindex % 64``) some line of the writer's body reads; a loop header's lines of the
+    others are dropped from the body (a LayerNorm reads its rows at the flat index: no ``x1``/``x0`` line is left)."""
+    defs = {f"{v} = {e}" for v, e in writer.splits if v != "0"}
+    code = " ".join(ln.expr for ln in writer.body if ln.tmp or ln.expr.strip() not in defs)
+    used = set(re.findall(r"\b[xr]\d+\b", code))
+    writer.body = [ln for ln in writer.body if ln.tmp or ln.expr.strip() not in defs or ln.expr.split()[0] in used]
+    return [(v, e) for v, e in writer.splits if v in used]
 
 
 @contextmanager

@@ -466,10 +466,9 @@ def _check_rule(region, n: fx.Node, val, reductions: set) -> None:
     if not isinstance(t, torch._ops.OpOverload) or not (
         is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags or t is CAT
     ):
-        raise Unsupported(
-            f"no Triton expression for {n.name} ({t}): neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean",
-            n,
-        )
+        same = sorted(str(r) for r in reductions if r.overloadpacket is getattr(t, "overloadpacket", None))
+        why = f"the generator has a rule for {' and '.join(same)}, not for this overload" if same else "neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean"
+        raise Unsupported(f"no Triton expression for {n.name} ({t}): {why}", n)  # fmt: skip
 
 
 def check_region(region, stored: list[fx.Node], reductions: set) -> None:

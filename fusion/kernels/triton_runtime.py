@@ -33,6 +33,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node, reinterpret, strided_view, view_root
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
+from fusion.kernels import interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
 
@@ -181,7 +182,8 @@ def exact_bfloat16_in_the_interpreter() -> bool:
 
 class _Interpreted:
     """A kernel for Triton's interpreter: it patches ``triton.language`` while a kernel runs, so two threads
-    interpreting at once break each other. One interpreted launch at a time (CPU runs are for correctness only)."""
+    interpreting at once break each other. One interpreted launch at a time (CPU runs are for correctness only),
+    each load and store checked to stay inside the launch's tensors (``interp_check``: an error, never a crash)."""
 
     def __init__(self, fn) -> None:
         self.fn = fn
@@ -190,7 +192,7 @@ class _Interpreted:
         launch = self.fn[grid]
 
         def run(*args, **kwargs):
-            with _INTERPRET_LOCK:
+            with _INTERPRET_LOCK, interp_check.launch(self.fn, args):  # every load/store checked in bounds
                 return launch(*args, **kwargs)
 
         return run

@@ -1,0 +1,176 @@
+"""Bounds checks for kernels run in Triton's CPU interpreter: every lane a load or store lets through must address
+an element of one of the launch's tensors. Machinery: the runtime (``triton_runtime._Interpreted``) wraps every
+interpreted launch in :func:`launch`; a learner reads ``fusion/codegen.py``.
+
+Why: the interpreter executes ``tl.load``/``tl.store`` as raw reads and writes of host memory. A load without a mask
+reads past the tensor's end and its tail lanes are thrown away by a masked store, so the outputs are bit-equal and no
+comparison with eager can see the mistake; a store at a wrong offset (an index split without ``% size``) writes over
+whatever lies there, and Python dies (``Fatal Python error: Aborted``, a segfault) before any test can report. Here
+each access is checked *before* the interpreter performs it, and a wrong one raises :class:`OutOfBounds`, naming the
+kernel, its line, the tensor, the offending lanes and the likely mistake.
+
+The check patches the interpreter's builder (``create_load``/``create_store`` and their masked forms) once; it is
+active only inside :func:`launch`, so anything else the interpreter runs is left alone. ``FUSION_BOUNDS_CHECK=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["OutOfBounds", "install", "launch"]
+
+
+class OutOfBounds(IndexError):
+    """A load or store of a kernel in Triton's interpreter would touch memory outside every tensor of its launch."""
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    name: str  # the kernel's parameter: in_ptr0, out_ptr1
+    start: int  # address of the tensor's first element
+    end: int  # one past the address of its last element
+    itemsize: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+_state = threading.local()  # .launch: (kernel name, [_Buffer]) while a checked launch runs; .quiet: inside create_load
+
+
+def _buffers(arg_names: list[str], args: tuple) -> list[_Buffer]:
+    out = []
+    for name, t in zip(arg_names, args, strict=False):
+        if isinstance(t, torch.Tensor) and t.numel() > 0:
+            extent = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1
+            start = t.data_ptr()
+            out.append(_Buffer(name, start, start + extent * t.element_size(), t.element_size(), tuple(t.shape), t.dtype))
+    return out
+
+
+def install() -> bool:
+    """Patch the interpreter's builder so that loads and stores are checked inside :func:`launch`; True once done
+    (False where this Triton has no interpreter builder of the expected shape: nothing is checked)."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    names = ("create_load", "create_store", "create_masked_load", "create_masked_store")
+    if builder is None or not all(hasattr(builder, f) for f in names):
+        return False
+    if getattr(builder, "_fusion_bounds_check", False):
+        return True
+    load, store = builder.create_load, builder.create_store
+    masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+
+    def unmasked(original, what):
+        def run(self, ptr, *rest):
+            _check(np, ptr, None, what)
+            _state.quiet = True  # the original calls the masked form with a mask of ones: checked already
+            try:
+                return original(self, ptr, *rest)
+            finally:
+                _state.quiet = False
+
+        return run
+
+    def create_masked_load(self, ptrs, mask, *rest):
+        _check(np, ptrs, mask, "load")
+        return masked_load(self, ptrs, mask, *rest)
+
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        _check(np, ptrs, mask, "store")
+        return masked_store(self, ptrs, value, mask, *rest)
+
+    builder.create_load, builder.create_store = unmasked(load, "load"), unmasked(store, "store")
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    builder._fusion_bounds_check = True
+    return True
+
+
+@contextlib.contextmanager
+def launch(fn, args: tuple):
+    """Check every load and store of one interpreted launch of ``fn`` (a ``@triton.jit`` function) on ``args``.
+    An :class:`OutOfBounds` raised inside is re-raised as itself (the interpreter wraps it in an InterpreterError)."""
+    if os.environ.get("FUSION_BOUNDS_CHECK", "1") == "0" or not install():
+        yield
+        return
+    arg_names = list(getattr(fn, "arg_names", None) or [])
+    name = getattr(getattr(fn, "fn", fn), "__name__", "kernel")
+    previous = getattr(_state, "launch", None)
+    _state.launch = (name, _buffers(arg_names, args))
+    try:
+        yield
+    except Exception as e:
+        cause = e
+        while cause is not None and not isinstance(cause, OutOfBounds):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None or cause is e:
+            raise
+        raise cause.with_traceback(None) from None
+    finally:
+        _state.launch = previous
+
+
+def _check(np, ptrs, mask, what: str) -> None:
+    current = getattr(_state, "launch", None)
+    if current is None or getattr(_state, "quiet", False):
+        return
+    kernel, buffers = current
+    addr = np.asarray(ptrs.data).astype(np.int64).ravel()
+    active = np.ones(addr.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask.data), ptrs.data.shape)
+    active = active.ravel().astype(bool)
+    lanes = np.flatnonzero(active)
+    if lanes.size == 0 or not buffers:
+        return
+    used = addr[lanes]
+    inside = [((used >= b.start) & (used < b.end)) for b in buffers]
+    if any(ins.all() for ins in inside):
+        return
+    # The tensor this access meant: the one holding most of its lanes, else the nearest one below its lowest address.
+    best = max(range(len(buffers)), key=lambda i: (inside[i].sum(), -abs(int(used.min()) - buffers[i].start)))
+    buf, ok = buffers[best], inside[best]
+    raise OutOfBounds(_message(kernel, what, buf, used, lanes, ok, masked=mask is not None))
+
+
+def _kernel_line(kernel: str) -> str:
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != kernel:
+        frame = frame.f_back
+    if frame is None:
+        return kernel
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{kernel} ({frame.f_code.co_filename}:{frame.f_lineno}): `{text}`"
+
+
+def _message(kernel, what, buf: _Buffer, used, lanes, ok, masked: bool) -> str:
+    offsets = (used - buf.start) // buf.itemsize
+    numel = (buf.end - buf.start) // buf.itemsize
+    bad = ~ok
+    first = int(lanes[bad][0])
+    head = (
+        f"{_kernel_line(kernel)}\n  a {what} of {buf.name} ({tuple(buf.shape)} {buf.dtype}, elements 0..{numel - 1}) "
+        f"at element offsets {int(offsets.min())}..{int(offsets.max())}: {int(bad.sum())} of {lanes.size} lanes "
+        f"outside it (the first: lane {first}, offset {int(offsets[bad][0])})."
+    )
+    if not masked:
+        why = (
+            f"This tl.{what} has no mask: the lanes past the tensor's end (the last block's tail, xindex >= numel; "
+            f"rindex >= the row length) must be masked: tl.{what}(pointer, {'value, ' if what == 'store' else ''}mask)."
+        )
+    else:
+        why = (
+            "Its mask lets these lanes through, so their offsets are wrong: check each dimension's index (split_index: "
+            "outermost first, every dimension but the outermost taken % its size), the broadcasting of size-1 dims "
+            "(broadcast_index reads them at 0) and the strides."
+        )
+    return f"{head}\n  {why}\n  (Stopped before the interpreter {what}s there: a stray write, even a read, can crash Python.)"
