@@ -528,6 +528,59 @@ def test_check_tally_per_phase(pytester, first_failure):
     assert practice.phase_status(2, two, 0) == "… needs Phase 1"
 
 
+# check N runs exactly `pytest -m phaseN`: a small project whose phase 1 spans two files (as tests/test_models.py and
+# tests/test_trace_basics.py do) and whose tests/test_fuzz.py mixes phases per function; a test outside testpaths.
+SELECTION_PROJECT = {
+    "pyproject.toml": (
+        "[tool.pytest.ini_options]\ntestpaths = ['tests']\naddopts = '--strict-markers'\nmarkers = [\n"
+        + "".join(f"    'phase{n}: p',\n" for n in (1, 8, 9))
+        + "]\n"
+    ),
+    "tests/test_trace_basics.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_a(): pass\ndef test_b(): pass\n",
+    "tests/test_models.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_model(): pass\n",
+    "tests/test_codegen.py": "import pytest\npytestmark = pytest.mark.phase8\ndef test_kernel(): pass\n",
+    "tests/test_fuzz.py": (
+        "import pytest\n@pytest.mark.phase8\ndef test_gen(): pass\n"
+        "@pytest.mark.phase9\n@pytest.mark.parametrize('x', [1, 2])\ndef test_backend(x): pass\n"
+    ),
+    "tests/test_backend.py": "import pytest\npytestmark = pytest.mark.phase9\ndef test_compile(): pass\n",
+    "test_outside.py": "import pytest\n@pytest.mark.phase1\ndef test_elsewhere(): pass\n",
+}
+
+SELECTED_BY_CHECK = """
+import json, os, sys
+from pathlib import Path
+from fusion.practice.progress import run_tests
+tally, code = run_tests(Path.cwd(), [int(sys.argv[1])])
+print(json.dumps({"selected": tally.selected, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
+"""
+
+
+@pytest.mark.parametrize("phase", [1, 8, 9])
+def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
+    """`practice check N` and `uv run pytest -m phaseN` select the same tests (every file of testpaths, not one file
+    per phase) and check leaves the hypothesis profile to tests/conftest.py, as `uv run pytest` does."""
+    for rel, text in SELECTION_PROJECT.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
+    env.update(PYTHONPATH=str(REF), PYTHONDONTWRITEBYTECODE="1")
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout
+
+    out = run("-m", "pytest", "-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected = {line for line in out.splitlines() if "::" in line}
+    result = json.loads(run("-c", SELECTED_BY_CHECK, str(phase)).strip().splitlines()[-1])
+    assert set(result["selected"]) == {str(phase)}, result["selected"]
+    assert set(result["selected"][str(phase)]) == collected
+    assert result["profile"] is None
+    want = {1: 3, 8: 2, 9: 3}[phase]  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
+    assert len(collected) == want, collected
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # start: a tiny synthetic reference (not a git checkout: the walk path)
 
@@ -711,6 +764,22 @@ def _run(args: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
+# `uv run pytest -m phaseN --collect-only` for every phase, in one process (the test modules are imported once)
+COLLECT_EACH_PHASE = """
+import json, pytest
+from fusion.main import PHASES
+class Ids:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = {}
+for p in PHASES:
+    ids = Ids()
+    pytest.main(["-m", f"phase{p.number}", "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[ids])
+    found[str(p.number)] = ids.ids
+print(json.dumps(found))
+"""
+
+
 @pytest.fixture(scope="module")
 def roundtrip(tmp_path_factory):
     """Generate a workspace from this reference, then run in it, in parallel, with this interpreter: an import of
@@ -733,6 +802,7 @@ def roundtrip(tmp_path_factory):
         "check": _run(["-m", "fusion.practice", "check", "--json", str(ws / "check.json")], ws),
         "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x"], ws),
         "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
+        "collect": _run(["-c", COLLECT_EACH_PHASE], ws),
     }
     done = {}
     for name, proc in procs.items():
@@ -854,6 +924,19 @@ def test_roundtrip_each_phase_fails_only_on_its_own_todo(roundtrip):
     unreached = [f"{r.path}:{r.todo_line}" for r in plan.regions if not any(f": {r.task}. Hint:" in m for m in reached)]
     if unreached:
         warnings.warn(f"no test reached these regions in the all-stubbed workspace: {unreached}", stacklevel=1)
+
+
+@needs_reference
+def test_roundtrip_check_runs_the_tests_of_pytest_m_phase_n(roundtrip):
+    """In the workspace, check's tests of phase N are exactly those `uv run pytest -m phaseN` collects, for every N."""
+    code, out, err = roundtrip["runs"]["collect"]
+    assert code == 0, err[-3000:]
+    collected = json.loads(out.strip().splitlines()[-1])
+    selected = roundtrip["check"]["selected"]
+    for p in PHASES:
+        mine, theirs = set(selected.get(str(p.number), [])), set(collected[str(p.number)])
+        assert mine == theirs, (p.number, sorted(mine - theirs)[:5], sorted(theirs - mine)[:5])
+    assert set(selected) <= {str(p.number) for p in PHASES}  # no test without a phase ran
 
 
 @needs_reference

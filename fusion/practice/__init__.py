@@ -41,7 +41,9 @@ so ``pytest`` fails exactly in the tests of the unsolved phases; and a hypothesi
 first example instead of shrinking (a stub fails on every input; shrinking it cost minutes per phase). In a workspace hypothesis does not shrink: a wrong solution fails with its first failing example, at once.
 The workspace root carries ``.practice.json`` (where it came from, and every region's phase, file, task and hints,
 from the reference: deleting a ``# TODO(human)`` comment loses nothing); its presence is how the tooling knows it
-runs in a workspace. ``check`` says "All done" only when every phase of a workspace passes.
+runs in a workspace. ``check`` says "All done" only when every phase of a workspace passes. ``check N`` runs exactly
+the tests of ``uv run pytest -m phaseN`` (the whole tests/ directory, the same hypothesis profile): a phase's tests
+have one definition, its marker, and every test carries exactly one (tests/test_layout.py checks).
 
 The package: ``markers`` (read and strip regions), ``workspace`` (the tree, ``start``, the TODOs), ``hooks`` (pytest
 in a workspace), ``progress`` (``check``), ``cli`` (the command line), ``roundtrip`` (CI: solve every phase in turn).
@@ -86,6 +88,7 @@ from fusion.practice.progress import (
     lesson_stop,
     next_todo,
     phase_status,
+    pytest_args,
     run_tests,
     verdict,
 )
@@ -143,6 +146,7 @@ __all__ = [
     "phase_status",
     "practice_profile",
     "printed_todos",
+    "pytest_args",
     "project_files",
     "run_tests",
     "scan_reference",
