@@ -6,7 +6,7 @@ Run it:
     uv run python -m fusion.practice check         # ✓/✗ per phase, tests passing, the next TODO(human)
     uv run python -m fusion.practice check 2 -x    # only Phase 2's tests, stop at its first failure
     uv run python -m fusion.practice hint 2        # Phase 2's tasks and first hints, file:line of each
-    uv run python -m fusion.practice hint 2 --more # ... and the second level: the API calls, the loop's shape
+    uv run python -m fusion.practice hint 2 --more # ... and the second level: the idea, the API to read about
     uv run python -m fusion.practice start DIR --solved 1,2,3   # begin at Phase 4 (reference code kept)
     uv run python -m fusion.practice lint          # (authors) validate the markers, list every region
 Test it:  uv run pytest -m tooling tests/test_practice.py
@@ -21,10 +21,14 @@ The reference solutions in the phase modules are marked as *learner regions*::
         # END SOLUTION
 
 ``start`` copies the project (pyproject.toml, uv.lock, README.md, fusion/, tests/, scripts/; never .venv, .git or
-caches) and replaces every region, at the same indentation, by one statement::
+caches) and replaces every region, at the same indentation, by one statement, under the task alone::
 
-        # TODO(human): fuse each Linear whose only user is a ReLU. Hint: node.users. More: replace_all_uses_with
+        # TODO(human): fuse each Linear whose only user is a ReLU.
         raise NotImplementedError("TODO(human) Phase 2: fuse each Linear whose only user is a ReLU. Hint: uv run python -m fusion.practice hint 2")
+
+Hints are levels the learner asks for, one at a time: the file shows the task (which states every rule the tests
+check), ``hint N`` the first hint (what to look at), ``hint N --more`` the second (the idea, the API to read about;
+never the code). The reference keeps the whole line.
 
 The phase number comes from the file: ``fusion.main.PHASES`` maps phase N to the lesson file ``fusion/<module>.py``.
 Regions live only in lesson files; machinery subpackages (``fusion/kernels/``, ``fusion/bench/``, this package) are
