@@ -80,7 +80,7 @@ def find_conv_bn_folds(gm: fx.GraphModule) -> tuple[list[tuple[fx.Node, fx.Node,
     read at run time, not something computed inside the graph.
     """
     folds, skipped = [], []
-    # TODO(human): match convolution → BN_EVAL → getitem 0 and check the fold is legal, else record why not. Hint: the BN's args are (input, weight, bias, running_mean, running_var, momentum, eps) and a convolution's (x, w, b, stride, padding, dilation, transposed, output_padding, groups). More: for each node with node.target is BN_EVAL: conv = node.args[0] must be aten.convolution.default with len(conv.users) == 1; every user of the BN must be operator.getitem with index 0 (exactly one); every source in (conv.args[1], conv.args[2], *node.args[1:5]) that is not None must have .op == 'placeholder'
+    # TODO(human): find every BN_EVAL node, check the docstring's rules for folding it into the convolution it reads, and return the legal (convolution, batch norm, getitem 0) triples, and ([conv name, bn name], why not) for each other one. Hint: the BN's args are (input, weight, bias, running_mean, running_var, momentum, eps) and a convolution's (x, w, b, stride, padding, dilation, transposed, output_padding, groups). More: test the rules one after the other and stop at the first that fails, so that each refusal carries one reason; a node's .target, .users and .op answer them (a graph input is a placeholder), and an absent bias is None, which needs no check
     # BEGIN SOLUTION
     for bn in gm.graph.nodes:
         if bn.op != "call_function" or bn.target is not BN_EVAL:
@@ -113,7 +113,7 @@ def fold_batch_norm(gm: fx.GraphModule, part: PartReport) -> None:
     The folded weight and bias are new graph inputs, computed from the live parameters at each call (cached while
     no source tensor changes): the function computing them goes to ``part.extra_inputs``.
     """
-    # TODO(human): fold every legal conv+BN pair of the graph, report every decision, and hand on the folded weights. Hint: find_conv_bn_folds gives the legal folds and the refused ones with their reasons; part.note_pass records a decision. More: note each refused pair as part.note_pass(<a pass name of your choice>, names, 'skipped', why) and each fold as (..., [conv.name, bn.name], 'folded', ...); aten_passes.install_folds(gm, folds, fold_conv_bn_weights) rewrites the graph and returns a function of the call's args (None when nothing folded); append it to part.extra_inputs when it is not None
+    # TODO(human): fold every legal conv+BN pair of the graph and hand on the folded weights; report every decision with part.note_pass: each refused pair with the action 'skipped' and its reason, each fold with the action 'folded' and the names of its convolution and batch norm. Hint: find_conv_bn_folds sorts the pairs for you, and aten_passes.install_folds does the rewrite of the graph. More: the folded weights become new inputs of the graph, computed from the live parameters at each call: read install_folds' docstring for what it returns (and when it returns nothing), and PartReport.extra_inputs for where such a function goes
     # BEGIN SOLUTION
     folds, skipped = find_conv_bn_folds(gm)
     for names, why in skipped:
@@ -236,7 +236,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: Gra
     """AOTAutograd's compiler for one aten graph (``kind``: inference, forward or backward): a boxed callable."""
     part = PartReport(kind)
     entry.parts.append(part)
-    # TODO(human): run the enabled passes on the aten graph, generate its kernels, and return a boxed callable. Hint: opts.passes_for(kind) lists the passes to run, in order, each p.run(gm, part); then _generate; the extra inputs the passes asked for (folded weights) follow the call's args. More: _generate(gm, part, opts) gives the runner; each function f in part.extra_inputs maps the call's args to a list of tensors: call run(*args, *f1(args), *f2(args), ...) in list order; aot.make_boxed wraps that function
+    # TODO(human): run the enabled passes on the aten graph, generate its kernels, and return a boxed callable that gives the runner the call's args followed by the extra inputs the passes asked for (the folded weights). Hint: opts.passes_for(kind) lists the passes to run, in order, each with run(gm, part); _generate turns the graph into its runner. More: each function in part.extra_inputs maps the call's args to a list of tensors, which the runner expects after the args, in list order; AOTAutograd calls a compiled graph with one list of args (the boxed convention): read aot.make_boxed
     # BEGIN SOLUTION
     for p in opts.passes_for(kind):
         p.run(gm, part)
@@ -255,7 +255,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: Gra
 def lower(gm: fx.GraphModule, example_inputs: list[torch.Tensor], entry: GraphReport, opts: Options):
     """AOTAutograd from Dynamo's graph to aten graphs, :func:`compile_aten_graph` for each; the callable Dynamo runs."""
 
-    # TODO(human): lower the Dynamo graph through AOTAutograd with one compiler per aten graph kind. Hint: aot.lower_with_aot takes inference_compiler, fw_compiler, bw_compiler and decompositions; keep BN_EVAL whole when folding. More: make each compiler a lambda (g, ex) -> compile_aten_graph(g, ex, kind, entry, opts) with kind 'inference', 'forward', 'backward'; decompositions=decomposition_table(keep=(BN_EVAL,) if opts.fold_bn else ()) (the one table Phases 6 and 8 capture with)
+    # TODO(human): lower the Dynamo graph through AOTAutograd with one compiler per aten graph kind (inference, forward, backward), decomposing with the one table Phases 6 and 8 capture with, which keeps BN_EVAL whole when opts.fold_bn is on. Hint: aot.lower_with_aot takes the three compilers and the decompositions; each compiler is compile_aten_graph with its kind, entry and opts fixed. More: AOTAutograd calls a compiler with (graph, example inputs) only, so each compiler must carry its kind and the rest with it (a small factory function, or functools.partial); decomposition_table's keep argument names the ops it leaves whole
     # BEGIN SOLUTION
     def compiler(kind: str):
         return lambda g, ex: compile_aten_graph(g, ex, kind, entry, opts)

@@ -101,7 +101,7 @@ def time_variants(
     >>> len(t["noop"].times_s) >= 2 and t["noop"].median_s > 0
     True
     """
-    # TODO(human): warm each fn up, then time them round by round in blocks (sync before every clock read) and return each one's median block; tests check the warm-up calls, the device wait, the A B C order and the median. Hint: blocks from torch.utils.benchmark.Timer.blocked_autorange, or from your own loop; a clock that syncs before it reads. More: call each fn `warmup` times and sync(); per round, per name: Timer(stmt='fn()', globals={'fn': fn}, timer=<a function that calls sync() then returns clock()>, num_threads=threads).blocked_autorange(min_run_time=min_run_time).times, appended to that name's list; finally Timing(statistics.median(ts), tuple(ts))
+    # TODO(human): warm each fn up, then time them round by round in blocks (sync before every clock read) and return each one's median block; tests check the warm-up calls, the device wait, the A B C order and the median. Hint: blocks from torch.utils.benchmark.Timer.blocked_autorange, or from your own loop; a clock that syncs before it reads. More: torch.utils.benchmark.Timer takes a timer= function (one that syncs, then reads clock(), makes every block honest), the fn through its globals, and num_threads; blocked_autorange(min_run_time=...) returns a Measurement whose .times holds one time per block; statistics.median gives the median of a name's blocks over all rounds
     # BEGIN SOLUTION
     for fn in fns.values():  # warm-up: caches, lazy initialisation, autotuning, clocks ramping up
         for _ in range(warmup):
@@ -136,7 +136,7 @@ def peak_memory(fn: Callable[[], object], device: str) -> int:
     >>> peak_memory(lambda: torch.relu(x * 2), "cpu") == 2 * x.nbytes   # x*2 and its relu, alive at once
     True
     """
-    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda.synchronize, then reset_peak_memory_stats and memory_allocated before the call, synchronize again after it, then max_memory_allocated minus what was there before; CPU: call fn inside an AllocationLog context, then take the maximum of the running sum of its events (itertools.accumulate: import itertools)
+    # TODO(human): return the peak bytes one call allocates above what was resident: on CUDA from the allocator's statistics (tests check: reset before the call, synchronize after it, what was allocated before subtracted), on CPU from an AllocationLog of the call (tests check the largest live total on known ops). Hint: the peak is a maximum since a reset, taken after the GPU finished, minus the bytes allocated before the call. More: CUDA: torch.cuda's memory statistics (reset_peak_memory_stats, memory_allocated, max_memory_allocated) and torch.cuda.synchronize, in the order the task states; CPU: an AllocationLog's events are signed byte counts, so the peak is the largest running sum (itertools.accumulate)
     # BEGIN SOLUTION
     if device == "cuda":
         torch.cuda.synchronize()

@@ -230,7 +230,7 @@ def group_siblings(gm: fx.GraphModule, facts: GraphFacts, report: FusionReport) 
             readers[hashable_key((node.args, node.kwargs))].append(node)
     groups: list[list[fx.Node]] = []
 
-    # TODO(human): split each reader list into same-value runs, bucket each run's mergeable calls by merge_key, keep every bucket with >= 2 distinct modules as a group, and report every other call as skipped (tests check which calls merge together, and that each refused or lone call is in report.skipped). Hint: sibling_refusal(module) first, then merge_key(module); a module called twice counts once. More: loop over the runs same_value_runs(nodes, facts) gives, bucket each run's calls by merge_key in a defaultdict(list); len({n.target for n in members}) >= 2 -> groups.append(members), else report.skip(kind, [n.name for n in members], lone_reason(members, run, nodes, buckets))
+    # TODO(human): split each reader list into same-value runs, bucket each run's mergeable calls by merge_key, keep every bucket with >= 2 distinct modules as a group, and report every other call as skipped (tests check which calls merge together, and that each refused or lone call is in report.skipped). Hint: sibling_refusal(module) first, then merge_key(module); a module called twice counts once. More: same_value_runs(nodes, facts) splits one reader list into runs; a dict of lists keyed by merge_key collects a run's buckets (collections.defaultdict); count a bucket's distinct modules by node.target; lone_reason words the skip of a call that merges with nothing
     # BEGIN SOLUTION
     for nodes in readers.values():
         for run in same_value_runs(nodes, facts):
@@ -260,7 +260,7 @@ def merge_modules(mods: list[nn.Module]) -> nn.Module:
     """
     first, total = mods[0], sum(m.weight.shape[0] for m in mods)
     w = first.weight
-    # TODO(human): build one module whose weight is cat of the weights on dim 0 and whose bias is cat of the biases (zeros where a module has none; None if no module has one), with first's hyper-parameters, dtype, device and requires_grad (tests check the merged module's outputs equal each module's, for Linear and Conv2d, mixed bias). Hint: build it on device='meta' (no initialisation cost), then assign nn.Parameter(...). More: nn.Linear(first.in_features, total, bias=..., device='meta'); nn.Conv2d(first.in_channels, total, first.kernel_size, stride=..., padding=..., dilation=..., padding_mode=..., bias=..., device='meta'); torch.cat([...], 0).detach(); w.new_zeros(n)
+    # TODO(human): build one module whose weight is cat of the weights on dim 0 and whose bias is cat of the biases (zeros where a module has none; None if no module has one), with first's hyper-parameters, dtype, device and requires_grad (tests check the merged module's outputs equal each module's, for Linear and Conv2d, mixed bias). Hint: build it on device='meta' (no initialisation cost), then assign nn.Parameter(...). More: a constructor on device='meta' allocates nothing, so its initialisation costs nothing; then replace its weight and bias by new nn.Parameter objects made from torch.cat of the modules' tensors (detached: the merged module owns new leaves), on first's device and dtype; a module without bias contributes zeros of its width (Tensor.new_zeros); a Conv2d also needs first's kernel_size, stride, padding, dilation and padding_mode
     # BEGIN SOLUTION
     has_bias = any(m.bias is not None for m in mods)
     if isinstance(first, nn.Linear):
@@ -286,7 +286,7 @@ def rewire_group(
     ``slices[node.target] = (start, width)`` along ``dim``; a node in ``copies`` gets ``.clone()`` of its slice.
     """
     first = nodes[0]
-    # TODO(human): insert the merged call where the earliest sibling is, give each sibling its slice as torch.narrow(merged, dim, start, width) (cloned if the node is in copies), point the sibling's users at it and erase the sibling (tests check outputs and input gradients against the unfused model). Hint: graph.inserting_before(first) keeps every new node above all users. More: graph.call_module(target, first.args, first.kwargs); graph.call_function(torch.narrow, (merged, dim, start, width)); graph.call_method('clone', (piece,)); copy node.meta onto the piece; then replace_all_uses_with and erase_node retire the sibling
+    # TODO(human): insert the merged call where the earliest sibling is, give each sibling its slice as torch.narrow(merged, dim, start, width) (cloned if the node is in copies), point the sibling's users at it and erase the sibling (tests check outputs and input gradients against the unfused model). Hint: graph.inserting_before(first) keeps every new node above all users. More: graph.call_module, graph.call_function and graph.call_method build nodes at the insertion point; copy each sibling's node.meta onto its slice, so that later passes still see its shape; each sibling then hands its users over (Node.replace_all_uses_with) and leaves the graph (Graph.erase_node)
     # BEGIN SOLUTION
     with graph.inserting_before(first):
         merged = graph.call_module(target, first.args, first.kwargs)

@@ -93,7 +93,7 @@ def fuse_linear_relu(model: nn.Module) -> fx.GraphModule:
     call_sites = Counter(n.target for n in graph.nodes if n.op == "call_module")
     installed: dict[str, str] = {}  # Linear's qualified name -> its FusedLinearReLU's qualified name
 
-    # TODO(human): for every call_module node of an nn.Linear: if its output has exactly one user, that user is a ReLU reading it (relu_spelling, relu_input), and linear_refusal and relu_refusal give no reason, replace the two nodes by one call of the module install_fused returns and report.fuse(PATTERN, [linear.name, relu.name]); otherwise report.skip(PATTERN, [linear.name, ...], reason). Hint: node.users tells who reads the Linear; the helpers below the pass name the legality rules; the report lists every Linear call once. More: loop over list(graph.nodes); users = list(node.users); insert the new call_module right after the ReLU (graph.inserting_after) with the Linear's args and kwargs; relu.replace_all_uses_with(new node); graph.erase_node(relu), then graph.erase_node(node)
+    # TODO(human): for every call_module node of an nn.Linear: if its output has exactly one user, that user is a ReLU reading it (relu_spelling, relu_input), and linear_refusal and relu_refusal give no reason, replace the two nodes by one call of the module install_fused returns and report.fuse(PATTERN, [linear.name, relu.name]); otherwise report.skip(PATTERN, [linear.name, ...], reason). Hint: node.users tells who reads the Linear; the helpers below the pass name the legality rules; the report lists every Linear call once. More: iterate over a copy of the node list, since the graph changes as you go; the new call reads the Linear's own args and must come after everything the ReLU reads, so insert it at the ReLU (graph.inserting_after); the ReLU's users then read the new node (Node.replace_all_uses_with), and the two old nodes leave the graph, each after its users (Graph.erase_node)
     # BEGIN SOLUTION
     for node in list(graph.nodes):
         if node.op != "call_module" or not isinstance(modules[node.target], nn.Linear):
@@ -145,7 +145,7 @@ def fused_linear_relu(input: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """
     if input.dim() == 0:
         raise ValueError("fused_linear_relu needs an input with at least 1 dimension (..., in_features), got a scalar")
-    # TODO(human): return relu(input @ weight.T + bias) of shape (..., N) for input (..., K) with any number of leading dims (none too), computed on input viewed as (M, K): on CUDA with K > 0 by one addmm_relu call, otherwise by torch.addmm (torch.mm when bias is None) then relu_ in place. Hint: addmm and addmm_relu take 2-D inputs only; M is the product of the leading dims. More: *lead, k = input.shape; input.reshape(math.prod(lead), k); weight.t(); out.relu_(); out.reshape(*lead, n)
+    # TODO(human): return relu(input @ weight.T + bias) of shape (..., N) for input (..., K) with any number of leading dims (none too), computed on input viewed as (M, K): on CUDA with K > 0 by one addmm_relu call, otherwise by torch.addmm (torch.mm when bias is None) then relu_ in place. Hint: addmm and addmm_relu take 2-D inputs only; M is the product of the leading dims. More: fold every leading dim into M (math.prod of no dims is 1, so a 1-D input works too), compute on the (M, K) view, and give the (M, N) result its leading dims back; the weight is (N, K) and addmm multiplies by a (K, N) matrix: a transpose is a view, not a copy
     # BEGIN SOLUTION
     *lead, k = input.shape
     n = weight.shape[0]

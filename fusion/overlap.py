@@ -74,7 +74,7 @@ def schedule_overlap(graph: OverlapGraph, budget: int | None = None) -> list[Uni
             f"a memory budget of {budget} B is below the unscheduled order's own peak of {floor} B: no order is "
             "guaranteed to fit. Fix: pass budget >= that peak, e.g. memory_budget(graph)"
         )
-    # TODO(human): the list scheduler: keep the ready units (all inputs scheduled), let pick_next choose one, append it, run it on the memory state, and make its successors ready when their last input has run. Hint: unit.preds and unit.succs are unit indices, graph.units[i] is a unit, graph.memory_state() starts the simulation. More: count unscheduled inputs per unit (len(unit.preds)); ready starts as the units with none; after state.run(unit) and done.add(unit.index), decrement each successor's count and add it to ready at zero; loop while ready is not empty
+    # TODO(human): the list scheduler: keep the ready units (all inputs scheduled), let pick_next choose one, append it, run it on the memory state, and make its successors ready when their last input has run. Hint: unit.preds and unit.succs are unit indices, graph.units[i] is a unit, graph.memory_state() starts the simulation. More: this is Kahn's topological sort with pick_next choosing among the ready units: a count of the unscheduled inputs of each unit says when it becomes ready; the memory state's run(unit) advances the simulation, and done holds the indices scheduled so far (pick_next reads both)
     # BEGIN SOLUTION
     left = {u.index: len(u.preds) for u in graph.units}  # inputs not yet scheduled
     ready = [u for u in graph.units if not u.preds]
@@ -108,7 +108,7 @@ def pick_next(graph: OverlapGraph, ready: list[Unit], state, done: set[int], bud
     If no unit fits, the ready unit earliest in the original order: it always fits (see the tests), because the
     rest in the original order is what the budget was measured on.
     """
-    # TODO(human): choose the next unit: a fitting collective start first, then fitting non-wait work that feeds a collective, then any fitting non-wait work, then a fitting wait, each time the earliest in original order; else the earliest ready unit. Hint: sort ready by unit.index once; graph.projected_peak(state, unit, done) <= budget says a unit fits. More: four passes over the sorted list (the start kind; a non-wait unit whose index is in graph.feeds_collective; any non-wait unit; the wait kind), each returning the first unit that fits; the final fallback is the first of the sorted list
+    # TODO(human): choose the next unit: a fitting collective start first, then fitting non-wait work that feeds a collective, then any fitting non-wait work, then a fitting wait, each time the earliest in original order; else the earliest ready unit. Hint: sort ready by unit.index once; graph.projected_peak(state, unit, done) <= budget says a unit fits. More: one preference at a time over the ready units in original order, each returning the first unit that fits, reads more simply than one combined sort key; unit.kind tells start, wait, compute and input apart
     # BEGIN SOLUTION
     ready = sorted(ready, key=lambda u: u.index)
 

@@ -108,7 +108,7 @@ def fused_matmul_add_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | fl
     >>> x, w, b = torch.randn(4, 3), torch.randn(3, 5), torch.randn(5)
     >>> torch.testing.assert_close(fused_matmul_add_relu(x, w, b), torch.relu(x @ w + b))
     """
-    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies, else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: check that b is a Tensor, x.dim() >= 2, w.dim() == 2, K = x.shape[-1] > 0 (on CUDA _addmm_activation returns the bias without the ReLU when K == 0, as Phase 2 found), b.shape == (w.shape[1],), dtypes, devices and torch.is_grad_enabled() with requires_grad; fold x to (math.prod(x.shape[:-1]), K) and view the (M, N) result back to (..., N)
+    # TODO(human): compute relu(x @ w + b) as one torch._addmm_activation(b, x2d, w) where its GEMM epilogue applies (the docstring's conditions, and K = x.shape[-1] > 0: on CUDA _addmm_activation returns the bias without the ReLU when K == 0, as Phase 2 found), else as the unfused expression. Hint: the epilogue adds one bias value per output column, in one dtype on one device, without autograd; a batched x is folded to 2-D first. More: check the conditions of the one-kernel path first and take the unfused expression at the first that fails (the docstring lists them); math.prod folds the leading dims and a view unfolds them
     # BEGIN SOLUTION
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w, b))
     one_gemm = (
@@ -173,7 +173,7 @@ def make_rule(matmul: Callable, add: Callable, relu: Callable) -> tuple[Callable
     of the pattern must be used in it, and the replacement takes the same arguments in the same order.
     """
 
-    # TODO(human): return (pattern, replacement), two functions of (x, w, b): pattern computes relu(add(matmul(x, w), b)), replacement one fused_matmul_add_relu call. Hint: the spelling functions you were given record the right nodes when traced. More: two nested defs with the signature (x, w, b): the pattern chains the three given functions in order, the replacement makes the one call; return the pair
+    # TODO(human): return (pattern, replacement), two functions of (x, w, b): pattern computes relu(add(matmul(x, w), b)), replacement one fused_matmul_add_relu call. Hint: the spelling functions you were given record the right nodes when traced. More: replace_pattern traces both functions through their signatures, so plain nested functions of (x, w, b) will do; the pattern is the chain of the three spellings, the replacement the one fused call
     # BEGIN SOLUTION
     def pattern(x, w, b):
         h = matmul(x, w)  # (..., N)

@@ -247,7 +247,7 @@ class FusionRegion(Region):
     @cached_property
     def unfused_bytes(self) -> int:
         """DRAM traffic if every member ran as its own kernel: each op reads its inputs and writes its output."""
-        # TODO(human): count the bytes if every non-view member ran as its own kernel: it reads each of its inputs once and writes its output. Hint: self.nodes, is_view_node(n) marks the free ops, self.bytes_of(n) gives one value. More: for each member that is not a view add bytes_of of every node in n.all_input_nodes (already deduplicated: x * x reads x once) plus bytes_of(n) itself
+        # TODO(human): count the bytes if every non-view member ran as its own kernel: it reads each of its inputs once and writes its output. Hint: self.nodes, is_view_node(n) marks the free ops, self.bytes_of(n) gives one value. More: n.all_input_nodes lists each input once (x * x reads x once), which is what an unfused kernel reads; a view is free: it neither reads nor writes
         # BEGIN SOLUTION
         bytes_of = self.bytes_of
         unfused = 0
@@ -314,7 +314,7 @@ def build_fusion_regions(gm: fx.GraphModule | fx.Graph) -> dict[fx.Node, FusionR
     region_of: dict[fx.Node, FusionRegion] = {}
     byte_cache: dict[fx.Node, int] = {}  # shared by the regions: each node's bytes are measured once
 
-    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: fusible_spans(gm) gives the spans; a union-find over positions in one span joins producers and consumers. More: index maps each node to its position, parent starts as the identity over positions; union each node with every n.all_input_nodes found in index; collect members by root in span order (so they stay topologically sorted); keep pieces with >= 2 nodes that are not is_view_node; FusionRegion(nodes, index=count, byte_cache=byte_cache)
+    # TODO(human): in each span, join every node with its inputs from the same span (union-find), then make one FusionRegion per connected piece with at least 2 non-view nodes and map each member to it. Hint: fusible_spans(gm) gives the spans; a union-find over positions in one span joins producers and consumers. More: a union-find over positions in the span: a parent per position, find with path halving, union by size (the docstring's near-linear time); an input outside the span has no position and joins nothing; collecting members by their root while walking the span in order keeps each region topologically sorted; FusionRegion takes the nodes, an index and the shared byte_cache
     # BEGIN SOLUTION
     def find(parent: list[int], i: int) -> int:
         while parent[i] != i:

@@ -66,7 +66,7 @@ def opcode_counts(gm: fx.GraphModule) -> dict[str, int]:
     >>> opcode_counts(trace(models.TinyNet()))["call_module"]
     1
     """
-    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op, and an opcode the graph lacks still gets a 0. More: Counter(n.op for n in gm.graph.nodes) (Counter is imported above), then a dict comprehension over OPCODES
+    # TODO(human): count the nodes of each opcode and return all six opcodes as keys, in OPCODES order. Hint: every node has node.op, and an opcode the graph lacks still gets a 0. More: collections.Counter counts the items of any iterable (it is imported above) and answers 0 for a key it never saw; OPCODES gives the keys and their order
     # BEGIN SOLUTION
     seen = Counter(node.op for node in gm.graph.nodes)
     return {op: seen[op] for op in OPCODES}
@@ -81,7 +81,7 @@ def shape_rows(gm: fx.GraphModule, *example_inputs: torch.Tensor) -> list[tuple[
     Python number (``x.size(0)``).
     """
     ShapeProp(gm).propagate(*example_inputs)
-    # TODO(human): return (name, opcode, shape tuple, dtype as 'float32' without 'torch.') for every node ShapeProp gave a single tensor result. Hint: ShapeProp stored each result's metadata in node.meta; skip the output node, a tuple result and a non-tensor one. More: meta = node.meta.get('tensor_meta') is None, a tuple, or has .shape and .dtype (hasattr(meta, 'shape')); str(meta.dtype).removeprefix('torch.')
+    # TODO(human): return (name, opcode, shape tuple, dtype as 'float32' without 'torch.') for every node ShapeProp gave a single tensor result. Hint: ShapeProp stored each result's metadata in node.meta; skip the output node, a tuple result and a non-tensor one. More: ShapeProp writes node.meta['tensor_meta']: absent for the output node, a tuple (or another container) for several results, an object with .shape and .dtype for one tensor; str of a dtype reads 'torch.float32', and str.removeprefix trims it
     # BEGIN SOLUTION
     rows = []
     for node in gm.graph.nodes:

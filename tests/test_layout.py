@@ -139,3 +139,88 @@ def test_machinery_never_imports_a_lesson():
         for dep in deps & lessons
     )
     assert not backwards, backwards
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One definition of a phase's tests: each test carries exactly one phase marker (phase1 … phase10) or `tooling`, so
+# `pytest -m phaseN` (and `practice check N`, which runs exactly that) never runs a test of another phase.
+
+TESTS = FUSION.parent / "tests"
+PHASE_MARKS = {f"phase{p.number}" for p in PHASES} | {"tooling"}
+
+
+def marks_in(expr: ast.AST, aliases: dict[str, set[str]]) -> set[str]:
+    """The ``pytest.mark.<name>`` names an expression applies: a mark, a call of one, a list, a name bound to one."""
+    found = set()
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark":
+            if isinstance(n.value.value, ast.Name) and n.value.value.id == "pytest":
+                found.add(n.attr)
+        elif isinstance(n, ast.Name) and n.id in aliases:
+            found |= aliases[n.id]
+    return found
+
+
+def phase_marks_of_tests(source: str) -> dict[str, set[str]]:
+    """Each test function of a test module (``Class::test`` for methods) → its phase/tooling markers, from the module's
+    ``pytestmark``, its class (decorators, ``pytestmark``) and its own decorators (parametrize's marks included)."""
+    tree = ast.parse(source)
+    aliases: dict[str, set[str]] = {}
+    module: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            marks = marks_in(node.value, aliases)
+            if node.targets[0].id == "pytestmark":
+                module |= marks
+            elif marks:
+                aliases[node.targets[0].id] = marks
+
+    def decorated(fn: ast.AST) -> set[str]:
+        return set().union(*(marks_in(d, aliases) for d in fn.decorator_list))
+
+    found: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
+            found[node.name] = (module | decorated(node)) & PHASE_MARKS
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            own = decorated(node) | {
+                m
+                for s in node.body
+                if isinstance(s, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in s.targets)
+                for m in marks_in(s.value, aliases)
+            }
+            for s in node.body:
+                if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name.startswith("test"):
+                    found[f"{node.name}::{s.name}"] = (module | own | decorated(s)) & PHASE_MARKS
+    return found
+
+
+def test_the_marker_reader_sees_module_class_function_and_alias_marks():
+    source = (
+        "import pytest\n"
+        "pytestmark = [pytest.mark.phase8, pytest.mark.skipif(False, reason='x')]\n"
+        "NINE = pytest.mark.phase9\n"
+        "def test_a(): pass\n"
+        "@NINE\n@pytest.mark.parametrize('x', [1])\ndef test_b(x): pass\n"
+        "@pytest.mark.tooling\nclass TestC:\n    def test_d(self): pass\n"
+        "def helper(): pass\n"
+    )
+    assert phase_marks_of_tests(source) == {
+        "test_a": {"phase8"},
+        "test_b": {"phase8", "phase9"},
+        "TestC::test_d": {"phase8", "tooling"},
+    }
+
+
+def test_every_test_has_exactly_one_phase_marker():
+    """A test marked with two phases runs under both `-m`s: after a correct Phase 8, `pytest -m phase8` would fail on a
+    test that needs Phase 9's solution (issue 41). A test with no marker runs under no phase's check."""
+    problems = []
+    files = sorted(TESTS.glob("test_*.py"))
+    assert files, f"no test files under {TESTS}"
+    for path in files:
+        for test, marks in phase_marks_of_tests(path.read_text(encoding="utf-8")).items():
+            if len(marks) != 1:
+                problems.append(f"tests/{path.name}::{test}: {sorted(marks) or 'no phase marker'}")
+    assert not problems, "each test needs exactly one of phase1..phase10 or tooling:\n" + "\n".join(problems)

@@ -82,11 +82,13 @@ def test_stub_keeps_indentation_todo_line_and_everything_else():
     assert new_lines[stubs[1] - 1] == (
         " " * 4 + f'raise NotImplementedError("TODO(human) Phase 3: return a plus one. Hint: {HINT} 3")'
     )
-    for stub, r in zip(stubs, regions, strict=True):  # the TODO line stays, right above its stub
-        assert new_lines[stub - 2] == old_lines[r.todo_line - 1]
+    for stub, r in zip(stubs, regions, strict=True):  # the TODO line stays, right above its stub, its task alone
+        assert new_lines[stub - 2] == old_lines[r.todo_line - 1].split(". Hint:")[0] + "."
+    assert new_lines[stubs[0] - 2] == " " * 16 + "# TODO(human): double every x that is not None."
+    assert "out.append" not in new and "the + operator" not in new  # hints are asked for: `hint N`
     # nothing else changes: the file is the reference minus the regions' lines, plus one line each
     assert len(new_lines) == len(old_lines) - sum(r.end - r.begin for r in regions)
-    assert new_lines[: regions[0].begin - 1] == old_lines[: regions[0].begin - 1]
+    assert new_lines[: regions[0].todo_line - 1] == old_lines[: regions[0].todo_line - 1]
     assert new_lines[stubs[0] : stubs[1] - 2] == old_lines[regions[0].end : regions[1].todo_line - 1]
     assert new_lines[stubs[1] :] == old_lines[regions[1].end :]
     assert "y = x * 2" not in new and "+ 1" not in new
@@ -528,6 +530,59 @@ def test_check_tally_per_phase(pytester, first_failure):
     assert practice.phase_status(2, two, 0) == "… needs Phase 1"
 
 
+# check N runs exactly `pytest -m phaseN`: a small project whose phase 1 spans two files (as tests/test_models.py and
+# tests/test_trace_basics.py do) and whose tests/test_fuzz.py mixes phases per function; a test outside testpaths.
+SELECTION_PROJECT = {
+    "pyproject.toml": (
+        "[tool.pytest.ini_options]\ntestpaths = ['tests']\naddopts = '--strict-markers'\nmarkers = [\n"
+        + "".join(f"    'phase{n}: p',\n" for n in (1, 8, 9))
+        + "]\n"
+    ),
+    "tests/test_trace_basics.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_a(): pass\ndef test_b(): pass\n",
+    "tests/test_models.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_model(): pass\n",
+    "tests/test_codegen.py": "import pytest\npytestmark = pytest.mark.phase8\ndef test_kernel(): pass\n",
+    "tests/test_fuzz.py": (
+        "import pytest\n@pytest.mark.phase8\ndef test_gen(): pass\n"
+        "@pytest.mark.phase9\n@pytest.mark.parametrize('x', [1, 2])\ndef test_backend(x): pass\n"
+    ),
+    "tests/test_backend.py": "import pytest\npytestmark = pytest.mark.phase9\ndef test_compile(): pass\n",
+    "test_outside.py": "import pytest\n@pytest.mark.phase1\ndef test_elsewhere(): pass\n",
+}
+
+SELECTED_BY_CHECK = """
+import json, os, sys
+from pathlib import Path
+from fusion.practice.progress import run_tests
+tally, code = run_tests(Path.cwd(), [int(sys.argv[1])])
+print(json.dumps({"selected": tally.selected, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
+"""
+
+
+@pytest.mark.parametrize("phase", [1, 8, 9])
+def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
+    """`practice check N` and `uv run pytest -m phaseN` select the same tests (every file of testpaths, not one file
+    per phase) and check leaves the hypothesis profile to tests/conftest.py, as `uv run pytest` does."""
+    for rel, text in SELECTION_PROJECT.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
+    env.update(PYTHONPATH=str(REF), PYTHONDONTWRITEBYTECODE="1")
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout
+
+    out = run("-m", "pytest", "-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider")
+    collected = {line for line in out.splitlines() if "::" in line}
+    result = json.loads(run("-c", SELECTED_BY_CHECK, str(phase)).strip().splitlines()[-1])
+    assert set(result["selected"]) == {str(phase)}, result["selected"]
+    assert set(result["selected"][str(phase)]) == collected
+    assert result["profile"] is None
+    want = {1: 3, 8: 2, 9: 3}[phase]  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
+    assert len(collected) == want, collected
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # start: a tiny synthetic reference (not a git checkout: the walk path)
 
@@ -629,6 +684,9 @@ def test_hint_has_two_levels_and_never_the_solution(tmp_path, capsys):
         lesson.read_text().replace("Hint: x * 2, then out.append", "Hint: x * 2. More: out.append(y) in the loop")
     )
     practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3})
+    shown = (tmp_path / "ws/fusion/lesson.py").read_text()  # the workspace shows the task; each level is asked for
+    assert "# TODO(human): double every x that is not None.\n" in shown
+    assert "x * 2" not in shown and "out.append(y) in the loop" not in shown and "the + operator" not in shown
     assert practice.hint(3, root=tmp_path / "ws") == 0
     one = capsys.readouterr().out
     assert "hint: x * 2\n" in one and "out.append(y) in the loop" not in one and "--more" in one
@@ -711,6 +769,22 @@ def _run(args: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
+# `uv run pytest -m phaseN --collect-only` for every phase, in one process (the test modules are imported once)
+COLLECT_EACH_PHASE = """
+import json, pytest
+from fusion.main import PHASES
+class Ids:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = {}
+for p in PHASES:
+    ids = Ids()
+    pytest.main(["-m", f"phase{p.number}", "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[ids])
+    found[str(p.number)] = ids.ids
+print(json.dumps(found))
+"""
+
+
 @pytest.fixture(scope="module")
 def roundtrip(tmp_path_factory):
     """Generate a workspace from this reference, then run in it, in parallel, with this interpreter: an import of
@@ -733,6 +807,7 @@ def roundtrip(tmp_path_factory):
         "check": _run(["-m", "fusion.practice", "check", "--json", str(ws / "check.json")], ws),
         "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x"], ws),
         "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
+        "collect": _run(["-c", COLLECT_EACH_PHASE], ws),
     }
     done = {}
     for name, proc in procs.items():
@@ -748,13 +823,14 @@ def reference_contents() -> dict[str, bytes]:
 
 @needs_reference
 def test_no_hint_level_gives_a_solution_line_away():
-    """`hint N --more` prints the TODO line's two levels: neither may hold a line of the reference solution."""
+    """`hint N --more` prints the TODO line's two levels: neither may hold a line of the reference solution (any line
+    of 12 characters or more: the second level names the idea and the API, it does not dictate the code)."""
     plan = practice.scan_reference(REF)
     leaks = []
     for r in plan.regions:
         lines = (REF / r.path).read_text(encoding="utf-8").splitlines()[r.begin : r.end - 1]
         for line in (line.split("  #")[0].strip() for line in lines):
-            if len(line) >= 25 and (line in r.hint or line in r.more):
+            if len(line) >= 12 and (line in r.hint or line in r.more):
                 leaks.append(f"{r.path}:{r.todo_line}: {line!r}")
     assert not leaks, leaks
 
@@ -787,7 +863,8 @@ def test_roundtrip_every_region_became_a_stub_and_no_marker_is_left(roundtrip):
         for r, s in zip(sorted(regions, key=lambda r: r.begin), stubs, strict=True):
             assert lines[s - 1] == r.stub  # same indentation as the markers, phase from fusion.main.PHASES
             assert lines[s - 1][: len(r.indent)] == ref_lines[r.begin - 1][: len(r.indent)] == r.indent
-            assert lines[s - 2] == ref_lines[r.todo_line - 1]  # the TODO(human) line stays
+            assert lines[s - 2] == r.todo  # the TODO(human) line stays, with its task and no hint
+            assert r.hint not in lines[s - 2] and (not r.more or r.more not in lines[s - 2])
     for path in sorted(ws.rglob("*.py")):
         rel = path.relative_to(ws).as_posix()
         with path.open("rb") as f:
@@ -854,6 +931,19 @@ def test_roundtrip_each_phase_fails_only_on_its_own_todo(roundtrip):
     unreached = [f"{r.path}:{r.todo_line}" for r in plan.regions if not any(f": {r.task}. Hint:" in m for m in reached)]
     if unreached:
         warnings.warn(f"no test reached these regions in the all-stubbed workspace: {unreached}", stacklevel=1)
+
+
+@needs_reference
+def test_roundtrip_check_runs_the_tests_of_pytest_m_phase_n(roundtrip):
+    """In the workspace, check's tests of phase N are exactly those `uv run pytest -m phaseN` collects, for every N."""
+    code, out, err = roundtrip["runs"]["collect"]
+    assert code == 0, err[-3000:]
+    collected = json.loads(out.strip().splitlines()[-1])
+    selected = roundtrip["check"]["selected"]
+    for p in PHASES:
+        mine, theirs = set(selected.get(str(p.number), [])), set(collected[str(p.number)])
+        assert mine == theirs, (p.number, sorted(mine - theirs)[:5], sorted(theirs - mine)[:5])
+    assert set(selected) <= {str(p.number) for p in PHASES}  # no test without a phase ran
 
 
 @needs_reference

@@ -6,7 +6,7 @@ Run it:
     uv run python -m fusion.practice check         # ✓/✗ per phase, tests passing, the next TODO(human)
     uv run python -m fusion.practice check 2 -x    # only Phase 2's tests, stop at its first failure
     uv run python -m fusion.practice hint 2        # Phase 2's tasks and first hints, file:line of each
-    uv run python -m fusion.practice hint 2 --more # ... and the second level: the API calls, the loop's shape
+    uv run python -m fusion.practice hint 2 --more # ... and the second level: the idea, the API to read about
     uv run python -m fusion.practice start DIR --solved 1,2,3   # begin at Phase 4 (reference code kept)
     uv run python -m fusion.practice lint          # (authors) validate the markers, list every region
 Test it:  uv run pytest -m tooling tests/test_practice.py
@@ -21,10 +21,14 @@ The reference solutions in the phase modules are marked as *learner regions*::
         # END SOLUTION
 
 ``start`` copies the project (pyproject.toml, uv.lock, README.md, fusion/, tests/, scripts/; never .venv, .git or
-caches) and replaces every region, at the same indentation, by one statement::
+caches) and replaces every region, at the same indentation, by one statement, under the task alone::
 
-        # TODO(human): fuse each Linear whose only user is a ReLU. Hint: node.users. More: replace_all_uses_with
+        # TODO(human): fuse each Linear whose only user is a ReLU.
         raise NotImplementedError("TODO(human) Phase 2: fuse each Linear whose only user is a ReLU. Hint: uv run python -m fusion.practice hint 2")
+
+Hints are levels the learner asks for, one at a time: the file shows the task (which states every rule the tests
+check), ``hint N`` the first hint (what to look at), ``hint N --more`` the second (the idea, the API to read about;
+never the code). The reference keeps the whole line.
 
 The phase number comes from the file: ``fusion.main.PHASES`` maps phase N to the lesson file ``fusion/<module>.py``.
 Regions live only in lesson files; machinery subpackages (``fusion/kernels/``, ``fusion/bench/``, this package) are
@@ -41,7 +45,9 @@ so ``pytest`` fails exactly in the tests of the unsolved phases; and a hypothesi
 first example instead of shrinking (a stub fails on every input; shrinking it cost minutes per phase). In a workspace hypothesis does not shrink: a wrong solution fails with its first failing example, at once.
 The workspace root carries ``.practice.json`` (where it came from, and every region's phase, file, task and hints,
 from the reference: deleting a ``# TODO(human)`` comment loses nothing); its presence is how the tooling knows it
-runs in a workspace. ``check`` says "All done" only when every phase of a workspace passes.
+runs in a workspace. ``check`` says "All done" only when every phase of a workspace passes. ``check N`` runs exactly
+the tests of ``uv run pytest -m phaseN`` (the whole tests/ directory, the same hypothesis profile): a phase's tests
+have one definition, its marker, and every test carries exactly one (tests/test_layout.py checks).
 
 The package: ``markers`` (read and strip regions), ``workspace`` (the tree, ``start``, the TODOs), ``hooks`` (pytest
 in a workspace), ``progress`` (``check``), ``cli`` (the command line), ``roundtrip`` (CI: solve every phase in turn).
@@ -86,6 +92,7 @@ from fusion.practice.progress import (
     lesson_stop,
     next_todo,
     phase_status,
+    pytest_args,
     run_tests,
     verdict,
 )
@@ -143,6 +150,7 @@ __all__ = [
     "phase_status",
     "practice_profile",
     "printed_todos",
+    "pytest_args",
     "project_files",
     "run_tests",
     "scan_reference",

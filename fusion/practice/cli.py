@@ -17,7 +17,8 @@ from fusion.practice.workspace import Workspace, package_root, scan_reference, s
 
 def hint(phase: int | None = None, root: Path | None = None, more: bool = False) -> int:
     """Print a phase's tasks with the first level of hint (what to look at); ``more``: also the second level (the
-    API calls and the shape of the loop). Never the solution. Default phase: the one of the next open TODO."""
+    idea, the API to read about). Never the solution. The workspace's files show the tasks alone: each level is
+    asked for. Default phase: the one of the next open TODO."""
     from fusion.main import PHASES
 
     root = root or package_root()
@@ -44,7 +45,7 @@ def hint(phase: int | None = None, root: Path | None = None, more: bool = False)
             print(f"   more: {t.more or '(no second level for this one: the hint and the docstring above it are all)'}")
         print()
     if not more and any(t.more for t in mine):
-        print(f"Still stuck? uv run python -m fusion.practice hint {phase} --more   (the API calls, the loop's shape)")
+        print(f"Still stuck? uv run python -m fusion.practice hint {phase} --more   (the idea, the API to read about)")
     return 0
 
 
@@ -60,7 +61,7 @@ def lint(root: Path | None = None) -> int:
         print(f"warning: {w}")
     for r in plan.regions:
         if not r.more:
-            print(f"note: {r.path}:{r.todo_line}: no second-level hint ('. More: <the API calls, the loop>')")
+            print(f"note: {r.path}:{r.todo_line}: no second-level hint ('. More: <the idea, the API to read about>')")
     return 1 if plan.warnings else 0
 
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--sample", metavar="K", type=int, help=argparse.SUPPRESS)  # CI's round trip: K tests per phase
     h = sub.add_parser("hint", help="phase N's tasks and hints (default: the phase of the next open TODO)")
     h.add_argument("phase", nargs="?", type=int)
-    h.add_argument("--more", action="store_true", help="also the second level: the API calls and the loop's shape")
+    h.add_argument("--more", action="store_true", help="also the second level: the idea, the API to read about")
     sub.add_parser("lint", help="(authors) validate the learner-region markers and list the regions")
     args = parser.parse_args(argv)
     try:

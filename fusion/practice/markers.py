@@ -2,13 +2,16 @@
 
 A region is::
 
-        # TODO(human): <task>. Hint: <level 1: what to look at>. More: <level 2: the API calls, the loop's shape>
+        # TODO(human): <task>. Hint: <level 1: what to look at>. More: <level 2: the idea, the API to read about>
         # BEGIN SOLUTION
         ...reference code...
         # END SOLUTION
 
-and becomes one statement at the same indentation: ``raise NotImplementedError("TODO(human) Phase N: <task>. Hint:
-uv run python -m fusion.practice hint N")``. Every problem is one :class:`MarkerError` naming ``file:line``.
+and becomes two lines at the same indentation: the TODO line with the task alone (``# TODO(human): <task>.``), and
+``raise NotImplementedError("TODO(human) Phase N: <task>. Hint: uv run python -m fusion.practice hint N")``. Hints
+are levels the learner asks for: ``hint N`` shows the Hint, ``hint N --more`` the More text; the workspace's file
+shows neither (the task states every rule the tests check; a hint is help, asked for). Every problem is one
+:class:`MarkerError` naming ``file:line``.
 """
 
 from __future__ import annotations
@@ -102,6 +105,12 @@ def stub_line(indent: str, phase: int, task: str) -> str:
     return f"{indent}raise NotImplementedError({literal})"
 
 
+def todo_comment(indent: str, task: str) -> str:
+    """The TODO line a workspace shows: the task alone, without its hints (``hint N`` and ``hint N --more`` give
+    them, one level at a time)."""
+    return f"{indent}{TODO_PREFIX} {task}."
+
+
 @dataclass(frozen=True)
 class Region:
     path: str  # relative, '/'-separated, e.g. "fusion/trace_basics.py"
@@ -117,6 +126,11 @@ class Region:
     @property
     def stub(self) -> str:
         return stub_line(self.indent, self.phase, self.task)
+
+    @property
+    def todo(self) -> str:
+        """Its TODO line in the workspace: the task, no hint."""
+        return todo_comment(self.indent, self.task)
 
 
 def find_regions(text: str, path: str, phase: int | None) -> tuple[list[Region], list[str]]:
@@ -214,15 +228,17 @@ def _classify(c: Comment, path: str) -> str | None:
 
 
 def strip_text(text: str, regions: Sequence[Region]) -> tuple[str, list[int]]:
-    """``text`` with each region (BEGIN..END, inclusive) replaced by its stub; and each stub's 1-based line number."""
+    """``text`` with each region's TODO line cut to its task and the region (BEGIN..END, inclusive) replaced by its
+    stub; and each stub's 1-based line number (line numbers do not move: the TODO line stays one line)."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     stub_lines: list[int] = []
     pos = 0  # next reference line (0-based) to copy
     for r in sorted(regions, key=lambda r: r.begin):
-        out.extend(lines[pos : r.begin - 1])
+        out.extend(lines[pos : r.todo_line - 1])
         first = lines[r.begin - 1]
         newline = first[len(first.rstrip("\r\n")) :] or "\n"
+        out.append(r.todo + newline)
         out.append(r.stub + newline)
         stub_lines.append(len(out))
         pos = r.end

@@ -47,6 +47,11 @@ class _Tally:
         self.tally: dict[int, PhaseTally] = {}
         self.collection_errors: list[dict] = []
         self.excs: dict[str, BaseException] = {}
+        self.selected: dict[int, list[str]] = {}  # phase → the node ids that run (after -m and any sample)
+
+    def pytest_collection_finish(self, session) -> None:
+        for item in session.items:
+            self.selected.setdefault(item_phase(item) or 0, []).append(item.nodeid)
 
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
@@ -107,10 +112,29 @@ def _last_line(text: str) -> str:
     return (err[-1] if err else lines[-1] if lines else "").strip()[:300]
 
 
+def pytest_args(root: Path, phases: Sequence[int]) -> list[str]:
+    """The arguments ``check`` gives pytest for ``phases``: exactly ``uv run pytest -m "phaseA or phaseB"`` run in
+    ``root`` (the project's testpaths, its addopts, no file list, no ``-k``), plus flags that change only what is
+    printed. One definition of a phase's tests: check N runs the tests that ``pytest -m phaseN`` runs."""
+    return [
+        "--rootdir",
+        str(root),
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        " or ".join(f"phase{n}" for n in phases),
+        "--tb=no",
+        "-rN",
+        "-q",
+    ]
+
+
 def run_tests(
     root: Path, phases: Sequence[int], first_failure: bool = False, sample: int | None = None
 ) -> tuple[_Tally, int]:
-    """Run the tests of ``phases`` in this process (``pytest -m "phaseA or phaseB"``) and tally them per phase.
+    """Run the tests of ``phases`` in this process (``pytest -m "phaseA or phaseB"`` in ``root``, see
+    :func:`pytest_args`) and tally them per phase. The hypothesis profile is the one ``uv run pytest`` loads there
+    (tests/conftest.py: HYPOTHESIS_PROFILE, else "ci" under CI=true, else "dev"; in a workspace without shrinking).
 
     ``sample``: run only the first ``sample`` tests of each phase (CI's round trip, which tests the tally and the
     verdicts; the full tests of the same code run in the reference).
@@ -130,32 +154,11 @@ def run_tests(
                 config.hook.pytest_deselected(items=drop)
                 items[:] = keep
 
-    os.environ.setdefault("HYPOTHESIS_PROFILE", "ci")  # fewer examples than "dev": check is a progress report
     tally = _Tally(first_failure)
-    # one test file per phase (tests/test_<module>.py): collect only those, not every module of the suite
-    from fusion.main import PHASES
-
-    files = [root / "tests" / f"test_{p.module}.py" for p in PHASES if p.number in phases]
-    paths = [str(f) for f in files] if files and all(f.is_file() for f in files) else [str(root / "tests")]
-    args = [
-        *paths,
-        "--rootdir",
-        str(root),
-        "-o",
-        "addopts=",
-        "--strict-markers",
-        "-p",
-        "no:cacheprovider",
-        "-m",
-        " or ".join(f"phase{n}" for n in phases),
-        "--tb=no",
-        "-rN",
-        "-q",
-    ]
     cwd = os.getcwd()
-    os.chdir(root)
+    os.chdir(root)  # pytest's testpaths apply when it runs from the rootdir, as `uv run pytest` there does
     try:
-        code = int(pytest.main(args, plugins=[tally] + ([Sample()] if sample else [])))
+        code = int(pytest.main(pytest_args(root, phases), plugins=[tally] + ([Sample()] if sample else [])))
     finally:
         os.chdir(cwd)
     return tally, code
@@ -363,6 +366,7 @@ def check(
             "pytest_exit_code": code,
             "collection_errors": tally.collection_errors,
             "phases": {str(n): asdict(t) for n, t in tally.tally.items()},
+            "selected": {str(n): ids for n, ids in sorted(tally.selected.items())},
             "status": {str(n): s for n, s in statuses.items()},
             "all_done": done,
             "sample": sample,

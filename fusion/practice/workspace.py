@@ -155,7 +155,9 @@ def _workspace_readme(reference: bytes, plan: Workspace) -> bytes:
         f"{n} `TODO(human)` exercises (phases {', '.join(map(str, phases))}) are replaced by "
         "`raise NotImplementedError(...)`.\n"
         "> The loop: read a phase's lesson (`uv run python -m fusion.<phase>` and its module, top to bottom), fill a "
-        "`TODO(human)`, then `uv run python -m fusion.practice check`. Stuck? `uv run python -m fusion.practice hint N`.\n\n"
+        "`TODO(human)`, then `uv run python -m fusion.practice check`.\n"
+        "> Each `TODO(human)` line shows its task alone. Stuck? `uv run python -m fusion.practice hint N` gives the "
+        "first hint (what to look at), `hint N --more` the second (the idea, the API to read about).\n\n"
     )
     return head.encode("utf-8") + reference
 
@@ -353,7 +355,11 @@ def solve(
         for r in regions:
             at = next((i for i, line in enumerate(lines) if line.rstrip("\r\n") == r.stub), None)
             if at is not None:
-                lines[at : at + 1] = ref_lines[r.begin : r.end - 1]
+                body = ref_lines[r.begin : r.end - 1]
+                if at and lines[at - 1].rstrip("\r\n") == r.todo:  # the task-only TODO line: the reference's again
+                    lines[at - 1 : at + 1] = [ref_lines[r.todo_line - 1], *body]
+                else:
+                    lines[at : at + 1] = body
                 replaced += 1
         (root / rel).write_text("".join(lines), encoding="utf-8")
     return replaced
