@@ -368,6 +368,7 @@ def test_lesson_runs_quick(capsys):
     overlap.run(quick=True)
     out = capsys.readouterr().out
     assert "exposed communication" in out and "hidden by" in out
+    assert "SIMULATED, not measured" in out and "1,024 GPUs" in out  # beyond the host: said plainly
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -486,3 +487,96 @@ def test_overlap_pass_on_the_data_parallel_step_issues_all_reduces_inside_backwa
     last_mm = max(i for i, k in enumerate(kinds) if k == "mm")
     assert kinds.index("ar") < last_mm and sum(k == "ar" for k in kinds[:last_mm]) == DP_REAL["layers"] - 1
     assert min(i for i, k in enumerate(kinds) if k == "wait") > last_mm
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 40: traces, the fitted cost model, beyond the host, the picture
+
+
+def chrome_trace(path, kernels):
+    """A Chrome trace as torch.profiler writes it: kernels (name, ts µs, dur µs) plus a CPU op to ignore."""
+    import gzip
+    import json
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 50.0, "pid": 1, "tid": 1}]
+    events += [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur, "pid": 0, "tid": 7 if "nccl" in n else 9,
+                "args": {"device": 0}} for n, ts, dur in kernels]  # fmt: skip
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def test_a_trace_gives_compute_and_network_lanes_and_what_hid_each_collective(tmp_path):
+    from fusion.comms.profile import lanes_of_trace
+
+    path = chrome_trace(tmp_path / "t.json.gz", [("sm90_gemm_bf16", 100.0, 40.0), ("triton_poi_fused_add_0", 140.0,
+                        10.0), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", 120.0, 50.0)])  # fmt: skip
+    lanes = lanes_of_trace(path)
+    assert [n for n, _, _ in lanes.compute] == ["sm90_gemm_bf16", "triton_poi_fused_add_0"] and len(lanes.comm) == 1
+    assert lanes.comm_us() == 50.0 and lanes.exposed_us() == pytest.approx(20.0)  # 120-150 hidden, 150-170 not
+    (d,) = lanes.detail()
+    assert d["kernel"] == "AllReduce_Sum_bf16_RING_LL" and d["start_us"] == 20.0 and d["exposed_us"] == 20.0
+    assert d["hidden_by"] == ["sm90_gemm_bf16", "triton_poi_fused_add_0"]  # most overlap first
+    assert lanes_of_trace({"traceEvents": []}).notes  # a CPU run's trace: no kernels, said so
+
+
+def test_the_fit_minimises_relative_error_and_the_model_uses_it_per_collective():
+    from fusion.comms.fit import fit_alpha_beta, fit_rows, model_from_fit, prediction_rows
+
+    true = {"all_reduce": (20.0, 300.0), "all_gather_into_tensor": (15.0, 250.0)}
+    rows = []
+    for op, (lat, bw) in true.items():
+        for i, mib in enumerate(2**p for p in range(0, 11, 2)):
+            size = mib * 2**20
+            t = lat * 1e-6 + size * CostModel(world_size=4).bus_factor(op) / (bw * 1e9)
+            rows.append({"op": op, "bytes": size, "measured_ms": t * 1e3 * (1.1 if i == 0 else 1.0)})  # noisy 1 MiB
+    fit = fit_rows(rows, world=4)
+    model = model_from_fit(4, fit)
+    for r in prediction_rows(rows, model):
+        assert abs(r["error"]) < 0.10, r  # every size within 10 %, the noisy smallest included
+    plain = CostModel(world_size=4, latency_us=1e4, bus_gbps=1.0)  # nothing like the fit: per-op figures win
+    assert model_from_fit(4, fit, plain).collective_of("all_gather_into_tensor", 2**20).ms < 1.0
+    with pytest.raises(ValueError, match="at least 2 sizes"):
+        fit_alpha_beta([(1.0, 1.0)])
+
+
+def test_ring_and_tree_grow_as_stated_beyond_the_host():
+    from fusion.comms import scale
+
+    assert scale.ring_hops("all_reduce", 4) == (6, 0) and scale.ring_hops("all_gather_into_tensor", 4) == (3, 0)
+    assert scale.ring_hops("all_reduce", 16) == (26, 4)  # 2 nodes: 2·15 steps, 4 of them between nodes
+    assert scale.tree_hops(1024) == (14, 14)  # 8 GPUs a node: a chain of 7 up and down; 128 nodes: 2·log2(128)
+    fitted = {"all_reduce": {"latency_us": 30.0, "busbw_gbps": 300.0}}
+    at = {(n, a): scale.scaled_model(fitted, 4, n, a, CostModel()).collective_of("all_reduce", 2**27).ms
+          for n in (4, 8, 1024) for a in ("ring", "tree")}  # fmt: skip
+    measured = 30e-3 + 2**27 * 1.5 / 300e9 * 1e3
+    assert at[(4, "ring")] == pytest.approx(measured)  # at the measured size: the fit itself
+    assert at[(1024, "tree")] < at[(1024, "ring")] and at[(8, "ring")] < at[(1024, "tree")]  # network bandwidth
+
+
+def test_beyond_the_host_simulates_both_steps_and_restores_the_fake_group(fake_group):
+    from fusion.comms import scale
+
+    step = dict(layers=2, dim=64, batch=16)
+    rows = scale.simulate(("dp", "fsdp"), (8, 16), {}, 2, CostModel(), step, overlap.schedule_overlap,
+                          overlap.build_graph, overlap.memory_budget)  # fmt: skip
+    assert {(r["gpus"], r["step"], r["algorithm"]) for r in rows} == {
+        (n, k, a) for n in (8, 16) for k, a in (("dp", "ring"), ("dp", "tree"), ("fsdp", "ring"))}  # fmt: skip
+    assert all(r["exposed_after_ms"] <= r["exposed_before_ms"] + 1e-12 for r in rows)
+    assert torch.distributed.get_world_size() == 2  # the tests' fake group is back
+
+
+def test_plot_writes_a_png_from_the_simulation_and_a_kept_trace(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    trace = chrome_trace(tmp_path / "t.json.gz", [("sm90_gemm", 0.0, 30.0), ("ncclDevKernel_AllGather", 10.0, 40.0)])
+    out = tmp_path / "schedule.png"
+    assert overlap.main(["--plot", str(out), "--trace", str(trace)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    from fusion.comms import plot
+
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    assert overlap.main(["--plot", str(tmp_path / "x.png")]) == 2
+    assert "uv run --extra plot" in capsys.readouterr().out and not (tmp_path / "x.png").exists()

@@ -74,6 +74,7 @@ class Timeline:
     step_ms: float
     exposed_ms: float
     collectives: list[CollectiveTime]
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # compute units: (name, start, end) ms
 
 
 class OverlapGraph:
@@ -233,6 +234,7 @@ class OverlapGraph:
         running: dict[int, CollectiveTime] = {}  # start unit index -> its record
         sent: dict[int, float] = {}  # bucket (id of its group) -> when it ends
         done: list[CollectiveTime] = []
+        spans: list[tuple[str, float, float]] = []
         for u in order:
             if u.kind == "start":
                 group = lead.get(u.index)
@@ -255,11 +257,12 @@ class OverlapGraph:
                     overlap = min(now + u.cost.ms, c.ended_ms) - max(now, c.began_ms)
                     if overlap > 0:
                         c.hidden_by.append((u.name, overlap))
+                spans.append((u.name, now, now + u.cost.ms))
                 now += u.cost.ms
         if running:
             names = [self.units[i].name for i in running]
             raise ScheduleError(f"collectives {names} are never waited on in this order")
-        return Timeline(now, sum(c.exposed_ms for c in done), sorted(done, key=lambda c: c.start.index))
+        return Timeline(now, sum(c.exposed_ms for c in done), sorted(done, key=lambda c: c.start.index), spans)
 
     def bucket_cost(self, group: list[Unit]) -> float:
         """One collective moving the bytes of every member: one latency instead of len(group)."""
