@@ -268,18 +268,19 @@ def beyond_the_host(measurement: dict | None, quick: bool) -> None:
           "that could hide it. All of this table is simulation.")  # fmt: skip
 
 
-def plot_schedule(path: str, traces: list[str], quick: bool = True) -> str:
+def plot_schedule(path: str, traces: list[str], quick: bool = False) -> str:
     """The picture: simulated before/after lanes of both steps, and each kept trace's GPU kernels."""
+    layers = 2 if quick else 4
     from fusion.comms.plot import draw_lanes, lanes_of_timeline
     from fusion.comms.profile import lanes_of_trace
 
     panels = []
     for kind in ("dp", "fsdp"):
-        gm = capture_step(kind, layers=4, dim=8192, batch=1024, dtype=torch.bfloat16)
+        gm = capture_step(kind, layers=layers, dim=8192, batch=1024, dtype=torch.bfloat16)
         graph, _ = build_graph(gm, CostModel())
         order = schedule_overlap(graph, memory_budget(graph))
         for label, o in (("unscheduled", graph.original), ("after the pass", order)):
-            panels.append((f"{kind}, {label} (simulated, 4 layers)", lanes_of_timeline(graph.timeline(o))))
+            panels.append((f"{kind}, {label} (simulated, {layers} layers)", lanes_of_timeline(graph.timeline(o))))
     for trace in traces:
         panels.append((f"trace {Path(trace).name}", lanes_of_trace(trace)))
     return str(draw_lanes(panels, path))
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         if not have_matplotlib():
             print(PLOT_HINT)
             return 2
-        print(f"wrote {plot_schedule(args.plot, args.trace)}")
+        print(f"wrote {plot_schedule(args.plot, args.trace, args.quick)}")
         return 0
     return run_lesson(lambda: run(quick=args.quick))
 

@@ -60,7 +60,7 @@ def draw_lanes(panels: list[tuple[str, Lanes]], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 1.5 * len(panels) + 0.8), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 1.5 * len(panels) + 0.8), squeeze=False, sharex=True)
     for ax, (title, lanes) in zip(axes[:, 0], panels, strict=True):
         spans = lanes.compute + lanes.comm
         t0 = min((s for _, s, _ in spans), default=0.0)
@@ -75,7 +75,8 @@ def draw_lanes(panels: list[tuple[str, Lanes]], path: str | Path) -> Path:
         ax.set_title(f"{title}: communication {lanes.comm_us() / 1e3:.2f} ms, exposed {lanes.exposed_us() / 1e3:.2f} ms",
                      fontsize=9, loc="left")  # fmt: skip
         ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("ms from the step's first kernel")
+    axes[-1, 0].set_xlabel("ms from the step's first kernel (one scale for every row)")
+    axes[-1, 0].tick_params(labelbottom=True)
     fig.legend(handles=[Patch(color="#1f4e9c", label="matmul"), Patch(color="#7fa7dc", label="fused region"),
                         Patch(color="#9a9a9a", label="other"), Patch(color="#f0a030", label="collective, hidden"),
                         Patch(color="#d62728", label="collective, exposed")],
