@@ -18,7 +18,8 @@ What you learn
 * An overlap scheduler moves starts early (``raise_comms`` in Inductor's ``comms.py``) and waits late
   (``sink_waits``), then orders the rest so that independent compute sits between them. Two rules bind it: a fusion
   region of Phase 6 is one kernel and moves as one unit (a wait inside it would cut it in two), and every early start
-  keeps its buffer alive longer, so memory is simulated and kept within a budget.
+  keeps its buffer alive longer (an all_gather's or reduce_scatter's input, which NCCL reads until the end; not
+  an all_reduce's, which funcol copies into its output as it starts), so memory is simulated and kept within a budget.
 * Every rank must choose the same order (the collectives must match across ranks), so the scheduler is deterministic
   and its costs are estimates every rank shares: roofline compute, region bytes / bandwidth, and NCCL's
   ``latency + bytes · factor / bus bandwidth`` (machinery: ``fusion/comms/cost.py``).
@@ -215,8 +216,8 @@ def run(quick: bool = False) -> None:
         )
 
     measured = gloo.measured_rows()
-    if measured:  # what scripts/gpu_overlap.py measured on two GPUs (NCCL): the README says where and when
-        heading("Measured on two H200s with NCCL (scripts/results, README: Phase 10 on two GPUs)", "-")
+    if measured:  # what scripts/gpu_overlap.py measured (NCCL): the README says where and when
+        heading("Measured with NCCL, compiled steps (the newest run in scripts/results; the README says where)", "-")
         print(table(measured, ["step", "variant", "step ms", "NCCL ms", "exposed ms"]))
 
     measured_fit = cost_model_per_size()

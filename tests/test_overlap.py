@@ -423,6 +423,11 @@ def test_the_lesson_reads_the_measured_rows_it_quotes(tmp_path):
         '{"step": "dp", "variant": "fusion", "step_ms": 10.47, "comm_ms": 4.04, "exposed_ms": 4.04}\n'
     )
     assert measured_rows(str(tmp_path)) == [("dp", "fusion", "10.47", "4.04", "4.04")]
+    (tmp_path / "h100-2026-11-26-overlap-steps.jsonl").write_text(  # issue 40's script: preferred, GPUs said
+        '{"world": 4, "step": "fsdp", "variant": "fusion+overlap", "step_ms": 9.0, "comm_ms": 7.0, "exposed_ms": 1.0}\n'
+        '{"world": 4, "step": "fsdp", "variant": "inductor", "skipped": "time budget: 20 s left"}\n'
+    )
+    assert measured_rows(str(tmp_path)) == [("fsdp, 4 GPUs", "fusion+overlap", "9.00", "7.00", "1.00")]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
