@@ -252,14 +252,16 @@ def beyond_the_host(measurement: dict | None, quick: bool) -> None:
     if measurement:
         world = max(measurement["worlds"], key=int)
         fitted, source = measurement["worlds"][world]["fit"], f"fitted on {world} x {measurement['device']}"
+        base = fit.measured_compute(measurement["worlds"][world])
     else:
-        world, fitted, source = "2", {}, "stated defaults (nothing measured yet)"
+        world, fitted, source, base = "2", {}, "stated defaults (nothing measured yet)", CostModel()
     sizes, layers = ((8, 1024), 2) if quick else (scale.SIZES, 8)
     step = dict(layers=layers, dim=8192, batch=1024, dtype=torch.bfloat16)
-    rows = scale.simulate(("dp", "fsdp"), sizes, fitted, int(world), CostModel(), step, schedule_overlap,
+    rows = scale.simulate(("dp", "fsdp"), sizes, fitted, int(world), base, step, schedule_overlap,
                           build_graph, memory_budget)  # fmt: skip
     print(f"Collectives: {source}; growth with GPU count: ring / tree after NCCL's tuning model, "
-          f"{scale.GPUS_PER_NODE} GPUs a node, {scale.NET_GBPS:g} GB/s network per GPU, compute as on one GPU "
+          f"{scale.GPUS_PER_NODE} GPUs a node, {scale.NET_GBPS:g} GB/s network per GPU; compute as on one GPU "
+          f"({base.matmul_tflops:.0f} TFLOP/s, {base.bandwidth_gbps:.0f} GB/s) "
           f"(weak scaling: {step['batch']} tokens a rank; {layers} layers of {step['dim']}², bf16). See fusion/comms/scale.py.")  # fmt: skip
     print(table([(r["gpus"], r["step"], r["algorithm"], f"{r['comm_ms']:.2f}", f"{r['exposed_before_ms']:.2f}",
                   f"{r['exposed_after_ms']:.2f}", f"{r['step_after_ms']:.2f}") for r in rows],

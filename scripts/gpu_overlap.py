@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         r0 = result["ranks"][0]
         if "collectives" in r0:
             collectives["worlds"][str(world)] = {"rows": r0["collectives"], "fit": r0.get("fit", {}),
-                                                 "predicted_by_fit": r0.get("predicted_by_fit", [])}  # fmt: skip
+                                                 "predicted_by_fit": r0.get("predicted_by_fit", []),
+                                                 "calibration": r0.get("calibration", {})}  # fmt: skip
             collectives.update(device=r0["device"], torch=r0["torch"], date=r0["date"])
         errors += [f"x{world} rank {r['rank']}: {r['error']}" for r in result["ranks"] if "error" in r]
         errors += [f"x{world}: {result['cut']}"] if "cut" in result else []

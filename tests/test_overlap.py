@@ -585,3 +585,26 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
     assert overlap.main(["--plot", str(tmp_path / "x.png")]) == 2
     assert "uv run --extra plot" in capsys.readouterr().out and not (tmp_path / "x.png").exists()
+
+
+def test_the_lesson_refits_the_newest_measured_collectives(tmp_path):
+    import json
+
+    from fusion.comms.fit import fit_table, newest_measurement
+
+    assert newest_measurement(str(tmp_path)) is None
+    worlds = {}
+    for world in (2, 4):
+        rows = [{"op": "all_reduce", "bytes": 2**p, "measured_ms": (25e-6 + 2**p * 2 * (world - 1) / world / 300e9)
+                 * 1e3} for p in range(20, 31, 2)]  # fmt: skip
+        worlds[str(world)] = {"rows": rows, "fit": {"stale": "refitted on reading"}, "calibration": {}}
+    (tmp_path / "h100-2026-11-26-overlap-collectives.json").write_text(
+        json.dumps({"device": "NVIDIA H100", "torch": "2.11", "date": "2026-11-26", "worlds": worlds})
+    )
+    found = newest_measurement(str(tmp_path))
+    assert found["file"].startswith("h100") and found["worlds"]["4"]["fit"]["all_reduce"]["latency_us"] == (
+        pytest.approx(25.0)
+    )
+    rows, headers = fit_table(found)
+    assert [r[:4] for r in rows] == [(2, "all-reduce", "25.0", "300"), (4, "all-reduce", "25.0", "300")]
+    assert rows[0][4].startswith(("+0%", "-0%")) and "worst" in headers[-1]

@@ -95,11 +95,19 @@ def newest_measurement(results: str | Path | None = None) -> dict | None:
         files, rank0 = old, json.loads(old[-1].read_text())["ranks"][0]
         found = {"device": rank0.get("device"), "torch": rank0.get("torch"), "date": rank0.get("date"),
                  "timing": "one call at a time, host-synced (issue 22's script)",
-                 "worlds": {str(rank0["world_size"]): {"rows": rank0["collectives"]}}}  # fmt: skip
+                 "worlds": {str(rank0["world_size"]): {"rows": rank0["collectives"],
+                                                       "calibration": rank0.get("calibration", {})}}}  # fmt: skip
     for world, entry in found.get("worlds", {}).items():
         entry["fit"] = fit_rows(entry["rows"], int(world))  # this module's fit, whatever the file holds
     found["worlds"] = {w: e for w, e in found.get("worlds", {}).items() if e["rows"]}
     return found | {"file": files[-1].name} if found["worlds"] else None
+
+
+def measured_compute(entry: dict) -> CostModel:
+    """The stated compute figures, replaced by a world entry's measured ones (matmul peak, copy bandwidth) if any."""
+    cal, base = entry.get("calibration") or {}, CostModel()
+    return CostModel(matmul_tflops=cal.get("matmul_tflops") or base.matmul_tflops,
+                     bandwidth_gbps=cal.get("copy_gbps") or base.bandwidth_gbps)  # fmt: skip
 
 
 def fit_table(measurement: dict) -> tuple[list[tuple], list[str]]:
