@@ -381,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1), f"\nwrote {path}")
         return 0
-    gpus = 2 if args.dry_run else torch.cuda.device_count()
-    worlds = [int(w) for w in args.worlds.split(",") if w] or [w for w in (2, 4) if w <= gpus]
+    asked = [int(w) for w in args.worlds.split(",") if w]
+    gpus = max(asked or [2]) if args.dry_run else torch.cuda.device_count()  # a dry run: CPU processes, as asked
+    worlds = asked or [w for w in (2, 4) if w <= gpus]
     kept = {k: v for k, v in vars(args).items() if k not in ("out", "cost_model")}
     collectives: dict = {"args": kept, "worlds": {}}
     errors = []
