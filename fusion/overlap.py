@@ -3,6 +3,8 @@
 Run it:   uv run python -m fusion.overlap          (``--quick`` for the small version CI runs)
 Test it:  uv run pytest -m phase10
 GPU:      uv run python scripts/gpu_overlap.py     (NCCL on >= 2 GPUs; ``--dry-run`` runs its steps on CPU/gloo)
+Picture:  uv run --extra plot python -m fusion.overlap --plot schedule.png [--trace T.json.gz ...]
+          (the simulated schedules, before and after; each ``--trace`` a kept GPU profiler trace beside them)
 
 What you learn
 --------------
@@ -16,10 +18,15 @@ What you learn
 * An overlap scheduler moves starts early (``raise_comms`` in Inductor's ``comms.py``) and waits late
   (``sink_waits``), then orders the rest so that independent compute sits between them. Two rules bind it: a fusion
   region of Phase 6 is one kernel and moves as one unit (a wait inside it would cut it in two), and every early start
-  keeps its buffer alive longer, so memory is simulated and kept within a budget.
+  keeps its buffer alive longer (an all_gather's or reduce_scatter's input, which NCCL reads until the end; not
+  an all_reduce's, which funcol copies into its output as it starts), so memory is simulated and kept within a budget.
 * Every rank must choose the same order (the collectives must match across ranks), so the scheduler is deterministic
   and its costs are estimates every rank shares: roofline compute, region bytes / bandwidth, and NCCL's
   ``latency + bytes · factor / bus bandwidth`` (machinery: ``fusion/comms/cost.py``).
+* Two GPUs are not a cluster. The model's latency and bandwidth are fitted to collectives measured on one host
+  (``fusion/comms/fit.py``); a stated algorithm (ring, or NCCL's tree for all_reduce) says how they grow with the
+  GPU count, and the same scheduler runs on the step at 8 to 1,024 GPUs: *simulated*, not measured
+  (``fusion/comms/scale.py``).
 
 The idea in one picture (data parallel, 2 layers, backward then gradient all-reduces)::
 
@@ -31,10 +38,13 @@ The idea in one picture (data parallel, 2 layers, backward then gradient all-red
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 import torch.fx as fx
 
-from fusion.common import heading, lesson_cli, table
-from fusion.comms import bucket, gloo, inductor, passes
+from fusion.common import heading, run_lesson, table
+from fusion.comms import bucket, fit, gloo, inductor, passes, scale
 from fusion.comms.capture import capture_step
 from fusion.comms.cost import CostModel
 from fusion.comms.units import OverlapGraph, ScheduleError, Timeline, Unit, apply_order, check_regions, check_schedule
@@ -206,9 +216,12 @@ def run(quick: bool = False) -> None:
         )
 
     measured = gloo.measured_rows()
-    if measured:  # what scripts/gpu_overlap.py measured on two GPUs (NCCL): the README says where and when
-        heading("Measured on two H200s with NCCL (scripts/results, README: Phase 10 on two GPUs)", "-")
+    if measured:  # what scripts/gpu_overlap.py measured (NCCL): the README says where and when
+        heading("Measured with NCCL, compiled steps (the newest run in scripts/results; the README says where)", "-")
         print(table(measured, ["step", "variant", "step ms", "NCCL ms", "exposed ms"]))
+
+    measured_fit = cost_model_per_size()
+    beyond_the_host(measured_fit, quick)
 
     heading("Run it for real: gloo, 2 processes, CPU", "-")
     if quick:
@@ -218,8 +231,82 @@ def run(quick: bool = False) -> None:
     print(str(result).replace("; ", "\n"))
 
 
+def cost_model_per_size() -> dict | None:
+    """The newest measured collectives (scripts/results), refitted: latency and bus bandwidth per collective, and
+    how far the fit and the stated defaults are from each measured size."""
+    measurement = fit.newest_measurement()
+    heading("The cost model against measured collectives, 1 MiB to 1 GiB", "-")
+    if measurement is None:
+        print("nothing measured yet (scripts/gpu_overlap.py writes *-overlap-collectives.json): stated defaults only")
+        return None
+    timing = measurement.get("timing", "back to back, CUDA events (nccl-tests' convention)")
+    print(f"{measurement['device']}, torch {measurement['torch']}, {measurement['date']} ({measurement['file']}; "
+          f"{timing}). Fit: time = latency + bytes · factor / bus bandwidth, least squares of relative error:")  # fmt: skip
+    print(table(*fit.fit_table(measurement)))
+    return measurement
+
+
+def beyond_the_host(measurement: dict | None, quick: bool) -> None:
+    """The exposed communication of both steps at 8 to 1,024 GPUs: SIMULATED with the fitted figures."""
+    heading("Beyond the host, on paper: 8 to 1,024 GPUs (SIMULATED, not measured)", "-")
+    if measurement:
+        world = max(measurement["worlds"], key=int)
+        fitted, source = measurement["worlds"][world]["fit"], f"fitted on {world} x {measurement['device']}"
+        base = fit.measured_compute(measurement["worlds"][world])
+    else:
+        world, fitted, source, base = "2", {}, "stated defaults (nothing measured yet)", CostModel()
+    sizes, layers = ((8, 1024), 2) if quick else (scale.SIZES, 8)
+    step = dict(layers=layers, dim=8192, batch=1024, dtype=torch.bfloat16)
+    rows = scale.simulate(("dp", "fsdp"), sizes, fitted, int(world), base, step, schedule_overlap,
+                          build_graph, memory_budget)  # fmt: skip
+    print(f"Collectives: {source}; growth with GPU count: ring / tree after NCCL's tuning model, "
+          f"{scale.GPUS_PER_NODE} GPUs a node, {scale.NET_GBPS:g} GB/s network per GPU; compute as on one GPU "
+          f"({base.matmul_tflops:.0f} TFLOP/s, {base.bandwidth_gbps:.0f} GB/s) "
+          f"(weak scaling: {step['batch']} tokens a rank; {layers} layers of {step['dim']}², bf16). See fusion/comms/scale.py.")  # fmt: skip
+    print(table([(r["gpus"], r["step"], r["algorithm"], f"{r['comm_ms']:.2f}", f"{r['exposed_before_ms']:.2f}",
+                  f"{r['exposed_after_ms']:.2f}", f"{r['step_after_ms']:.2f}") for r in rows],
+                ["GPUs", "step", "all_reduce", "comm ms", "exposed, unscheduled", "exposed, ours", "step ms, ours"]))  # fmt: skip
+    print("A ring's latency grows with every GPU it passes (2(n−1) hops for an all-reduce); a tree's with log2 of "
+          "the nodes. Across nodes the network, not NVLink, sets the bandwidth: communication outgrows the compute "
+          "that could hide it. All of this table is simulation.")  # fmt: skip
+
+
+def plot_schedule(path: str, traces: list[str], quick: bool = False) -> str:
+    """The picture: simulated before/after lanes of both steps, and each kept trace's GPU kernels."""
+    layers = 2 if quick else 4
+    from fusion.comms.plot import draw_lanes, lanes_of_timeline
+    from fusion.comms.profile import lanes_of_trace
+
+    panels = []
+    for kind in ("dp", "fsdp"):
+        gm = capture_step(kind, layers=layers, dim=8192, batch=1024, dtype=torch.bfloat16)
+        graph, _ = build_graph(gm, CostModel())
+        order = schedule_overlap(graph, memory_budget(graph))
+        for label, o in (("unscheduled", graph.original), ("after the pass", order)):
+            panels.append((f"{kind}, {label} (simulated, {layers} layers)", lanes_of_timeline(graph.timeline(o))))
+    for trace in traces:
+        panels.append((f"trace {Path(trace).name}", lanes_of_trace(trace)))
+    return str(draw_lanes(panels, path))
+
+
 def main(argv: list[str] | None = None) -> int:
-    return lesson_cli(run, __doc__, argv)
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m fusion.overlap", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller sizes and fewer examples (what CI runs)")
+    p.add_argument("--plot", metavar="PNG", help="draw the schedules as timelines (needs the 'plot' extra)")
+    p.add_argument("--trace", metavar="TRACE", action="append", default=[],
+                   help="with --plot: a kept torch.profiler trace (.json or .json.gz) drawn beside them")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.plot:
+        from fusion.comms.plot import PLOT_HINT, have_matplotlib
+
+        if not have_matplotlib():
+            print(PLOT_HINT)
+            return 2
+        # an unsolved TODO(human) in the scheduler: its message, as the lesson gives it
+        return run_lesson(lambda: print(f"wrote {plot_schedule(args.plot, args.trace, args.quick)}"))
+    return run_lesson(lambda: run(quick=args.quick))
 
 
 if __name__ == "__main__":

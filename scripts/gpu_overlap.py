@@ -1,23 +1,30 @@
-"""Phase 10 on GPUs: step time and exposed communication, unscheduled vs our schedule vs Inductor's (issue 22).
+"""Phase 10 on GPUs (issues 22, 40): both steps at 2 and 4 GPUs, compiled with and without the overlap pass, beside
+Inductor with and without its overlap scheduling; the collective cost model per size; a profiler trace per rank.
 
-    PYTHONPATH=. python3 scripts/gpu_overlap.py                  # all GPUs of the host, NCCL (world size = GPU count)
-    PYTHONPATH=. python3 scripts/gpu_overlap.py --single         # one GPU: calibrate the cost model (matmul, copy)
-    uv run python scripts/gpu_overlap.py --dry-run               # here: gloo on CPU, 2 processes, toy sizes
+    PYTHONPATH=. python3 scripts/gpu_overlap.py --worlds 2,4          # NCCL; one world size after the other
+    PYTHONPATH=. python3 scripts/gpu_overlap.py --single              # one GPU: calibrate matmul and copy only
+    uv run python scripts/gpu_overlap.py --dry-run                     # here: gloo on CPU, 2 processes, toy sizes
 
-What it measures, per rank, written as one JSON file to ``$OUT`` (or ``scripts/results/``):
+Per world size ``w`` (``w`` processes, ``torch.multiprocessing`` spawn, GPUs 0..w-1), every rank:
 
-* ``calibration``: matmul peak (TFLOP/s, an n³ bf16 matmul) and copy bandwidth (GB/s) of this GPU: the compute
-  figures of :class:`fusion.comms.cost.CostModel`.
-* ``collectives``: all_reduce, all_gather and reduce_scatter over sizes from 1 MiB up: measured time, the cost
-  model's prediction (with the stated default bus bandwidth and latency), and the bus bandwidth measured
-  (nccl-tests' busbw = size · factor / time; factor 2(n−1)/n or (n−1)/n). A fit of latency and bus bandwidth follows.
-* ``steps``: the data-parallel and FSDP-style steps of Phase 10 (bf16), each run as its captured aten graph
-  (unscheduled, and reordered by our scheduler) and through Inductor (``torch.compile`` of the same graph, with and
-  without ``aten_distributed_optimizations.enable_overlap_scheduling`` where this torch has it): median step time,
-  and from torch.profiler the NCCL kernels' time and the part of it no compute kernel overlaps (exposed).
+* ``calibration``: matmul peak (an n³ bf16 matmul) and copy bandwidth: the compute figures of the cost model.
+* ``collectives``: all_reduce, all_gather and reduce_scatter of 1 MiB to 1 GiB (the full buffer), timed back to back
+  with CUDA events (nccl-tests' convention: the GPU's time, ``measured_ms``) and one call at a time with a host
+  sync (``synced_ms``); the default model's prediction beside each; a latency/bandwidth fit per collective that
+  minimises relative error (``fusion/comms/fit.py``). Rank 0's fit becomes every rank's cost model, the backend's
+  overlap pass included (``fusion.comms.passes.set_cost_model``), so all ranks schedule the same order.
+* ``steps``: the data-parallel and FSDP-style steps of Phase 10 (bf16, captured as aten graphs) compiled by
+  ``backend="fusion"`` without and with ``options={"overlap": True}``, and by Inductor as shipped, with its overlap
+  scheduling (``aten_distributed_optimizations.enable_overlap_scheduling``) and, where this torch overlaps by default
+  (``enable_simple_overlap``, torch >= 2.12 or so), with every overlap switch off. Per variant: first call (compile)
+  seconds, median step ms, peak memory above the step's inputs, and from one profiled call the NCCL kernels' time,
+  the part no compute kernel overlaps (exposed) and, per NCCL kernel, what overlapped it; the Chrome trace is kept
+  gzipped under ``$OUT/traces/`` (Perfetto opens it).
 
-The host requires NVLink multicast off: this script sets NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-before torch starts. Every rank has a deadline; a failing variant records its error and the others go on.
+A time budget (``--budget-s``, default 500 s) is shared out between the world sizes; rank 0 decides before each
+variant whether it still fits and every rank follows. Rows are appended to ``*-overlap-steps.jsonl`` as they are
+measured, so a run cut short keeps what it did. NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, set before torch starts and inherited by every rank).
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ import os
 
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink SHARP / multicast off (the GPU host requires it)
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -42,6 +49,7 @@ import torch.distributed as dist  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+VARIANTS = ("fusion", "fusion+overlap", "inductor_overlap", "inductor", "inductor_no_overlap")  # most wanted first
 
 
 def sync(device: torch.device) -> None:
@@ -62,6 +70,27 @@ def median_ms(fn, device: torch.device, iters: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def back_to_back_ms(fn, device: torch.device, iters: int, warmup: int = 3) -> float:
+    """Mean time of ``iters`` calls issued back to back (CUDA events on a GPU): no host sync between them."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    dist.barrier()
+    sync(device)
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) * 1e3 / iters
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / iters
+
+
 def calibrate(device: torch.device, dry: bool) -> dict:
     """Matmul peak and copy bandwidth: the compute side of the cost model."""
     n = 256 if dry else 8192
@@ -75,178 +104,160 @@ def calibrate(device: torch.device, dry: bool) -> dict:
             "copy_gbps": 2 * src.nbytes / (copy * 1e-3) / 1e9}  # fmt: skip
 
 
-def bench_collectives(device: torch.device, world: int, dry: bool, iters: int) -> list[dict]:
+def bench_collectives(device: torch.device, world: int, args) -> list[dict]:
+    """Each collective at each size: back to back (``measured_ms``) and synced one by one (``synced_ms``)."""
     from fusion.comms.cost import CostModel
 
     model = CostModel(world_size=world)
-    sizes = [2**20, 2**22] if dry else [2**p for p in range(20, 31, 2)]  # 1 MiB … 1 GiB (the full buffer)
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    sizes = [2**p for p in range(20, 21 + args.max_log2_mib)]  # 1 MiB ... 2**max MiB of full buffer
+    biggest = max(sizes) * 8 // torch.finfo(dtype).bits
+    full_all = torch.ones(biggest, device=device, dtype=dtype)
+    piece_all = torch.ones(biggest // world, device=device, dtype=dtype)
     rows = []
     for name in COLLECTIVES:
         for size in sizes:
-            numel = size // 2  # bf16 (fp32 on gloo: then size is 2× the label; the row says which)
-            dtype = torch.float32 if dry else torch.bfloat16
-            full = torch.ones(numel, device=device, dtype=dtype)
-            piece = torch.ones(numel // world, device=device, dtype=dtype)
+            numel = size * 8 // torch.finfo(dtype).bits // world * world
+            full, piece = full_all[:numel], piece_all[: numel // world]
             if name == "all_reduce":
                 fn = lambda full=full: dist.all_reduce(full)  # noqa: E731
             elif name == "all_gather_into_tensor":
                 fn = lambda full=full, piece=piece: dist.all_gather_into_tensor(full, piece)  # noqa: E731
             else:
                 fn = lambda full=full, piece=piece: dist.reduce_scatter_tensor(piece, full)  # noqa: E731
-            ms = median_ms(fn, device, iters)
+            guess_ms = model.collective_of(name, size).ms * 3
+            iters = 2 if args.dry_run else max(5, min(50, int(20 / guess_ms)))
             nbytes = full.numel() * full.element_size()
-            rows.append({"op": name, "bytes": nbytes, "measured_ms": ms,
-                         "predicted_ms": model.collective_of(name, nbytes).ms,
+            ms = back_to_back_ms(fn, device, iters)
+            rows.append({"op": name, "bytes": nbytes, "iters": iters, "measured_ms": ms,
+                         "synced_ms": median_ms(fn, device, 2 if args.dry_run else 5),
+                         "predicted_default_ms": model.collective_of(name, nbytes).ms,
                          "busbw_gbps": nbytes * model.bus_factor(name) / (ms * 1e-3) / 1e9})  # fmt: skip
     return rows
 
 
-def measured_cost_model(world: int, fit: dict, calibration: dict):
-    """The cost model with this host's figures: the all-reduce fit (latency, bus bandwidth), the matmul peak and copy
-    bandwidth just measured. Falls back to the stated defaults where a figure is missing."""
-    from fusion.comms.cost import CostModel
-
-    ar, default = fit.get("all_reduce") or {}, CostModel(world_size=world)
-    return CostModel(
-        world_size=world,
-        matmul_tflops=calibration.get("matmul_tflops") or default.matmul_tflops,
-        bandwidth_gbps=calibration.get("copy_gbps") or default.bandwidth_gbps,
-        bus_gbps=ar.get("busbw_gbps") or default.bus_gbps,
-        latency_us=max(ar.get("latency_us") or 0.0, 0.0) or default.latency_us,
-        source="measured by scripts/gpu_overlap.py on this host (rank 0's all-reduce fit and calibration)",
-    )
+# ----------------------------------------------------------------------------------------------------------------------
+# The steps
 
 
-def fit_latency_bandwidth(rows: list[dict], world: int) -> dict:
-    """Least squares of time = latency + bytes · factor / busbw, per op: the measured cost-model figures."""
-    from fusion.comms.cost import CostModel
-
-    model, out = CostModel(world_size=world), {}
-    for name in COLLECTIVES:
-        pts = [(r["bytes"] * model.bus_factor(name), r["measured_ms"] * 1e-3) for r in rows if r["op"] == name]
-        if len(pts) < 2:
-            continue
-        mx, my = statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / max(sum((x - mx) ** 2 for x, _ in pts), 1e-30)
-        out[name] = {"latency_us": (my - slope * mx) * 1e6, "busbw_gbps": 1 / slope / 1e9 if slope > 0 else None}
-    return out
-
-
-def comm_exposure(fn, device: torch.device) -> dict:
-    """torch.profiler over one call: NCCL kernels' total time and the part no compute kernel overlaps."""
-    if device.type != "cuda":
-        return {"skipped": "exposure is measured from CUDA kernels (NCCL vs compute streams); none on CPU"}
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        sync(device)
-    comm, compute = [], []
-    for e in prof.events():
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        span = (e.time_range.start, e.time_range.end)
-        (comm if "nccl" in e.name.lower() else compute).append(span)
-    compute.sort()
-    merged: list[list[float]] = []
-    for s, t in compute:  # the union of compute intervals
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], t)
-        else:
-            merged.append([s, t])
-    total = exposed = 0.0
-    for s, t in comm:
-        covered = sum(max(0.0, min(t, b) - max(s, a)) for a, b in merged)
-        total += t - s
-        exposed += (t - s) - covered
-    return {"comm_ms": total / 1e3, "exposed_ms": exposed / 1e3, "nccl_kernels": len(comm)}
-
-
-def inductor_variant(gm, overlap: bool):
-    """torch.compile of the captured graph; with Inductor's overlap scheduling on or off. (fn, note)."""
+def inductor_flags() -> dict:
+    """This torch's Inductor switches that overlap communication, with their values as shipped."""
     from torch._inductor import config
 
     opts = getattr(config, "aten_distributed_optimizations", None)
-    if overlap and (opts is None or not hasattr(opts, "enable_overlap_scheduling")):
-        return None, "this torch has no aten_distributed_optimizations.enable_overlap_scheduling"
-    patch = {"aten_distributed_optimizations.enable_overlap_scheduling": overlap} if opts is not None else {}
-    compiled = torch.compile(gm, backend="inductor")
-
-    def run(*args):
-        with config.patch(patch):
-            return compiled(*args)
-
-    return run, ""
+    flags = {"reorder_for_compute_comm_overlap": getattr(config, "reorder_for_compute_comm_overlap", None)}
+    for name in ("enable_overlap_scheduling", "enable_simple_overlap"):
+        if opts is not None and hasattr(opts, name):
+            flags[f"aten_distributed_optimizations.{name}"] = getattr(opts, name)
+    return flags
 
 
-def fusion_variant(gm, overlap: bool):
-    """backend="fusion" of the captured graph: compute in generated kernels and library calls, as Inductor's is;
-    with ``overlap`` Phase 10's scheduler runs as the backend's pass. (fn, note)."""
-    import fusion.backend  # noqa: F401  (registers "fusion")
+def make_variant(name: str, gm, device: torch.device):
+    """(fn, patch, note): the compiled step, the Inductor config to compile it under, or (None, {}, why not)."""
+    if name.startswith("fusion"):
+        import fusion.backend  # noqa: F401  (registers "fusion")
 
-    return torch.compile(gm, backend="fusion", options={"overlap": overlap}), ""
+        return torch.compile(gm, backend="fusion", options={"overlap": name == "fusion+overlap"}), {}, ""
+    from torch._inductor import config
+
+    flags = inductor_flags()
+    sched = "aten_distributed_optimizations.enable_overlap_scheduling"
+    if name == "inductor":
+        patch = {}
+    elif name == "inductor_overlap":
+        if sched not in flags:
+            return None, {}, f"this torch has no {sched}"
+        patch = {sched: True}
+        estimator = "aten_distributed_optimizations.compute_estimator"
+        if device.type != "cuda" and hasattr(config.aten_distributed_optimizations, estimator.split(".")[1]):
+            patch[estimator] = "analytical"  # its default benchmarks each op on a GPU; a dry run has none
+    else:  # every overlap switch off: only where one is on by default, else it is the "inductor" row again
+        if not any(flags.values()):
+            return None, {}, f"no overlap switch is on by default in this torch ({flags}): same as 'inductor'"
+        patch = {k: False for k, v in flags.items() if v}
+    return torch.compile(gm, backend="inductor"), patch, ""
 
 
-def bench_steps(args, rank: int, world: int, device: torch.device) -> list[dict]:
+def agree(value: object, src: int = 0) -> object:
+    """Rank ``src``'s value on every rank (decisions every rank must take alike)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def bench_steps(args, rank: int, world: int, device: torch.device, deadline: float, out: Path) -> list[dict]:
+    from torch._inductor import config
+
     from fusion.comms.capture import capture_step, step_inputs
-    from fusion.comms.cost import CostModel
-    from fusion.comms.units import OverlapGraph, apply_order, check_schedule
-    from fusion.overlap import memory_budget, schedule_overlap
-    from fusion.regions import build_fusion_regions
+    from fusion.comms.profile import profile_call
+    from fusion.overlap import build_graph, memory_budget, schedule_overlap
 
     dtype = torch.float32 if args.dry_run else torch.bfloat16
-    rows = []
-    for kind in args.steps.split(","):
+    rows, jsonl, setups = [], out / f"{args.stamp}-overlap-steps.jsonl", {}
+    for kind in args.steps.split(","):  # each step once: its inputs, the eager aten graph's answer, the simulation
         shape = dict(layers=args.layers, dim=args.dim, batch=args.batch, world_size=world)
-        plain = capture_step(kind, **shape, dtype=dtype, device=str(device))
-        ours = capture_step(kind, **shape, dtype=dtype, device=str(device))
-        model = getattr(args, "cost_model", None) or CostModel(world_size=world)
-        graph = OverlapGraph(ours, model, build_fusion_regions(ours))
+        capture = lambda k=kind, s=shape: capture_step(k, **s, dtype=dtype, device=str(device))  # noqa: E731
+        graph, _ = build_graph(capture(), args.cost_model)
         order = schedule_overlap(graph, memory_budget(graph))
-        check_schedule(graph, order, memory_budget(graph))
-        apply_order(ours, graph, order)
+        before, after = graph.timeline(graph.original), graph.timeline(order)
+        simulated = {k: {"step_ms": t.step_ms, "exposed_ms": t.exposed_ms} for k, t in
+                     (("unscheduled", before), ("ours", after))}  # fmt: skip
         inputs = step_inputs(kind, rank=rank, dtype=dtype, device=device, **shape)
-        predicted = {"unscheduled": graph.timeline(graph.original).__dict__, "ours": graph.timeline(order).__dict__}
-        predicted = {k: {"step_ms": v["step_ms"], "exposed_ms": v["exposed_ms"]} for k, v in predicted.items()}
-        variants = {"unscheduled": (plain, ""), "ours": (ours, "")}
-        if args.fusion:  # the same two, compiled: the comparison with Inductor's compiled steps is on equal terms
-            variants["fusion"] = fusion_variant(capture_step(kind, **shape, dtype=dtype, device=str(device)), False)
-            variants["fusion+overlap"] = fusion_variant(
-                capture_step(kind, **shape, dtype=dtype, device=str(device)), True
+        setups[kind] = (shape, capture, simulated, inputs, capture()(*inputs))
+    for name in args.variants.split(","):  # variant by variant, both steps each: the most wanted first
+        for kind, (shape, capture, simulated, inputs, ref) in setups.items():
+            row = {"world": world, "step": kind, "variant": name, **shape, "dtype": str(dtype), "rank": rank}
+            left = deadline - time.time()
+            go = agree(left > args.min_variant_s)  # rank 0's clock decides for everyone
+            fn, patch, note = (
+                make_variant(name, capture(), device) if go else (None, {}, f"time budget: {left:.0f} s left")
             )
-        if args.inductor:
-            variants["inductor"] = inductor_variant(capture_step(kind, **shape, dtype=dtype, device=str(device)), False)
-            variants["inductor_overlap"] = inductor_variant(
-                capture_step(kind, **shape, dtype=dtype, device=str(device)), True
-            )
-        else:
-            variants["inductor"] = (None, "left out (--no-inductor, or --dry-run without --inductor)")
-        ref = plain(*inputs)
-        for name, (fn, note) in variants.items():
-            row = {"step": kind, "variant": name, **shape, "dtype": str(dtype), "predicted": predicted.get(name)}
-            if fn is None:
-                rows.append({**row, "skipped": note})
-                continue
             try:
-                out = fn(*inputs)
-                row["max_abs_diff_vs_unscheduled"] = max(
-                    float((a - b).abs().max()) for a, b in zip(out, ref, strict=True)
+                if fn is None:
+                    row["skipped"] = note
+                    continue
+                row["inductor_patch"] = patch
+                start = time.perf_counter()
+                with config.patch(patch):  # Inductor reads its config while compiling: the first call
+                    got = fn(*inputs)
+                sync(device)
+                row["first_call_s"] = time.perf_counter() - start
+                row["max_abs_diff_vs_eager_graph"] = max(
+                    float((a - b).abs().max()) for a, b in zip(got, ref, strict=True)
                 )
                 row["step_ms"] = median_ms(lambda f=fn, x=inputs: f(*x), device, args.iters)
-                row.update(comm_exposure(lambda f=fn, x=inputs: f(*x), device))
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {e}"[:500]
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    base = torch.cuda.memory_allocated(device)
+                    fn(*inputs)
+                    sync(device)
+                    row["peak_mem_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+                trace = out / "traces" / f"{args.stamp}-x{world}-{kind}-{name.replace('+', '_')}-rank{rank}.json"
+                keep = name in args.trace_variants.split(",")
+                lanes = profile_call(lambda f=fn, x=inputs: f(*x), trace if keep else None, device.type == "cuda")
+                row.update(lanes.summary())
+                row["per_collective"] = lanes.detail()
+                row["notes"] = lanes.notes
+                if keep:
+                    row["trace"] = f"traces/{trace.name}.gz"
+            except Exception as e:  # one variant failing must not cost the others
+                row["error"] = f"{type(e).__name__}: {e}"[:600]
                 traceback.print_exc()
-            rows.append(row)
-            if rank == 0:
-                print(json.dumps(row), flush=True)
+            finally:
+                torch._dynamo.reset()  # compiled code and caches of this variant: gone before the next
+                rows.append(row)
+                if rank == 0:
+                    with open(jsonl, "a") as f:
+                        f.write(json.dumps({**row, "simulated": simulated}) + "\n")
+                    print(json.dumps({k: v for k, v in row.items() if k != "per_collective"}), flush=True)
     return rows
 
 
-def worker(rank: int, args, store: str) -> None:
-    world = args.world
+def worker(rank: int, args, store: str, world: int, deadline: float) -> None:
+    from fusion.comms import passes
+    from fusion.comms.cost import CostModel
+    from fusion.comms.fit import fit_rows, model_from_fit, prediction_rows
+
     if args.dry_run:
         backend, device = "gloo", torch.device("cpu")
     else:
@@ -254,36 +265,79 @@ def worker(rank: int, args, store: str) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))  # fmt: skip
+    out = Path(args.out)
     result = {"rank": rank, "world_size": world, "backend": backend, "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "date": datetime.date.today().isoformat(),
+              "date": datetime.date.today().isoformat(), "inductor_flags": inductor_flags(),
               "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}  # fmt: skip
     try:
         result["calibration"] = calibrate(device, args.dry_run)
-        result["collectives"] = bench_collectives(device, world, args.dry_run, 3 if args.dry_run else args.iters)
-        result["fit"] = fit_latency_bandwidth(result["collectives"], world)
-        shared = [result["fit"], result["calibration"]]  # rank 0's: every rank must schedule the same order
-        dist.broadcast_object_list(shared, src=0)
-        args.cost_model = measured_cost_model(world, *shared)
-        result["cost_model"] = dataclasses.asdict(args.cost_model)
-        result["steps"] = bench_steps(args, rank, world, device)
+        result["collectives"] = bench_collectives(device, world, args)
+        result["fit"] = fit_rows(result["collectives"], world)
+        fit, cal = agree([result["fit"], result["calibration"]])  # rank 0's: every rank schedules the same order
+        base = CostModel(world_size=world, matmul_tflops=cal["matmul_tflops"], bandwidth_gbps=cal["copy_gbps"])
+        args.cost_model = model_from_fit(world, fit, base, source=f"measured by scripts/gpu_overlap.py, x{world}")
+        result["predicted_by_fit"] = prediction_rows(result["collectives"], args.cost_model)
+        passes.set_cost_model(args.cost_model)  # the backend's overlap pass schedules with this host's figures
+        result["cost_model"] = {k: getattr(args.cost_model, k) for k in args.cost_model.__dataclass_fields__}
+        result["steps"] = bench_steps(args, rank, world, device, deadline, out)
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
     finally:
-        Path(args.out, f"rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
+        Path(out, f"x{world}-rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
         dist.destroy_process_group()
 
 
-def single(args) -> dict:
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    return {"mode": "single", "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "calibration": calibrate(device, args.dry_run)}  # fmt: skip
+def run_world(args, world: int, deadline: float) -> dict:
+    """Spawn ``world`` ranks; wait until they finish or the deadline (+ grace) passes; gather their JSON."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(worker, args=(args, f"{tmp}/store", world, deadline), nprocs=world,
+                                 start_method="spawn", join=False)  # fmt: skip
+        cut = ""
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.time() > deadline + args.grace_s:
+                    cut = f"ranks still running {args.grace_s:.0f} s after this world's deadline: terminated"
+                    break
+        except Exception as e:  # a rank raised: the others are terminated by join
+            cut = f"{type(e).__name__}: {str(e)[-400:]}"
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+    ranks = []
+    for r in range(world):
+        path = Path(args.out, f"x{world}-rank{r}.json")
+        ranks.append(json.loads(path.read_text()) if path.exists() else {"rank": r, "error": "wrote no result"})
+        path.unlink(missing_ok=True)
+    return {"world": world, "ranks": ranks, **({"cut": cut} if cut else {})}
+
+
+def summary(steps: Path, collectives: dict) -> str:
+    """The run in two short tables (what the integrator reads in the output's tail): steps, then the fits."""
+    from fusion.common import table
+    from fusion.comms.fit import SHORT
+
+    rows = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
+    f = lambda r, k, fmt=".2f": format(r[k], fmt) if isinstance(r.get(k), float) else "-"  # noqa: E731
+    lines = [table([(r["world"], r["step"], r["variant"], f(r, "step_ms"), f(r, "comm_ms"), f(r, "exposed_ms"),
+                     f(r, "peak_mem_mib", ".0f"), f(r, "first_call_s", ".0f"),
+                     (r.get("error") or r.get("skipped") or "")[:50]) for r in rows],
+                   ["GPUs", "step", "variant", "step ms", "NCCL ms", "exposed ms", "peak MiB", "1st s", "note"])]  # fmt: skip
+    fits = []
+    for world, entry in collectives["worlds"].items():
+        for op, fit in entry["fit"].items():
+            errs = [p["error"] for p in entry.get("predicted_by_fit", []) if p["op"] == op]
+            worst = max(errs, key=abs) if errs else float("nan")
+            fits.append((world, SHORT[op], f(fit, "latency_us", ".1f"), f(fit, "busbw_gbps", ".0f"), f"{worst:+.0%}"))
+    lines.append(table(fits, ["GPUs", "collective", "latency µs", "bus GB/s", "worst error, 1 MiB up"]))
+    return "\n".join(lines)
 
 
 def device_tag(dry: bool) -> str:
-    """'h200', 'h100', … for file names (as scripts/results/ names its files); 'cpu' for a dry run."""
+    """'h200', 'h100', ... for file names (as scripts/results/ names its files); 'cpu' for a dry run."""
     import re
 
     if dry or not torch.cuda.is_available():
@@ -294,52 +348,70 @@ def device_tag(dry: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="gloo on CPU, 2 processes, toy sizes (checks the steps)")
+    p.add_argument("--dry-run", action="store_true", help="gloo on CPU, 2 processes, toy sizes (every code path)")
     p.add_argument("--single", action="store_true", help="one GPU: calibrate matmul peak and copy bandwidth only")
-    p.add_argument("--world", type=int, default=0, help="ranks (default: every GPU; 2 with --dry-run)")
+    p.add_argument("--worlds", default="", help="world sizes, one after the other (default: 2,4 as GPUs allow)")
     p.add_argument("--steps", default="dp,fsdp", help="comma-separated: dp, fsdp, tp")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--trace-variants", default=",".join(VARIANTS), help="variants whose Chrome trace is kept")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--dim", type=int, default=8192)
     p.add_argument("--batch", type=int, default=1024, help="tokens per rank (smaller: communication matters more)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds for any collective (NCCL/gloo timeout)")
-    p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=None,
-                   help="also torch.compile with Inductor (default: on GPUs yes, dry run no)")  # fmt: skip
-    p.add_argument("--fusion", action=argparse.BooleanOptionalAction, default=True,
-                   help="also torch.compile(backend='fusion'), without and with options={'overlap': True}")  # fmt: skip
-    p.add_argument("--out", default=os.environ.get("OUT"), help="JSON folder (default scripts/results; a dry run: tmp)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--max-log2-mib", type=int, default=10, help="collectives up to 2**N MiB (10: 1 GiB)")
+    p.add_argument("--budget-s", type=float, default=500.0, help="wall seconds for everything, shared by worlds")
+    p.add_argument("--min-variant-s", type=float, default=35.0, help="start a variant only with this much left")
+    p.add_argument("--grace-s", type=float, default=40.0, help="after a world's deadline, before terminating it")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds for any collective (NCCL/gloo timeout)")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="folder (default scripts/results; a dry run: tmp)")
     args = p.parse_args(argv)
-    args.out = args.out or (
-        tempfile.mkdtemp(prefix="gpu_overlap_") if args.dry_run else str(ROOT / "scripts" / "results")
-    )
+    t0 = time.time()
+    args.out = args.out or (tempfile.mkdtemp(prefix="gpu_overlap_") if args.dry_run else str(ROOT / "scripts/results"))
+    Path(args.out, "traces").mkdir(parents=True, exist_ok=True)
     if args.dry_run:
         args.layers, args.dim, args.batch, args.iters = min(args.layers, 2), min(args.dim, 64), min(args.batch, 32), 2
-    if args.inductor is None:
-        args.inductor = not args.dry_run
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    stamp = f"{device_tag(args.dry_run)}-{datetime.date.today().isoformat()}"
+        args.max_log2_mib = min(args.max_log2_mib, 1)
+    args.stamp = f"{device_tag(args.dry_run)}-{datetime.date.today().isoformat()}"
     if args.single:
-        result = single(args)
-        path = Path(args.out, f"{stamp}-overlap-single.json")
+        device = torch.device("cpu" if args.dry_run else "cuda")
+        result = {"mode": "single", "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                  "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                  "calibration": calibrate(device, args.dry_run)}  # fmt: skip
+        path = Path(args.out, f"{args.stamp}-overlap-single.json")
         path.write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1), f"\nwrote {path}")
         return 0
-    args.world = args.world or (2 if args.dry_run else torch.cuda.device_count())
-    if args.world < 2:
-        print(f"world size {args.world}: the overlap measurement needs >= 2 ranks (use --single on one GPU)")
-        return 2
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:  # each rank writes rank<r>.json into args.out as soon as it is done
-        mp.start_processes(worker, args=(args, f"{tmp}/store"), nprocs=args.world, start_method="spawn")
-    ranks = [json.loads(Path(args.out, f"rank{r}.json").read_text()) for r in range(args.world)]
-    path = Path(args.out, f"{stamp}-overlap-x{args.world}.json")
+    asked = [int(w) for w in args.worlds.split(",") if w]
+    gpus = max(asked or [2]) if args.dry_run else torch.cuda.device_count()  # a dry run: CPU processes, as asked
+    worlds = asked or [w for w in (2, 4) if w <= gpus]
     kept = {k: v for k, v in vars(args).items() if k not in ("out", "cost_model")}
-    path.write_text(json.dumps({"args": kept, "ranks": ranks}, indent=1, default=str))
-    for r in range(args.world):
-        Path(args.out, f"rank{r}.json").unlink()
-    errors = [r["error"] for r in ranks if "error" in r]
-    print(f"wrote {path}" + (f"; errors: {errors}" if errors else ""))
+    collectives: dict = {"args": kept, "worlds": {}}
+    errors = []
+    for i, world in enumerate(worlds):
+        if world > gpus or world < 2:
+            print(f"world size {world}: this host has {gpus} GPUs (need 2 <= world <= GPUs): skipped", flush=True)
+            errors.append(f"x{world}: skipped")
+            continue
+        deadline = t0 + args.budget_s * 0.9  # 10 % kept for writing up
+        deadline = time.time() + (deadline - time.time()) / (len(worlds) - i)  # the time left, shared out equally
+        print(f"--- world size {world}: until {deadline - t0:.0f} s into the run", flush=True)
+        result = run_world(args, world, deadline)
+        Path(args.out, f"{args.stamp}-overlap-x{world}.json").write_text(
+            json.dumps({"args": kept, **result}, indent=1, default=str)
+        )
+        r0 = result["ranks"][0]
+        if "collectives" in r0:
+            collectives["worlds"][str(world)] = {"rows": r0["collectives"], "fit": r0.get("fit", {}),
+                                                 "predicted_by_fit": r0.get("predicted_by_fit", []),
+                                                 "calibration": r0.get("calibration", {})}  # fmt: skip
+            collectives.update(device=r0["device"], torch=r0["torch"], date=r0["date"])
+        errors += [f"x{world} rank {r['rank']}: {r['error']}" for r in result["ranks"] if "error" in r]
+        errors += [f"x{world}: {result['cut']}"] if "cut" in result else []
+        errors += [f"x{world} {s['step']} {s['variant']}: {s['error']}" for s in r0.get("steps", []) if "error" in s]
+    path = Path(args.out, f"{args.stamp}-overlap-collectives.json")
+    path.write_text(json.dumps(collectives, indent=1, default=str))
+    print(summary(Path(args.out, f"{args.stamp}-overlap-steps.jsonl"), collectives))
+    print(f"wrote {args.out} in {time.time() - t0:.0f} s" + (f"; errors: {errors}" if errors else ""))
     return 1 if errors else 0
 
 

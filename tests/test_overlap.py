@@ -368,6 +368,7 @@ def test_lesson_runs_quick(capsys):
     overlap.run(quick=True)
     out = capsys.readouterr().out
     assert "exposed communication" in out and "hidden by" in out
+    assert "SIMULATED, not measured" in out and "1,024 GPUs" in out  # beyond the host: said plainly
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -422,3 +423,188 @@ def test_the_lesson_reads_the_measured_rows_it_quotes(tmp_path):
         '{"step": "dp", "variant": "fusion", "step_ms": 10.47, "comm_ms": 4.04, "exposed_ms": 4.04}\n'
     )
     assert measured_rows(str(tmp_path)) == [("dp", "fusion", "10.47", "4.04", "4.04")]
+    (tmp_path / "h100-2026-11-26-overlap-steps.jsonl").write_text(  # issue 40's script: preferred, GPUs said
+        '{"world": 4, "step": "fsdp", "variant": "fusion+overlap", "step_ms": 9.0, "comm_ms": 7.0, "exposed_ms": 1.0}\n'
+        '{"world": 4, "step": "fsdp", "variant": "inductor", "skipped": "time budget: 20 s left"}\n'
+    )
+    assert measured_rows(str(tmp_path)) == [("fsdp, 4 GPUs", "fusion+overlap", "9.00", "7.00", "1.00")]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 40: the data-parallel step, at the proportions of a real one (weights much larger than a layer's activations)
+
+# The README's step (fake tensors: sizes cost nothing): a weight is 8x a layer's activations, and one layer's backward
+# takes about as long as its gradient's all_reduce under the default costs.
+DP_REAL = dict(layers=4, dim=8192, batch=1024, dtype=torch.bfloat16)
+
+
+def backward_mms(order):
+    """The matmuls of the backward half, in schedule order (every mm after the forward's last one)."""
+    mms = [u for u in order if u.kind == "compute" and not u.region and short(u.nodes[0]) == "mm"]
+    return mms[DP_REAL["layers"] :]
+
+
+def test_an_all_reduce_lets_its_input_die_at_the_start_but_a_gather_holds_it_to_the_wait(fake_group):
+    """funcol's all_reduce copies its input into its output when it starts; all_gather and reduce_scatter read their
+    input until the collective ends. Counting the all_reduce's input alive to the wait doubled every early gradient
+    in the memory simulation, and the budget then held data parallelism's all_reduces back (issue 40)."""
+
+    def both(x, w):
+        return funcol.all_reduce(x @ w, "sum", group()), GATHER(x @ w, 0, group())
+
+    gm = capture_fn(both, [torch.randn(8, 8), torch.randn(8, 8)], decompose=False)
+    graph, _ = graph_of(gm, regions=False)
+    for start in (u for u in graph.units if u.kind == "start"):
+        (source,) = start.nodes[0].all_input_nodes
+        freed_at = [graph.units[i] for i, ns in enumerate(graph.frees_at) if source in ns]
+        wait = graph.units[start.partner]
+        if short(start.nodes[0]) == "all_reduce":
+            assert freed_at == [start], freed_at  # its last user is the start: the copy is made there
+        else:
+            assert wait in freed_at, freed_at  # NCCL reads it until the wait
+
+
+def test_data_parallel_all_reduces_start_during_backward_within_the_default_budget(fake_group):
+    """The schedule property behind the compiled step's exposure (README: 4.05 ms exposed on 2 GPUs): every gradient's
+    all_reduce starts before the last backward matmul runs, except the last gradient's (it *is* that matmul's
+    output), so backward hides all of them but one; and the memory budget is not what moved them."""
+    gm = capture_step("dp", **DP_REAL)
+    graph, _ = graph_of(gm)
+    budget = overlap.memory_budget(graph)
+    order = overlap.schedule_overlap(graph, budget)
+    position = {u.index: i for i, u in enumerate(order)}
+    last_mm = backward_mms(order)[-1]
+    starts = [u for u in order if u.kind == "start"]
+    early = [u for u in starts if position[u.index] < position[last_mm.index]]
+    assert len(early) == len(starts) - 1, [u.name for u in starts]
+    assert graph.peak_memory(order) <= graph.peak_memory(graph.original)  # no memory spent on it at all
+    before, after = graph.timeline(graph.original), graph.timeline(order)
+    assert after.exposed_ms < 0.1 * before.exposed_ms
+
+
+def test_overlap_pass_on_the_data_parallel_step_issues_all_reduces_inside_backward(fake_group):
+    """The same property on the graph the backend compiles (options={"overlap": True}): in the rewritten fx graph the
+    first all_reduce comes before the last backward mm, and all waits after it."""
+    gm = capture_step("dp", **DP_REAL)
+    overlap.overlap_pass(gm, lambda *a: None)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    kinds = [("ar" if is_collective(n) else "wait" if is_wait(n) else short(n)) for n in nodes]
+    last_mm = max(i for i, k in enumerate(kinds) if k == "mm")
+    assert kinds.index("ar") < last_mm and sum(k == "ar" for k in kinds[:last_mm]) == DP_REAL["layers"] - 1
+    assert min(i for i, k in enumerate(kinds) if k == "wait") > last_mm
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 40: traces, the fitted cost model, beyond the host, the picture
+
+
+def chrome_trace(path, kernels):
+    """A Chrome trace as torch.profiler writes it: kernels (name, ts µs, dur µs) plus a CPU op to ignore."""
+    import gzip
+    import json
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 50.0, "pid": 1, "tid": 1}]
+    events += [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur, "pid": 0, "tid": 7 if "nccl" in n else 9,
+                "args": {"device": 0}} for n, ts, dur in kernels]  # fmt: skip
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def test_a_trace_gives_compute_and_network_lanes_and_what_hid_each_collective(tmp_path):
+    from fusion.comms.profile import lanes_of_trace
+
+    path = chrome_trace(tmp_path / "t.json.gz", [("sm90_gemm_bf16", 100.0, 40.0), ("triton_poi_fused_add_0", 140.0,
+                        10.0), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", 120.0, 50.0)])  # fmt: skip
+    lanes = lanes_of_trace(path)
+    assert [n for n, _, _ in lanes.compute] == ["sm90_gemm_bf16", "triton_poi_fused_add_0"] and len(lanes.comm) == 1
+    assert lanes.comm_us() == 50.0 and lanes.exposed_us() == pytest.approx(20.0)  # 120-150 hidden, 150-170 not
+    (d,) = lanes.detail()
+    assert d["kernel"] == "AllReduce_Sum_bf16_RING_LL" and d["start_us"] == 20.0 and d["exposed_us"] == 20.0
+    assert d["hidden_by"] == ["sm90_gemm_bf16", "triton_poi_fused_add_0"]  # most overlap first
+    assert lanes_of_trace({"traceEvents": []}).notes  # a CPU run's trace: no kernels, said so
+
+
+def test_the_fit_minimises_relative_error_and_the_model_uses_it_per_collective():
+    from fusion.comms.fit import fit_alpha_beta, fit_rows, model_from_fit, prediction_rows
+
+    true = {"all_reduce": (20.0, 300.0), "all_gather_into_tensor": (15.0, 250.0)}
+    rows = []
+    for op, (lat, bw) in true.items():
+        for i, mib in enumerate(2**p for p in range(0, 11, 2)):
+            size = mib * 2**20
+            t = lat * 1e-6 + size * CostModel(world_size=4).bus_factor(op) / (bw * 1e9)
+            rows.append({"op": op, "bytes": size, "measured_ms": t * 1e3 * (1.1 if i == 0 else 1.0)})  # noisy 1 MiB
+    fit = fit_rows(rows, world=4)
+    model = model_from_fit(4, fit)
+    for r in prediction_rows(rows, model):
+        assert abs(r["error"]) < 0.10, r  # every size within 10 %, the noisy smallest included
+    plain = CostModel(world_size=4, latency_us=1e4, bus_gbps=1.0)  # nothing like the fit: per-op figures win
+    assert model_from_fit(4, fit, plain).collective_of("all_gather_into_tensor", 2**20).ms < 1.0
+    with pytest.raises(ValueError, match="at least 2 sizes"):
+        fit_alpha_beta([(1.0, 1.0)])
+
+
+def test_ring_and_tree_grow_as_stated_beyond_the_host():
+    from fusion.comms import scale
+
+    assert scale.ring_hops("all_reduce", 4) == (6, 0) and scale.ring_hops("all_gather_into_tensor", 4) == (3, 0)
+    assert scale.ring_hops("all_reduce", 16) == (26, 4)  # 2 nodes: 2·15 steps, 4 of them between nodes
+    assert scale.tree_hops(1024) == (14, 14)  # 8 GPUs a node: a chain of 7 up and down; 128 nodes: 2·log2(128)
+    fitted = {"all_reduce": {"latency_us": 30.0, "busbw_gbps": 300.0}}
+    at = {(n, a): scale.scaled_model(fitted, 4, n, a, CostModel()).collective_of("all_reduce", 2**27).ms
+          for n in (4, 8, 1024) for a in ("ring", "tree")}  # fmt: skip
+    measured = 30e-3 + 2**27 * 1.5 / 300e9 * 1e3
+    assert at[(4, "ring")] == pytest.approx(measured)  # at the measured size: the fit itself
+    assert at[(1024, "tree")] < at[(1024, "ring")] and at[(8, "ring")] < at[(1024, "tree")]  # network bandwidth
+
+
+def test_beyond_the_host_simulates_both_steps_and_restores_the_fake_group(fake_group):
+    from fusion.comms import scale
+
+    step = dict(layers=2, dim=64, batch=16)
+    rows = scale.simulate(("dp", "fsdp"), (8, 16), {}, 2, CostModel(), step, overlap.schedule_overlap,
+                          overlap.build_graph, overlap.memory_budget)  # fmt: skip
+    assert {(r["gpus"], r["step"], r["algorithm"]) for r in rows} == {
+        (n, k, a) for n in (8, 16) for k, a in (("dp", "ring"), ("dp", "tree"), ("fsdp", "ring"))}  # fmt: skip
+    assert all(r["exposed_after_ms"] <= r["exposed_before_ms"] + 1e-12 for r in rows)
+    assert torch.distributed.get_world_size() == 2  # the tests' fake group is back
+
+
+def test_plot_writes_a_png_from_the_simulation_and_a_kept_trace(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    trace = chrome_trace(tmp_path / "t.json.gz", [("sm90_gemm", 0.0, 30.0), ("ncclDevKernel_AllGather", 10.0, 40.0)])
+    out = tmp_path / "schedule.png"
+    assert overlap.main(["--plot", str(out), "--trace", str(trace), "--quick"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    from fusion.comms import plot
+
+    monkeypatch.setattr(plot, "have_matplotlib", lambda: False)
+    assert overlap.main(["--plot", str(tmp_path / "x.png")]) == 2
+    assert "uv run --extra plot" in capsys.readouterr().out and not (tmp_path / "x.png").exists()
+
+
+def test_the_lesson_refits_the_newest_measured_collectives(tmp_path):
+    import json
+
+    from fusion.comms.fit import fit_table, newest_measurement
+
+    assert newest_measurement(str(tmp_path)) is None
+    worlds = {}
+    for world in (2, 4):
+        rows = [{"op": "all_reduce", "bytes": 2**p, "measured_ms": (25e-6 + 2**p * 2 * (world - 1) / world / 300e9)
+                 * 1e3} for p in range(20, 31, 2)]  # fmt: skip
+        worlds[str(world)] = {"rows": rows, "fit": {"stale": "refitted on reading"}, "calibration": {}}
+    (tmp_path / "h100-2026-11-26-overlap-collectives.json").write_text(
+        json.dumps({"device": "NVIDIA H100", "torch": "2.11", "date": "2026-11-26", "worlds": worlds})
+    )
+    found = newest_measurement(str(tmp_path))
+    assert found["file"].startswith("h100") and found["worlds"]["4"]["fit"]["all_reduce"]["latency_us"] == (
+        pytest.approx(25.0)
+    )
+    rows, headers = fit_table(found)
+    assert [r[:4] for r in rows] == [(2, "all-reduce", "25.0", "300"), (4, "all-reduce", "25.0", "300")]
+    assert rows[0][4].startswith(("+0%", "-0%")) and "worst" in headers[-1]

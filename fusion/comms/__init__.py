@@ -7,7 +7,11 @@
 * :mod:`fusion.comms.bucket`: merging small all_reduces that start together.
 * :mod:`fusion.comms.inductor`: Inductor's ``schedule_overlap_bucketing`` on the same graph, with our estimates.
 * :mod:`fusion.comms.gloo`: the scheduled graph run for real, gloo on CPU, in 2 processes.
-* :mod:`fusion.comms.passes`: ``overlap_pass(gm, note, ...)`` for the torch.compile backend.
+* :mod:`fusion.comms.passes`: ``overlap_pass(gm, note, ...)`` for the torch.compile backend (``set_cost_model``).
+* :mod:`fusion.comms.fit`: the collective model fitted to measured sizes (relative least squares), per collective.
+* :mod:`fusion.comms.profile`: a torch.profiler Chrome trace as compute and network lanes; exposed time per kernel.
+* :mod:`fusion.comms.scale`: ring and tree beyond one host, 8 to 1,024 GPUs (simulated, stated assumptions).
+* :mod:`fusion.comms.plot`: the schedule as a picture (matplotlib, the optional ``plot`` extra).
 
 Nothing here imports a lesson: the scheduler and the region builder come in as arguments.
 """

@@ -52,6 +52,7 @@ class CostModel:
     bus_gbps: float = 360.0  # NCCL bus bandwidth (nccl-tests' "busbw")
     latency_us: float = 10.0  # per collective
     source: str = "stated defaults: H100 SXM, NVLink 4"
+    per_op: tuple[tuple[str, float, float], ...] = ()  # (op, latency µs, bus GB/s) fitted per collective, if measured
 
     def bus_factor(self, name: str) -> float:
         """nccl-tests' busbw = algbw × this: 2(n−1)/n for all_reduce, (n−1)/n for all_gather / reduce_scatter."""
@@ -73,8 +74,9 @@ class CostModel:
             factor, fstr = 2 * (n - 1) / n, f"2·({n}−1)/{n}"
         else:
             factor, fstr = (n - 1) / n, f"({n}−1)/{n}"
-        ms = self.latency_us / 1e3 + size * factor / (self.bus_gbps * 1e9) * 1e3
-        return Cost(ms, f"{self.latency_us:g} µs + {size} B · {fstr} / {self.bus_gbps:g} GB/s")
+        latency, bus = next(((lat, bw) for op, lat, bw in self.per_op if op == name), (self.latency_us, self.bus_gbps))
+        ms = latency / 1e3 + size * factor / (bus * 1e9) * 1e3
+        return Cost(ms, f"{latency:.3g} µs + {size} B · {fstr} / {bus:.4g} GB/s")
 
     def memory(self, nbytes: int, what: str = "bytes") -> Cost:
         return Cost(nbytes / (self.bandwidth_gbps * 1e9) * 1e3, f"{what} {nbytes} B / {self.bandwidth_gbps:g} GB/s")

@@ -176,15 +176,19 @@ def _read(outdir: str, world_size: int) -> list[dict]:
 
 
 def measured_rows(results: str | None = None) -> list[tuple]:
-    """The step rows of the newest multi-GPU run in ``scripts/results`` (``*-overlap-x*-compiled.jsonl``, as
-    ``scripts/gpu_overlap.py`` measured them): (step, variant, step ms, NCCL ms, exposed ms); [] where there is none."""
+    """The step rows of the newest multi-GPU run in ``scripts/results``: ``*-overlap-steps.jsonl`` (issue 40's
+    script, every world size; the step column says how many GPUs), else ``*-overlap-x*-compiled.jsonl`` (issue 22's):
+    (step, variant, step ms, NCCL ms, exposed ms); [] where there is none."""
     import json
     from pathlib import Path
 
     root = Path(results) if results else Path(__file__).resolve().parents[2] / "scripts" / "results"
-    files = sorted(root.glob("*-overlap-x*-compiled.jsonl")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    files = sorted(root.glob("*-overlap-steps.jsonl")) or sorted(root.glob("*-overlap-x*-compiled.jsonl"))
     if not files:
         return []
     rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
-    return [(r["step"], r["variant"], f"{r['step_ms']:.2f}", f"{r.get('comm_ms', 0):.2f}", f"{r.get('exposed_ms', 0):.2f}")
+    return [(f"{r['step']}, {r['world']} GPUs" if "world" in r else r["step"], r["variant"], f"{r['step_ms']:.2f}",
+             f"{r.get('comm_ms', 0):.2f}", f"{r.get('exposed_ms', 0):.2f}")
             for r in rows if "step_ms" in r and "exposed_ms" in r]  # fmt: skip

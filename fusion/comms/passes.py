@@ -19,6 +19,14 @@ from fusion.comms.cost import CostModel
 from fusion.comms.units import OverlapGraph, ScheduleError, apply_order, check_regions, check_schedule
 
 PASS = "overlap"
+measured: CostModel | None = None  # set_cost_model(): a host's measured figures, for every rank's pass alike
+
+
+def set_cost_model(model: CostModel | None) -> None:
+    """The cost model the backend's pass uses from now on in this process (None: the stated defaults). Every rank
+    must set the same one (e.g. rank 0's fit, broadcast), or ranks may choose different orders."""
+    global measured
+    measured = model
 
 
 def overlap_pass(gm: fx.GraphModule, note: Callable[[str, list[str], str, str], None], *,
@@ -34,7 +42,9 @@ def overlap_pass(gm: fx.GraphModule, note: Callable[[str, list[str], str, str], 
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 2
         region_of = regions(gm) if regions is not None else {}
-        graph = OverlapGraph(gm, cost or CostModel(world_size=world), region_of)
+        if cost is None:
+            cost = measured if measured is not None and measured.world_size == world else CostModel(world_size=world)
+        graph = OverlapGraph(gm, cost, region_of)
         budget = int(graph.peak_memory(graph.original) * (1 + slack))
         order = schedule(graph, budget)
         check_schedule(graph, order, budget)

@@ -9,8 +9,10 @@ schedule is judged by:
   collectives one after another (NCCL's one stream), each starting when the compute engine reaches its start and the
   previous collective is done. A wait blocks compute until its collective ends: ``exposed = max(0, end − now)``.
 * :meth:`OverlapGraph.peak_memory` — bytes of live tensors over the order: a unit allocates its outputs (a region
-  only those leaving it; a view or wait nothing), a value dies after its last user, and a collective holds its input
-  until its wait (the network reads it meanwhile). Graph inputs are resident and not counted.
+  only those leaving it; a view or wait nothing), a value dies after its last user, and an all_gather or
+  reduce_scatter holds its input until its wait (NCCL reads it meanwhile). An all_reduce does not: funcol's
+  ``all_reduce`` copies its input into the output buffer when it starts (``input.clone()``, then an in-place
+  all-reduce of the copy), so the input may die at the start. Graph inputs are resident and not counted.
 * :func:`check_schedule` — a permutation of the units, every unit after its inputs (so every wait after its
   collective and before its users), peak memory within the budget; :func:`check_regions` on the rewritten fx graph.
 """
@@ -23,8 +25,16 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.comms.capture import is_collective, is_wait
+from fusion.comms.capture import is_collective, is_wait, short
 from fusion.comms.cost import Cost, CostModel, node_bytes
+
+
+def holds_input(start: fx.Node) -> bool:
+    """Whether a collective start keeps reading its input until its wait. Not an all_reduce: funcol's copies the
+    input into its output at the start (``input.clone()`` then ``all_reduce_`` of the copy). Counting the input alive
+    until the wait made every early gradient all_reduce look like a second copy of the gradient, and the memory
+    budget then kept data parallelism's all_reduces at the end of backward (issue 40)."""
+    return short(start) != "all_reduce"
 
 
 class ScheduleError(ValueError):
@@ -64,6 +74,7 @@ class Timeline:
     step_ms: float
     exposed_ms: float
     collectives: list[CollectiveTime]
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # compute units: (name, start, end) ms
 
 
 class OverlapGraph:
@@ -168,7 +179,7 @@ class OverlapGraph:
                     uu = self.unit_of[user]
                     if uu is not self.unit_of[b]:
                         users.setdefault(b, set()).add(uu.index)
-                    if uu.kind == "start":  # the network reads the input until the wait
+                    if uu.kind == "start" and holds_input(user):  # NCCL reads the input until the wait
                         users.setdefault(b, set()).add(uu.partner)
         for u in self.units:
             if u.kind == "input":
@@ -223,6 +234,7 @@ class OverlapGraph:
         running: dict[int, CollectiveTime] = {}  # start unit index -> its record
         sent: dict[int, float] = {}  # bucket (id of its group) -> when it ends
         done: list[CollectiveTime] = []
+        spans: list[tuple[str, float, float]] = []
         for u in order:
             if u.kind == "start":
                 group = lead.get(u.index)
@@ -245,11 +257,12 @@ class OverlapGraph:
                     overlap = min(now + u.cost.ms, c.ended_ms) - max(now, c.began_ms)
                     if overlap > 0:
                         c.hidden_by.append((u.name, overlap))
+                spans.append((u.name, now, now + u.cost.ms))
                 now += u.cost.ms
         if running:
             names = [self.units[i].name for i in running]
             raise ScheduleError(f"collectives {names} are never waited on in this order")
-        return Timeline(now, sum(c.exposed_ms for c in done), sorted(done, key=lambda c: c.start.index))
+        return Timeline(now, sum(c.exposed_ms for c in done), sorted(done, key=lambda c: c.start.index), spans)
 
     def bucket_cost(self, group: list[Unit]) -> float:
         """One collective moving the bytes of every member: one latency instead of len(group)."""
