@@ -1,0 +1,70 @@
+"""Phase 4's model suite run through Phase 9's backend: the suite harness (fusion.bench.suite) timing
+``backend="fusion"`` on tiny CPU models. Phase 9's tests: they need its solution, the harness itself is Phase 4's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import statistics
+
+import pytest
+
+from fusion import benchmark as B
+
+pytestmark = pytest.mark.phase9
+
+
+@pytest.fixture(scope="module")
+def tiny_suite():
+    """One tiny CPU suite run: two models (a torchvision ViT, HF GPT-2), eager + fusion + fusion+cudagraphs."""
+    from fusion.bench import suite as S
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = S.run_suite(
+            B.LESSON,
+            models=["vit_b_16", "gpt2"],
+            backends=["eager", "fusion", "fusion+cudagraphs"],
+            device="cpu",
+            rounds=1,
+        )
+    return result, out.getvalue()
+
+
+def test_tiny_suite_rows_have_pass_and_accuracy(tiny_suite):
+    result, printed = tiny_suite
+    assert result["schema"] == "suite-1" and result["meta"]["sizes"] == "tiny"
+    assert [r["model"] for r in result["models"]] == ["vit_b_16", "gpt2"]
+    for row in result["models"]:
+        if row["status"] == "skipped":
+            assert "not installed" in row["reason"]
+            continue
+        b = row["backends"]
+        assert set(b) == {"eager", "fusion", "fusion+cudagraphs"}
+        assert b["eager"]["status"] == "pass" and b["eager"]["median_s"] > 0 and b["eager"]["speedup_vs_eager"] == 1
+        blocks = b["eager"]["times_s"]  # every timed block is kept, and the spread behind the median with them
+        assert blocks and b["eager"]["median_s"] == pytest.approx(statistics.median(blocks), rel=1e-6)
+        assert 0 <= b["eager"]["iqr_s"] <= max(blocks) - min(blocks) + 1e-12
+        assert b["fusion"]["status"] == "pass" and b["fusion"]["accuracy"] == "pass", b["fusion"]
+        assert b["fusion"]["first_call_s"] > 0 and "interpreter" in b["fusion"]["note"]  # on CPU: not timed
+        cg = b["fusion+cudagraphs"]  # an option the backend may not have yet: a row either way, never a crash
+        assert cg["status"] in ("pass", "fail_to_run") and (cg["status"] == "pass" or cg["reason"])
+    s = result["summary"]["fusion"]
+    assert s["passed"] == s["models"] and s["pass_rate"] == 1.0
+    assert "summary:" in printed and "fusion: pass" in printed
+    assert all(len(line) <= 120 for line in printed.splitlines() if not line.startswith("    "))
+
+
+def test_suite_warms_each_compiler_once_before_timing_a_first_call(tiny_suite, monkeypatch):
+    """Each compiler's one-time costs (imports, Dynamo's first use) are paid on a throwaway function, once per
+    process: a first call is then the model's own compile, whichever backend runs first."""
+    from fusion.bench import suite as S
+
+    assert "fusion" in S._WARMED  # the tiny suite warmed it before its first model
+    monkeypatch.setattr(S, "_WARMED", {"fusion"})
+    calls = []
+    monkeypatch.setattr(S, "compile_with", lambda name, model: calls.append(name) or model)
+    every = ["eager", "fusion", "fusion+cudagraphs", "inductor", "inductor+reduce-overhead"]
+    S.warm_compilers(every, S.SuiteConfig(device="cpu"))
+    S.warm_compilers(every, S.SuiteConfig(device="cpu"))
+    assert calls == ["inductor"], calls  # once, and never for eager or a variant of a warmed compiler
