@@ -3,7 +3,7 @@
 fx writes an aten node as ``torch.ops.aten.convolution.default(...)``: an ``OpOverload``, whose call takes the boxed
 path (the arguments packed onto a stack and matched against the schema by the dispatcher). ``torch.convolution(...)``
 reaches the same kernel through the generated C++ binding, unboxed. Measured on the lent H200 (torch 2.11,
-``scripts/gpu_probe_calls.py``, 2026-11-24): a small channels_last bf16 1x1 convolution costs 20.6 µs of CPU per
+``scripts/archive/gpu_probe_calls.py``, 2026-11-24): a small channels_last bf16 1x1 convolution costs 20.6 µs of CPU per
 call as an OpOverload and 15.7 µs as ``torch.convolution``; a depthwise 3x3 16.3–21.3 µs against 11.3 µs. A graph
 that is CPU-bound (EfficientNet-B0: 81 convolutions a call) pays that on every library call. Inductor's output code
 calls ``extern_kernels.convolution`` (``torch.convolution``) and ``extern_kernels.mm`` for the same reason.

@@ -190,7 +190,7 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None], *, forward: boo
     In channels-last memory an (N, C, H, W) image is the (N·H·W, C) matrix ``X``, row-major; a 1x1 convolution with
     weight (K, C, 1, 1) is ``X @ W.T``, written as the (N·H·W, K) matrix that *is* the (N, K, H, W) channels-last
     output. Backward: ``dX = dY @ W``, ``dW = dY.T @ X``, ``db = dY.sum(0)``. The same products, only views around
-    them. Why: a CPU-bound graph pays per library call. Measured on an H100 host (``scripts/gpu_probe_conv1x1.py``,
+    them. Why: a CPU-bound graph pays per library call. Measured on an H100 host (``scripts/archive/gpu_probe_conv1x1.py``,
     bf16, the suite's shapes): the forward 19-32 µs of CPU a call against cuDNN's 26-35, the backward's two GEMMs
     37-72 µs against ``convolution_backward``'s 49-97, GPU time the same within a few µs either way. EfficientNet-B0
     has 65 such convolutions a call, ResNet-50 33 (and as many in its backward). Inductor has the same rewrite
