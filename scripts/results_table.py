@@ -162,7 +162,7 @@ def overlap_run() -> tuple[list[dict], dict, Path] | None:
             continue
         rank0 = next((r for r in ranks if isinstance(r, dict) and r.get("rank") == 0), None)
         if rank0 and rank0.get("steps"):
-            runs.append((str(rank0.get("date", "")), path, rank0["steps"], rank0))
+            runs.append((str(rank0.get("date", "")), path, [r for r in rank0["steps"] if "step_ms" in r], rank0))
     for path in RESULTS.glob("*-overlap-x*-compiled.jsonl"):
         lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
         sibling = path.with_name(path.name.replace("-compiled.jsonl", ".json"))
@@ -172,9 +172,23 @@ def overlap_run() -> tuple[list[dict], dict, Path] | None:
             meta = {k: ranks[0].get(k) for k in ("device", "torch", "date", "world_size")}
         date = meta.get("date") or re.search(r"\d{4}-\d\d-\d\d", path.name).group(0)
         runs.append((str(date), path, [r for r in lines if "step_ms" in r], meta))
+    for path in RESULTS.glob("*-overlap-steps.jsonl"):  # one row per world size, step and variant, as measured
+        lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()]
+        rows = [r for r in lines if "step_ms" in r]
+        order = list(VARIANTS)
+        rows.sort(key=lambda r: (r["world"], r["step"], order.index(r["variant"]) if r["variant"] in order else 99))
+        sibling = next(iter(sorted(path.parent.glob(path.name.replace("-steps.jsonl", "-x*.json")))), None)
+        ranks = (json.loads(sibling.read_text()).get("ranks") or [{}]) if sibling else [{}]
+        meta = {k: ranks[0].get(k) for k in ("device", "torch", "date")}
+        meta["world_size"] = " and ".join(str(w) for w in sorted({r["world"] for r in rows}))
+        date = meta.get("date") or re.search(r"\d{4}-\d\d-\d\d", path.name).group(0)
+        runs.append((str(date), path, rows, meta))
     if not runs:
         return None
-    date, path, rows, meta = max(runs, key=lambda r: (r[0], len({x.get("variant") for x in r[2]}), r[1].name))
+    steps_file = lambda r: r[1].name.endswith("-steps.jsonl")  # noqa: E731  (every world size of a run in one file)
+    date, path, rows, meta = max(
+        runs, key=lambda r: (r[0], steps_file(r), len({x.get("variant") for x in r[2]}), r[1].name)
+    )
     return rows, meta, path
 
 
@@ -188,24 +202,31 @@ def overlap_table() -> list[str]:
     out = [f"**Phase 10 — {world}× {meta.get('device', '?')}** (one host, NCCL), torch {meta.get('torch', '?')}, "
            f"measured {meta.get('date', '?')}, {_link(path)}: a training step of {shape.get('layers')} layers, "
            f"d {shape.get('dim')}, {shape.get('batch')} tokens per rank, bf16.", ""]  # fmt: skip
-    out.append("| step | variant | step ms | NCCL ms | exposed ms |")
-    out.append("|---|---|---|---|---|")
+    gpus = "world" in shape  # a run over several world sizes: a GPUs column
+    out.append(f"|{' GPUs |' if gpus else ''} step | variant | step ms | NCCL ms | exposed ms |")
+    out.append(f"|{'---|' if gpus else ''}---|---|---|---|---|")
     last = None
     for r in rows:
         name = VARIANTS.get(r["variant"], (r["variant"], ""))[0]
-        step = STEPS.get(r["step"], r["step"]) if r["step"] != last else ""
-        last = r["step"]
+        key = (r.get("world"), r["step"])
+        step = STEPS.get(r["step"], r["step"]) if key != last else ""
+        world = (f" {r['world']} |" if key != last else " |") if gpus else ""
+        last = key
         out.append(
-            f"| {step} | {name} | {r['step_ms']:.2f} | {r.get('comm_ms', 0):.2f} | {r.get('exposed_ms', 0):.2f} |"
+            f"|{world} {step} | {name} | {r['step_ms']:.2f} | {r.get('comm_ms', 0):.2f} | {r.get('exposed_ms', 0):.2f} |"
         )
     out.append("")
     out.append(
         "The variants: "
         + "; ".join(f"*{VARIANTS[v][0]}*: {VARIANTS[v][1]}" for v in VARIANTS if any(r["variant"] == v for r in rows))
         + ". "  # fmt: skip
-        '"ours" and "fusion" differ in what runs: "ours" is our *order* of an uncompiled graph, "fusion" '
-        "our *compiler* without that order. NCCL ms is torch.profiler's time in NCCL kernels, exposed ms the "
-        "part of it no compute kernel overlaps."
+        + (
+            '"ours" and "fusion" differ in what runs: "ours" is our *order* of an uncompiled graph, "fusion" '
+            "our *compiler* without that order. "
+            if any(r["variant"] == "ours" for r in rows)
+            else ""
+        )
+        + "NCCL ms is torch.profiler's time in NCCL kernels, exposed ms the part of it no compute kernel overlaps."
     )
     out.append("")
     return out
