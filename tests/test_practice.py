@@ -82,10 +82,12 @@ def test_stub_keeps_indentation_todo_line_and_everything_else():
     assert new_lines[stubs[1] - 1] == (
         " " * 4 + f'raise NotImplementedError("TODO(human) Phase 3: return a plus one. Hint: {HINT} 3")'
     )
-    for stub, r in zip(stubs, regions, strict=True):  # the TODO line stays, right above its stub, its task alone
-        assert new_lines[stub - 2] == old_lines[r.todo_line - 1].split(". Hint:")[0] + "."
-    assert new_lines[stubs[0] - 2] == " " * 16 + "# TODO(human): double every x that is not None."
-    assert "out.append" not in new and "the + operator" not in new  # hints are asked for: `hint N`
+    for stub, r in zip(stubs, regions, strict=True):  # the TODO line stays, right above its stub: task and first hint
+        assert new_lines[stub - 2] == old_lines[r.todo_line - 1].split(". More:")[0]
+    assert (
+        new_lines[stubs[0] - 2]
+        == " " * 16 + "# TODO(human): double every x that is not None. Hint: x * 2, then out.append"
+    )
     # nothing else changes: the file is the reference minus the regions' lines, plus one line each
     assert len(new_lines) == len(old_lines) - sum(r.end - r.begin for r in regions)
     assert new_lines[: regions[0].todo_line - 1] == old_lines[: regions[0].todo_line - 1]
@@ -684,9 +686,10 @@ def test_hint_has_two_levels_and_never_the_solution(tmp_path, capsys):
         lesson.read_text().replace("Hint: x * 2, then out.append", "Hint: x * 2. More: out.append(y) in the loop")
     )
     practice.start(tmp_path / "ws", root=ref, modules={"lesson": 3})
-    shown = (tmp_path / "ws/fusion/lesson.py").read_text()  # the workspace shows the task; each level is asked for
-    assert "# TODO(human): double every x that is not None.\n" in shown
-    assert "x * 2" not in shown and "out.append(y) in the loop" not in shown and "the + operator" not in shown
+    shown = (tmp_path / "ws/fusion/lesson.py").read_text()  # the task and the first hint; the second is asked for
+    assert "# TODO(human): double every x that is not None. Hint: x * 2\n" in shown
+    assert "# TODO(human): return a plus one. Hint: the + operator\n" in shown
+    assert "out.append(y) in the loop" not in shown
     assert practice.hint(3, root=tmp_path / "ws") == 0
     one = capsys.readouterr().out
     assert "hint: x * 2\n" in one and "out.append(y) in the loop" not in one and "--more" in one
@@ -863,8 +866,8 @@ def test_roundtrip_every_region_became_a_stub_and_no_marker_is_left(roundtrip):
         for r, s in zip(sorted(regions, key=lambda r: r.begin), stubs, strict=True):
             assert lines[s - 1] == r.stub  # same indentation as the markers, phase from fusion.main.PHASES
             assert lines[s - 1][: len(r.indent)] == ref_lines[r.begin - 1][: len(r.indent)] == r.indent
-            assert lines[s - 2] == r.todo  # the TODO(human) line stays, with its task and no hint
-            assert r.hint not in lines[s - 2] and (not r.more or r.more not in lines[s - 2])
+            assert lines[s - 2] == r.todo  # the TODO(human) line stays: its task and first hint, not the second
+            assert r.hint in lines[s - 2] and (not r.more or r.more not in lines[s - 2])
     for path in sorted(ws.rglob("*.py")):
         rel = path.relative_to(ws).as_posix()
         with path.open("rb") as f:

@@ -21,14 +21,14 @@ The reference solutions in the phase modules are marked as *learner regions*::
         # END SOLUTION
 
 ``start`` copies the project (pyproject.toml, uv.lock, README.md, fusion/, tests/, scripts/; never .venv, .git or
-caches) and replaces every region, at the same indentation, by one statement, under the task alone::
+caches) and replaces every region, at the same indentation, by one statement, under the task and its first hint::
 
-        # TODO(human): fuse each Linear whose only user is a ReLU.
+        # TODO(human): fuse each Linear whose only user is a ReLU. Hint: node.users
         raise NotImplementedError("TODO(human) Phase 2: fuse each Linear whose only user is a ReLU. Hint: uv run python -m fusion.practice hint 2")
 
-Hints are levels the learner asks for, one at a time: the file shows the task (which states every rule the tests
-check), ``hint N`` the first hint (what to look at), ``hint N --more`` the second (the idea, the API to read about;
-never the code). The reference keeps the whole line.
+Hints are levels: the file shows the task (which states every rule the tests check) and the first hint (what to look
+at); ``hint N --more`` gives the second (the idea, the API to read about; never the code), asked for. The reference
+keeps the whole line.
 
 The phase number comes from the file: ``fusion.main.PHASES`` maps phase N to the lesson file ``fusion/<module>.py``.
 Regions live only in lesson files; machinery subpackages (``fusion/kernels/``, ``fusion/bench/``, this package) are

@@ -17,8 +17,8 @@ from fusion.practice.workspace import Workspace, package_root, scan_reference, s
 
 def hint(phase: int | None = None, root: Path | None = None, more: bool = False) -> int:
     """Print a phase's tasks with the first level of hint (what to look at); ``more``: also the second level (the
-    idea, the API to read about). Never the solution. The workspace's files show the tasks alone: each level is
-    asked for. Default phase: the one of the next open TODO."""
+    idea, the API to read about). Never the solution. The workspace's files show each task with its first hint; the
+    second level is asked for. Default phase: the one of the next open TODO."""
     from fusion.main import PHASES
 
     root = root or package_root()

@@ -7,11 +7,11 @@ A region is::
         ...reference code...
         # END SOLUTION
 
-and becomes two lines at the same indentation: the TODO line with the task alone (``# TODO(human): <task>.``), and
-``raise NotImplementedError("TODO(human) Phase N: <task>. Hint: uv run python -m fusion.practice hint N")``. Hints
-are levels the learner asks for: ``hint N`` shows the Hint, ``hint N --more`` the More text; the workspace's file
-shows neither (the task states every rule the tests check; a hint is help, asked for). Every problem is one
-:class:`MarkerError` naming ``file:line``.
+and becomes two lines at the same indentation: the TODO line with the task and its first hint (``# TODO(human):
+<task>. Hint: <level 1>``), and ``raise NotImplementedError("TODO(human) Phase N: <task>. Hint: uv run python -m
+fusion.practice hint N")``. Hints are levels: the file shows the task (which states every rule the tests check) and
+the first hint; ``hint N --more`` gives the More text, asked for. Every problem is one :class:`MarkerError` naming
+``file:line``.
 """
 
 from __future__ import annotations
@@ -105,10 +105,10 @@ def stub_line(indent: str, phase: int, task: str) -> str:
     return f"{indent}raise NotImplementedError({literal})"
 
 
-def todo_comment(indent: str, task: str) -> str:
-    """The TODO line a workspace shows: the task alone, without its hints (``hint N`` and ``hint N --more`` give
-    them, one level at a time)."""
-    return f"{indent}{TODO_PREFIX} {task}."
+def todo_comment(indent: str, task: str, hint: str = "") -> str:
+    """The TODO line a workspace shows: the task and its first hint (what to look at); the second level is asked
+    for (``hint N --more``)."""
+    return f"{indent}{TODO_PREFIX} {task}." + (f" Hint: {hint}" if hint else "")
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,8 @@ class Region:
 
     @property
     def todo(self) -> str:
-        """Its TODO line in the workspace: the task, no hint."""
-        return todo_comment(self.indent, self.task)
+        """Its TODO line in the workspace: the task and the first hint, not the second."""
+        return todo_comment(self.indent, self.task, self.hint)
 
 
 def find_regions(text: str, path: str, phase: int | None) -> tuple[list[Region], list[str]]:
