@@ -47,12 +47,14 @@ from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
 from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
+from fusion.kernels import rows as krows
 from fusion.kernels import timing
 from fusion.kernels import triton_blocks as blocks
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, tl_dtype
+from fusion.kernels.rows import bind_args
+from fusion.kernels.triton_lang import compute_dtype, const_source, tl_dtype
 from fusion.kernels.triton_values import ValueWriter
 from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
@@ -193,11 +195,11 @@ class KernelWriter(ValueWriter):
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
         self.depth, self.guards = 0, []  # loops around the next line (a looped reduction); masks on its loads (cat)
         self.reductions = reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
-        self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
-        tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
+        self.stored = krows.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
+        krows.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
         # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
         # whole row or one element per row); a pointwise kernel walks the broadcast shape of what it stores.
-        self.rows = tlang.Rows.of(reductions, self.stored, MAX_RBLOCK) if reductions else None
+        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK) if reductions else None
         if self.rows:
             self.shape, nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
             self.splits = split_index("xindex", self.shape[:nrow]) + split_index("rindex", self.shape[nrow:], "r")
@@ -206,7 +208,7 @@ class KernelWriter(ValueWriter):
             try:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
             except RuntimeError as e:
-                raise tlang.split_by_shape(region, self.stored) from e
+                raise krows.split_by_shape(region, self.stored) from e
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
             walk, flat = [self.shape[d] for d in order], "xindex"
@@ -301,7 +303,7 @@ class KernelWriter(ValueWriter):
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
         val, nrow, source = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1, node
         own = at = self.index[:nrow] if len(val.shape) == nrow else self.index  # (a reduction without keepdim)
-        if moved := self.rows and tlang.row_permutation(node, self.shape):  # a transposed copy of the rows:
+        if moved := self.rows and krows.row_permutation(node, self.shape):  # a transposed copy of the rows:
             source, own = moved[1], [self.index[p] for p in moved[0]]  # its dim d is row dim perm[d]
         src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
@@ -316,7 +318,7 @@ class KernelWriter(ValueWriter):
         looped = self.rows and self.rows.looped
         for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
             self.reduce(r, self.index)
-        per_row = tlang.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
+        per_row = krows.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
         whole = [looped and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
         for i in [i for i, w in enumerate(whole) if not w]:
             self.store(i, self.stored[i])

@@ -21,6 +21,7 @@ from fusion.codegen import (
     offset_expr,
     split_index,
 )
+from fusion.kernels import rows as kernel_rows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, capture_aten
@@ -394,7 +395,7 @@ def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
 @contextlib.contextmanager
 def short_blocks(max_rblock=16, min_rows=1):
     """Rows longer than ``max_rblock`` are looped (RBLOCK max_rblock // 4), however few: small tensors take the loop."""
-    with mock.patch.object(codegen, "MAX_RBLOCK", max_rblock), mock.patch.object(tlang, "LOOPED_MIN_ROWS", min_rows):
+    with mock.patch.object(codegen, "MAX_RBLOCK", max_rblock), mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", min_rows):
         yield
 
 
@@ -452,10 +453,10 @@ def test_looped_reductions_of_every_kind():
 def test_few_long_rows_run_as_aten_with_the_reason():
     """Rows past one block, fewer than LOOPED_MIN_ROWS: one program a row would idle the GPU; aten's reduction spreads
     a row over it. The refusal names the counts; the answer is eager's."""
-    with short_blocks(min_rows=tlang.LOOPED_MIN_ROWS):
+    with short_blocks(min_rows=kernel_rows.LOOPED_MIN_ROWS):
         c = check(lambda x: torch.softmax(x * 2.0, -1), _rand((3, 40), 0))
     reasons = " ".join(d.reason for d in c.report.skipped)
-    assert "3 row(s) of 40 elements" in reasons and f"< {tlang.LOOPED_MIN_ROWS}" in reasons, reasons
+    assert "3 row(s) of 40 elements" in reasons and f"< {kernel_rows.LOOPED_MIN_ROWS}" in reasons, reasons
 
 
 @pytest.mark.parametrize(
@@ -465,9 +466,9 @@ def test_few_long_rows_run_as_aten_with_the_reason():
 def test_a_row_past_max_rblock_at_the_real_sizes(device):
     """No row-length limit: rows of MAX_RBLOCK (16384) + 1 elements, a softmax in one looped kernel (on the CPU one row,
     the interpreter takes ~0.4 s a row; on a GPU LOOPED_MIN_ROWS rows)."""
-    rows = tlang.LOOPED_MIN_ROWS if device == "cuda" else 1
+    rows = kernel_rows.LOOPED_MIN_ROWS if device == "cuda" else 1
     x = _rand((rows, codegen.MAX_RBLOCK + 1), 0).to(device)
-    with mock.patch.object(tlang, "LOOPED_MIN_ROWS", rows):
+    with mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", rows):
         c = check(lambda x: torch.softmax(x * 2.0, -1), x, kernels=1)
     assert c.kernels[0].name.startswith("triton_red_fused_")
 
