@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
-from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2, rows_per_program
+from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
@@ -59,25 +59,64 @@ COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-inn
 # rows than a GPU has SMs (an H100 has 132) most of the GPU would idle while a few programs walk their rows; Inductor
 # splits such a reduction over two kernels, we leave it to aten's reduction, which spreads one row over the GPU.
 LOOPED_MIN_ROWS = 128
+# A column walk (the rows are what is contiguous: ``x.sum(0)``, a bias gradient) takes XBLOCK >= COALESCED_ROWS
+# neighbouring rows a program, so its block of a row is short: a row of up to COLUMN_RBLOCK elements in one block
+# (16 x 256 = 4096 elements, the table's ELEMENTS_PER_PROGRAM), a longer one in steps of COLUMN_LOOP_RBLOCK (Inductor's
+# OUTER reductions step 8 at a time with XBLOCK 64; 64 here, a tile of 16-64 rows x 64 steps).
+COLUMN_RBLOCK, COLUMN_LOOP_RBLOCK = 256, 64
 
 
 @dataclass(frozen=True)
 class Rows:
-    """How a reduction kernel walks its region: XBLOCK rows of ``shape[:-nred]`` per program (chosen at launch); a row
-    is the last ``nred`` dimensions, ``rnumel`` elements in one block of ``rblock`` lanes. A pointwise kernel has
-    none."""
+    """How a reduction kernel walks its region: XBLOCK rows per program (chosen at launch). ``shape`` is the first
+    reduction's input; a row is its elements along the reduced dims, one row per index of the kept dims:
+    ``rnumel`` elements in one block of ``rblock`` lanes, or (``looped``) in a loop over blocks. The walk visits the
+    kept dims, then the reduced ones, each in logical order (``order``): over the trailing dims (softmax, LayerNorm)
+    that is the identity, ``shape[:-nred]`` rows of the last ``nred`` dims; over leading or middle dims (a bias
+    gradient's ``sum([0, 1])``, Inductor's OUTER reductions) a permuted walk, each element read at its real strides.
+    ``column``: the kept dims hold the innermost in memory, so neighbouring rows are neighbouring addresses: a program
+    takes at least :data:`COALESCED_ROWS` of them (a warp reads whole sectors) and steps along the reduced dims.
+    A pointwise kernel has none."""
 
     shape: tuple[int, ...]
     nred: int
     rnumel: int
     rblock: int
     looped: bool = False  # the row is longer than one block: reduced in a loop over blocks of RBLOCK
+    order: tuple[int, ...] | None = None  # the walk: kept dims then reduced dims (None: the identity)
+    column: bool = False  # rows contiguous in memory: XBLOCK >= COALESCED_ROWS on a GPU
+
+    @property
+    def walk_dims(self) -> tuple[int, ...]:
+        return self.order if self.order is not None else tuple(range(len(self.shape)))
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The dims of ``shape`` that index the rows, in logical order (the first of the walk)."""
+        return self.walk_dims[: len(self.shape) - self.nred]
+
+    @property
+    def walk(self) -> tuple[int, ...]:
+        """The sizes in walk order: the rows' dims, then a row's."""
+        return tuple(self.shape[d] for d in self.walk_dims)
+
+    @property
+    def count(self) -> int:
+        """How many rows."""
+        return math.prod(self.shape[d] for d in self.kept)
+
+    def per_row(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of one element per row: without keepdim and with it."""
+        rows = tuple(self.shape[d] for d in self.kept)
+        return rows, tuple(s if d in self.kept else 1 for d, s in enumerate(self.shape))
 
     @classmethod
-    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int) -> Rows:
+    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int, outer: bool = False) -> Rows:
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
-        every reduction reduces the trailing dims of that shape and every store lies inside the walk (a whole row,
-        or one element per row: anything else would be written out of its bounds)."""
+        every reduction reduces the same dims of that shape (the trailing ones, unless ``outer``: any), the rows or
+        a row are contiguous in memory, and every store lies inside the walk (a whole row, or one element per row:
+        anything else would be written out of its bounds). ``outer`` is the Triton generator's; the C lowering
+        (``fusion.compiler.lowering``) walks trailing dims only."""
         shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
 
@@ -86,41 +125,51 @@ class Rows:
             dims = [dims] if isinstance(dims, int) else dims or range(ndim)
             return sorted({d % ndim for d in dims}) if ndim else []
 
-        nred = len(dims_of(reductions[0]))  # the row: the last nred dims (softmax 1, a global pool 2)
-        nrow = ndim - nred
+        reduced = dims_of(reductions[0])  # the row: softmax [-1], a global pool [2, 3], a bias gradient [0, 1]
+        nred, nrow = len(reduced), ndim - len(reduced)
+        kept = [d for d in range(ndim) if d not in reduced]
+        trailing = reduced == list(range(nrow, ndim))
         for r in reductions:
-            dims = dims_of(r)
-            if tuple(r.args[0].meta["val"].shape) != shape or dims != list(range(nrow, len(shape))):
-                raise Unsupported(f"{r.name} reduces dims {dims} of {tuple(r.args[0].meta['val'].shape)}: "
+            dims, its = dims_of(r), tuple(r.args[0].meta["val"].shape)
+            if not outer and (its != shape or dims != list(range(nrow, len(shape)))):
+                raise Unsupported(f"{r.name} reduces dims {dims} of {its}: "
                                   "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
+            if its != shape or dims != reduced:
+                raise Unsupported(f"{r.name} reduces dims {dims} of {its}, {reductions[0].name} dims {reduced} of "
+                                  f"{shape}: a kernel's reductions reduce the same dims of one shape", r)  # fmt: skip
         val = reductions[0].args[0].meta["val"]
-        kept = [(st, size) for st, size in zip(val.stride()[:nrow], shape[:nrow], strict=True) if size > 1]
-        reduced = [st for st, size in zip(val.stride()[nrow:], shape[nrow:], strict=True) if size > 1]
-        rnumel = math.prod(shape[nrow:])
-        rblock = next_power_of_2(rnumel)
-        if kept and reduced and max(reduced) > min(st for st, _ in kept):  # channels_last, mean over H, W
-            # The lanes of a row are scattered; the rows are what is contiguous (C). Worth generating only when a
-            # program takes enough neighbouring rows that a warp reads whole sectors: the tile's column is C.
-            xblock = rows_per_program(math.prod(shape[:nrow]), rblock)
-            if not (kept[-1][0] == 1 and kept[-1][1] >= COALESCED_ROWS and xblock >= COALESCED_ROWS):
-                raise Unsupported(f"{reductions[0].name} reduces dims {list(range(nrow, ndim))} of strides "
-                                  f"{tuple(val.stride())}: not the innermost in memory, and a program would take "
-                                  f"{xblock} neighbouring row(s) of them (< {COALESCED_ROWS}): its reads would be "
-                                  "scattered (aten's reduction reads them coalesced)", reductions[0])  # fmt: skip
+        stride = val.stride()
+        rows_st = [(stride[d], shape[d]) for d in kept if shape[d] > 1]
+        lanes_st = [stride[d] for d in reduced if shape[d] > 1]
+        rnumel, count = math.prod(shape[d] for d in reduced), math.prod(shape[d] for d in kept)
+        column = False
+        if rows_st and lanes_st and max(lanes_st) > min(st for st, _ in rows_st) and (trailing or lanes_st[-1] != 1):
+            # The lanes of a row are scattered; the rows are what is contiguous (C of channels_last, H of a bias
+            # gradient). Worth generating only where a program takes enough neighbouring rows that a warp reads
+            # whole sectors: the tile's column is that dim, XBLOCK >= COALESCED_ROWS of it (KernelPlan.min_xblock).
+            column = rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
+            if not column:
+                raise Unsupported(f"{reductions[0].name} reduces dims {reduced} of strides {tuple(stride)}: not the "
+                                  f"innermost in memory, and the innermost kept dim is not one of >= {COALESCED_ROWS} "
+                                  "neighbouring rows: its reads would be scattered (aten's reduction reads them "
+                                  "coalesced)", reductions[0])  # fmt: skip
+        per_row = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row()
         for n in stored:
             if not isinstance(n.meta["val"], torch.Tensor):
                 raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
-            if tuple(n.meta["val"].shape) not in (shape, *per_row_shapes(shape, nred)):
-                if row_permutation(n, shape) is None:
+            if tuple(n.meta["val"].shape) not in (shape, *per_row):
+                if not trailing or row_permutation(n, shape) is None:
                     raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a permutation"
                                       " of them nor one element per row: stored by another kernel", n)  # fmt: skip
-        if rblock <= max_rblock:
-            return cls(shape, nred, rnumel, rblock)
-        if (rows := math.prod(shape[:nrow])) < LOOPED_MIN_ROWS:
-            raise Unsupported(f"{rows} row(s) of {rnumel} elements: longer than one block ({max_rblock}) and too few "
-                              f"to fill the GPU one program a row (< {LOOPED_MIN_ROWS}); aten splits them",
-                              reductions[0])  # fmt: skip
-        return cls(shape, nred, rnumel, max_rblock // 4, looped=True)
+        order = None if trailing else tuple(kept + reduced)
+        rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, max_rblock) if column else max_rblock
+        if rblock <= block:
+            return cls(shape, nred, rnumel, rblock, order=order, column=column)
+        if count < LOOPED_MIN_ROWS:
+            raise Unsupported(f"{count} row(s) of {rnumel} elements: longer than one block ({block}) and too few "
+                              f"to fill the GPU (< {LOOPED_MIN_ROWS}); aten splits them", reductions[0])  # fmt: skip
+        step = min(COLUMN_LOOP_RBLOCK, max_rblock // 4) if column else max_rblock // 4
+        return cls(shape, nred, rnumel, max(step, 1), looped=True, order=order, column=column)
 
 
 def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], ...]:
@@ -181,6 +230,45 @@ def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     return SplitRegion(
         f"{misfit.name} {tuple(misfit.meta['val'].shape)} does not broadcast with {shape}", misfit, first
     )
+
+
+def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> SplitRegion | None:
+    """Where to cut a region whose reductions walk different rows (LayerNorm's backward: the input gradient's sums
+    over the last dim, the weight and bias gradients' sums over the leading ones), or None when they all reduce the
+    same dims of one shape. The first kernel stores the outputs that need no reduction walking other rows than the
+    region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
+    mix-order reduction computes both walks in one kernel; not done here.)"""
+
+    def walk(r: fx.Node) -> tuple:
+        dims = bind_args(r).get("dim")
+        ndim = r.args[0].meta["val"].dim()
+        dims = [dims] if isinstance(dims, int) else dims or range(ndim)
+        return tuple(r.args[0].meta["val"].shape), sorted({d % ndim for d in dims}) if ndim else []
+
+    others = [r for r in reductions if walk(r) != walk(reductions[0])]
+    if not others:
+        return None
+
+    def reached(starts: list[fx.Node]) -> set[fx.Node]:  # what these reductions' values reach inside the region
+        seen, stack = set(), list(starts)
+        while stack:
+            n = stack.pop()
+            if n not in seen and n in region.members:
+                seen.add(n)
+                stack += n.users
+        return seen
+
+    shape, dims = walk(others[0])
+    why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk(reductions[0])[1]} of "
+           f"{walk(reductions[0])[0]}: one kernel per walk")  # fmt: skip
+    # First the outputs that need none of the first walk's reductions (LayerNorm's backward: the weight and bias
+    # gradients' column sums, with what they read, before the row sums of the input gradient), else those that need
+    # none of the other walks' (a column sum of a LayerNorm's output: the LayerNorm first).
+    for starts in ([r for r in reductions if r not in others], others):
+        first = [n for n in stored if n not in reached(starts)]
+        if 0 < len(first) < len(stored):
+            return SplitRegion(why, others[0], first)
+    return SplitRegion(why, others[0], [])  # every output needs both walks: cut just before the other walk
 
 
 def stored_members(region) -> list[fx.Node]:
