@@ -395,7 +395,10 @@ def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
 @contextlib.contextmanager
 def short_blocks(max_rblock=16, min_rows=1):
     """Rows longer than ``max_rblock`` are looped (RBLOCK max_rblock // 4), however few: small tensors take the loop."""
-    with mock.patch.object(codegen, "MAX_RBLOCK", max_rblock), mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", min_rows):
+    with (
+        mock.patch.object(codegen, "MAX_RBLOCK", max_rblock),
+        mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", min_rows),
+    ):
         yield
 
 
@@ -1260,7 +1263,8 @@ def test_reductions_over_leading_dims_are_one_generated_kernel(case, seed):
     fn = lambda x: getattr(x * 2.0, op)(dims, keepdim=keepdim)  # noqa: E731
     c = check(fn, x, kernels=0 if 0 in shape else 1, **OUTER_TOL.get(dtype, {}))
     if c.kernels:
-        assert c.kernels[0].kind == "reduction" and f"dims {dims} of {shape}" in c.kernels[0].source, c.kernels[0].source
+        (k,) = c.kernels
+        assert k.kind == "reduction" and f"dims {dims} of {shape}" in k.source, k.source
 
 
 def test_a_bias_gradient_sum_of_a_product_is_one_kernel_read_along_its_kept_dim():
