@@ -21,6 +21,9 @@ What you learn
   and after in the same kernel: softmax is one kernel. Short rows share a program. A row longer than one block is
   walked in a loop over blocks (a *looped* reduction): each reduction folds block after block into partials, the
   values after it are computed again in a later loop: softmax reads its row three times, still one kernel.
+* **Reductions over leading dims** (a bias or LayerNorm weight gradient, ``g.sum([0, 1])``): the same kernel with the
+  walk permuted: the kept dims are the rows (``xindex``), the reduced dims the row (``rindex``), each dim indexed at
+  its own position and loaded at its real strides, so a program reads ``XBLOCK`` neighbouring outputs coalesced.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
 * What the generator cannot do (an op without a Triton line, a reduction over dims not innermost in memory that too
   few rows share a program to read coalesced) is cut out the way Phase 6 cuts a span: that op runs as one aten call,
