@@ -62,7 +62,8 @@ LOOPED_MIN_ROWS = 128
 # A column walk (the rows are what is contiguous: ``x.sum(0)``, a bias gradient) takes XBLOCK >= COALESCED_ROWS
 # neighbouring rows a program, so its block of a row is short: a row of up to COLUMN_RBLOCK elements in one block
 # (16 x 256 = 4096 elements, the table's ELEMENTS_PER_PROGRAM), a longer one in steps of COLUMN_LOOP_RBLOCK (Inductor's
-# OUTER reductions step 8 at a time with XBLOCK 64; 64 here, a tile of 16-64 rows x 64 steps).
+# OUTER reductions step 8 at a time with XBLOCK 64; 64 here, a tile of 16-64 rows x 64 steps). A table, not yet timed on
+# a GPU; few long columns (fewer than ~132 x 16 kept elements) leave SMs idle until a split reduction comes.
 COLUMN_RBLOCK, COLUMN_LOOP_RBLOCK = 256, 64
 
 
