@@ -21,6 +21,9 @@ What you learn
   and after in the same kernel: softmax is one kernel. Short rows share a program. A row longer than one block is
   walked in a loop over blocks (a *looped* reduction): each reduction folds block after block into partials, the
   values after it are computed again in a later loop: softmax reads its row three times, still one kernel.
+* **Reductions over leading dims** (a bias or LayerNorm weight gradient, ``g.sum([0, 1])``): the same kernel with the
+  walk permuted: the kept dims are the rows (``xindex``), the reduced dims the row (``rindex``), each dim indexed at
+  its own position and loaded at its real strides, so a program reads ``XBLOCK`` neighbouring outputs coalesced.
 * Half and bfloat16 are loaded, converted to float32, computed in float32 and rounded where eager rounds.
 * What the generator cannot do (an op without a Triton line, a reduction over dims not innermost in memory that too
   few rows share a program to read coalesced) is cut out the way Phase 6 cuts a span: that op runs as one aten call,
@@ -47,12 +50,14 @@ from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
 from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
+from fusion.kernels import rows as krows
 from fusion.kernels import timing
 from fusion.kernels import triton_blocks as blocks
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_lang import bind_args, compute_dtype, const_source, tl_dtype
+from fusion.kernels.rows import bind_args
+from fusion.kernels.triton_lang import compute_dtype, const_source, tl_dtype
 from fusion.kernels.triton_values import ValueWriter
 from fusion.kernels.triton_views import unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
@@ -193,26 +198,33 @@ class KernelWriter(ValueWriter):
         self.cache: dict[tuple, tuple[str, torch.dtype]] = {}  # (node, index) -> (tmp, dtype of the tmp)
         self.depth, self.guards = 0, []  # loops around the next line (a looped reduction); masks on its loads (cat)
         self.reductions = reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
-        self.stored = tlang.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
-        tlang.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
-        # A reduction kernel walks rows (legal: every reduction over the trailing dims of one shape, every store a
-        # whole row or one element per row); a pointwise kernel walks the broadcast shape of what it stores.
-        self.rows = tlang.Rows.of(reductions, self.stored, MAX_RBLOCK) if reductions else None
+        self.stored = krows.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
+        krows.check_region(region, self.stored, REDUCTIONS)  # static shapes, one device, ops we have a rule for
+        # A reduction kernel walks rows (legal: every reduction over the same dims of one shape, every store a whole
+        # row or one element per row): the kept dims, then the reduced ones (a sum over leading dims: a permuted
+        # walk, each dim indexed at its own position); a pointwise kernel walks the broadcast shape of what it stores.
+        if reductions and (split := krows.split_by_reductions(region, reductions, self.stored)):
+            raise split  # reductions walking different rows (a row's and a column's): one kernel each
+        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK, outer=True) if reductions else None
         if self.rows:
-            self.shape, nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
-            self.splits = split_index("xindex", self.shape[:nrow]) + split_index("rindex", self.shape[nrow:], "r")
-            self.index, walk, flat = [n for n, _ in self.splits], self.shape, f"{self.rows.rnumel}*xindex + rindex"
+            self.shape, walk, nrow = self.rows.shape, self.rows.walk, len(self.rows.kept)
+            self.splits = split_index("xindex", walk[:nrow]) + split_index("rindex", walk[nrow:], "r")
+            names = [n for n, _ in self.splits]  # in walk order
+            self.index = [names[self.rows.walk_dims.index(d)] for d in range(len(self.shape))]
+            flat = f"{self.rows.rnumel}*xindex + rindex"
         else:
             try:
                 self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
             except RuntimeError as e:
-                raise tlang.split_by_shape(region, self.stored) from e
+                raise krows.split_by_shape(region, self.stored) from e
             # Walk the first output's memory order (channels_last: C fastest) so lanes coalesce, as Inductor orders loops.
             order = tlang.memory_order(self.stored[0].meta["val"], self.shape)
             walk, flat = [self.shape[d] for d in order], "xindex"
             self.splits = split_index("xindex", walk)
             self.index = [name for _, (name, _) in sorted(zip(order, self.splits, strict=True))]
-        self.lanes = self.index[len(self.index) - self.rows.nred :] if self.rows else self.index  # what the mask masks
+        nrow = len(self.rows.kept) if self.rows else 0
+        self.row = [n for n, _ in self.splits[:nrow]] if self.rows else []  # a program's rows: xmask masks them
+        self.lanes = [n for n, _ in self.splits[nrow:]] if self.rows else self.index  # what the other mask masks
         walked = offset_expr([n for n, _ in self.splits], [math.prod(walk[d + 1 :]) for d in range(len(walk))])
         self.flat = ({walked, f"({walked})"}, flat)  # at the walk's own contiguous strides: the flat index itself
         self.bf16 = tlang.Bf16Values()  # tmps holding a bfloat16 already: rounding one again is a no-op
@@ -262,8 +274,8 @@ class KernelWriter(ValueWriter):
         """A row reduction, computed once per program; ``index`` must be this program's row."""
         if not self.rows or node not in self.members:
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node=node)
-        nrow = len(self.index) - self.rows.nred
-        if list(index[:nrow]) != self.index[:nrow]:
+        kept = self.rows.kept  # its value's index: one per kept dim, or (keepdim) one per dim
+        if ([index[d] for d in kept] if len(index) == len(self.shape) else list(index)) != self.row:
             raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
         key = (node, "reduce")
         if key in self.cache:
@@ -299,9 +311,10 @@ class KernelWriter(ValueWriter):
 
     def store(self, i: int, node: fx.Node) -> None:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
-        val, nrow, source = node.meta["val"], len(self.index) - self.rows.nred if self.rows else -1, node
-        own = at = self.index[:nrow] if len(val.shape) == nrow else self.index  # (a reduction without keepdim)
-        if moved := self.rows and tlang.row_permutation(node, self.shape):  # a transposed copy of the rows:
+        val, source = node.meta["val"], node
+        per_row = self.rows and len(val.shape) == len(self.rows.kept) < len(self.shape)  # (a reduction without keepdim)
+        own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
+        if moved := self.rows and krows.row_permutation(node, self.shape):  # a transposed copy of the rows:
             source, own = moved[1], [self.index[p] for p in moved[0]]  # its dim d is row dim perm[d]
         src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
@@ -316,7 +329,7 @@ class KernelWriter(ValueWriter):
         looped = self.rows and self.rows.looped
         for r in self.reductions:  # each at the top level, in graph order: a looped one is a loop of its own
             self.reduce(r, self.index)
-        per_row = tlang.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
+        per_row = self.rows.per_row() if self.rows else ()
         whole = [looped and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
         for i in [i for i, w in enumerate(whole) if not w]:
             self.store(i, self.stored[i])
@@ -350,8 +363,9 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     kernel = GeneratedKernel(name, source, region, kind, tlang.ops(writer.body, region.members))
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     if writer.rows:
-        rows, rblock = math.prod(writer.shape[: len(writer.shape) - writer.rows.nred]), writer.rows.rblock
-        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock))  # fmt: skip
+        rows, rblock = writer.rows.count, writer.rows.rblock
+        least = krows.COALESCED_ROWS if writer.rows.column else 1  # a column walk: whole sectors a warp
+        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock, least), min_xblock=least)  # fmt: skip
     return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape), tlang.pointwise_block(region))  # fmt: skip
 
 

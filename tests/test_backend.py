@@ -2406,3 +2406,48 @@ def test_the_backend_picture_is_a_png_of_what_each_call_runs(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, len(data)
     assert backend.reports == []  # the picture leaves the lesson's reports as reset() does
+
+
+# Issue 39: sums over leading dims (every bias and LayerNorm weight gradient) are generated
+
+
+def test_bias_and_layernorm_weight_gradients_are_generated_not_aten_sums(monkeypatch):
+    """A Linear + LayerNorm + ReLU + Linear model's backward: the LayerNorm's weight and bias gradients (sums over the
+    batch and sequence dims) are generated, in a kernel of their own beside the input gradient's row sums, where
+    before (reductions over trailing dims only) each ran as an aten sum; what is left to aten is the Linear bias
+    gradients' lone sums. Gradients equal eager's."""
+    from fusion.kernels import rows
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.ln, self.out = nn.Linear(32, 48), nn.LayerNorm(48), nn.Linear(48, 16)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.ln(self.lin(x))))
+
+    def backward_report(model, x):
+        torch._dynamo.reset()
+        backend.reset()
+        torch.compile(model, backend="fusion")(x).square().sum().backward()
+        (report,) = backend.reports
+        return report.parts[-1]
+
+    torch.manual_seed(0)
+    eager, x = Block(), torch.randn(2, 8, 32)
+    eager(x).square().sum().backward()
+    with monkeypatch.context() as m:  # the generator before: trailing dims only, a mixed region cut at its sum
+        trailing_only = rows.Rows.of.__func__
+        m.setattr(rows.Rows, "of", classmethod(lambda cls, *a, outer=False: trailing_only(cls, *a)))
+        m.setattr(rows, "split_by_reductions", lambda *a: None)
+        before = backward_report(copy.deepcopy(eager), x)
+    mine = copy.deepcopy(eager)
+    for p in mine.parameters():
+        p.grad = None
+    now = backward_report(mine, x)
+    assert now.kind == "backward" and now.library_calls["sum"] < before.library_calls["sum"], (before, now)
+    assert now.library_calls["sum"] == 2 and not now.fallbacks, now  # out's and lin's bias: one lone sum each
+    assert any("reduces dims [0, 1]" in why for _, why in before.fallbacks), before.fallbacks
+    assert any("dims [0, 1] of (2, 8, 48)" in k.source for k in now.kernels), [k.source for k in now.kernels]
+    for (name, a), b in zip(mine.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)

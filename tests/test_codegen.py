@@ -21,6 +21,7 @@ from fusion.codegen import (
     offset_expr,
     split_index,
 )
+from fusion.kernels import rows as kernel_rows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, capture_aten
@@ -394,7 +395,10 @@ def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
 @contextlib.contextmanager
 def short_blocks(max_rblock=16, min_rows=1):
     """Rows longer than ``max_rblock`` are looped (RBLOCK max_rblock // 4), however few: small tensors take the loop."""
-    with mock.patch.object(codegen, "MAX_RBLOCK", max_rblock), mock.patch.object(tlang, "LOOPED_MIN_ROWS", min_rows):
+    with (
+        mock.patch.object(codegen, "MAX_RBLOCK", max_rblock),
+        mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", min_rows),
+    ):
         yield
 
 
@@ -452,10 +456,10 @@ def test_looped_reductions_of_every_kind():
 def test_few_long_rows_run_as_aten_with_the_reason():
     """Rows past one block, fewer than LOOPED_MIN_ROWS: one program a row would idle the GPU; aten's reduction spreads
     a row over it. The refusal names the counts; the answer is eager's."""
-    with short_blocks(min_rows=tlang.LOOPED_MIN_ROWS):
+    with short_blocks(min_rows=kernel_rows.LOOPED_MIN_ROWS):
         c = check(lambda x: torch.softmax(x * 2.0, -1), _rand((3, 40), 0))
     reasons = " ".join(d.reason for d in c.report.skipped)
-    assert "3 row(s) of 40 elements" in reasons and f"< {tlang.LOOPED_MIN_ROWS}" in reasons, reasons
+    assert "3 row(s) of 40 elements" in reasons and f"< {kernel_rows.LOOPED_MIN_ROWS}" in reasons, reasons
 
 
 @pytest.mark.parametrize(
@@ -465,9 +469,9 @@ def test_few_long_rows_run_as_aten_with_the_reason():
 def test_a_row_past_max_rblock_at_the_real_sizes(device):
     """No row-length limit: rows of MAX_RBLOCK (16384) + 1 elements, a softmax in one looped kernel (on the CPU one row,
     the interpreter takes ~0.4 s a row; on a GPU LOOPED_MIN_ROWS rows)."""
-    rows = tlang.LOOPED_MIN_ROWS if device == "cuda" else 1
+    rows = kernel_rows.LOOPED_MIN_ROWS if device == "cuda" else 1
     x = _rand((rows, codegen.MAX_RBLOCK + 1), 0).to(device)
-    with mock.patch.object(tlang, "LOOPED_MIN_ROWS", rows):
+    with mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", rows):
         c = check(lambda x: torch.softmax(x * 2.0, -1), x, kernels=1)
     assert c.kernels[0].name.startswith("triton_red_fused_")
 
@@ -1226,3 +1230,133 @@ def test_a_wrong_solution_fails_with_a_message_naming_its_mistake(mistake_name, 
     wrong_solution(monkeypatch, where, right, wrong)
     with pytest.raises((AssertionError, OutOfBounds), match=message):
         RULE_TESTS[test]()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Issue 39: reductions over leading and middle dims (Inductor's OUTER reductions), walked kept dims first
+
+OUTER_TOL = {torch.float16: dict(rtol=2e-3, atol=1e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+
+
+@st.composite
+def outer_case(draw):
+    """A shape of 2-3 dims whose last (kept, contiguous) dim is >= 16 and leading dims 0-5 (size 0 and 1 included),
+    a non-empty set of leading dims to reduce, the op, keepdim, the dtype and the input's layout."""
+    lead = draw(st.lists(st.integers(0, 5), min_size=1, max_size=2))
+    shape = (*lead, draw(st.integers(16, 33)))
+    dims = draw(st.lists(st.sampled_from(range(len(lead))), min_size=1, max_size=len(lead), unique=True))
+    op = draw(st.sampled_from(["sum", "mean", "amax", "amin"]))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+    return shape, sorted(dims), op, draw(st.booleans()), dtype, draw(st.sampled_from(["contiguous", "strided", "nan"]))
+
+
+@given(case=outer_case(), seed=st.integers(0, 2**16))
+def test_reductions_over_leading_dims_are_one_generated_kernel(case, seed):
+    """``(x * 2).sum/mean/amax/amin(leading dims, keepdim)``: one kernel, each program a block of the kept (contiguous)
+    dim, the reduced dims walked at their strides; eager's values in every dtype (half ones summed in float32 and
+    rounded once), NaN and inf through every op, a strided input read in place. An empty input runs as aten."""
+    shape, dims, op, keepdim, dtype, layout = case
+    assume(op in ("sum", "mean") or all(shape[d] for d in dims))  # eager: no max over an empty dim
+    x = _rand((*shape[:-1], 2 * shape[-1]), seed, dtype)[..., ::2] if layout == "strided" else _rand(shape, seed, dtype)
+    if layout == "nan" and x.numel():
+        x.view(-1)[seed % x.numel()], x.view(-1)[(seed // 7) % x.numel()] = float("nan"), float("inf")
+    fn = lambda x: getattr(x * 2.0, op)(dims, keepdim=keepdim)  # noqa: E731
+    c = check(fn, x, kernels=0 if 0 in shape else 1, **OUTER_TOL.get(dtype, {}))
+    if c.kernels:
+        (k,) = c.kernels
+        assert k.kind == "reduction" and f"dims {dims} of {shape}" in k.source, k.source
+
+
+def test_a_bias_gradient_sum_of_a_product_is_one_kernel_read_along_its_kept_dim():
+    """A bias/LayerNorm weight gradient, ``(g * x).sum([0, 1])`` of (2, 16, 64): one persistent kernel; XBLOCK
+    neighbouring outputs a program (``x0``, the contiguous dim, the innermost index of every load), the reduced dims
+    the row. keepdim stores at its own strides; a full-shape store beside the reduction shares the kernel."""
+    g, x = _rand((2, 16, 64), 0), _rand((2, 16, 64), 1)
+    (k,) = check(lambda g, x: ((g * x).sum([0, 1]),), g, x, kernels=1).kernels
+    assert k.name.startswith("triton_per_fused_mul_sum") and "1024*r1 + 64*r0 + x0)" in k.source, k.source
+
+    def keep_and_not(g, x):
+        p = g * x
+        return p.sum([0, 1], keepdim=True), p.amax([0, 1]) + 1.0
+
+    def full_and_column(g, x):
+        p = g * x
+        return p - p.mean(0, keepdim=True), p.amax(0)
+
+    (k,) = check(keep_and_not, g, x, kernels=1).kernels
+    assert "tl.store(out_ptr0 + (x0), " in k.source and "tl.store(out_ptr1 + (x0), " in k.source, k.source
+    check(full_and_column, g, x, kernels=1)
+    check(lambda g: ((g * 2.0).sum(1),), _rand((3, 5, 20), 2), kernels=1)  # a middle dim: kept dims 0 and 2
+    z = -torch.zeros(7, 20)
+    got = compile_regions(Fn(lambda z: (z * 1.0).sum(0)), [z])(z)
+    assert not torch.signbit(got).any(), got  # eager's sum starts at +0.0: a column of -0.0 sums to +0.0
+
+
+@given(rows=st.integers(1, 40), n=st.integers(17, 70), seed=st.integers(0, 2**16))
+def test_a_long_column_is_reduced_in_a_loop_over_blocks(rows, n, seed):
+    """More reduced elements than one block: each program loops over the reduced dims RBLOCK at a time, partials
+    folded then reduced once (var: a second loop for the squares about the mean); a full-shape output one more loop."""
+    x = _rand((n, 2, 16 + rows), seed)
+    with short_blocks():
+        c = check(lambda x: ((x * 2.0).sum([0, 1]), (x * 2.0).var(0)), x, kernels=2, atol=1e-5, rtol=1e-4)
+        check(lambda x: (x - (x * 2.0).sum(0, keepdim=True),), x, kernels=1, atol=1e-5, rtol=1e-4)
+    assert all(k.name.startswith("triton_red_fused_") and "for roffset in range(0, " in k.source for k in c.kernels)
+
+
+def test_row_and_column_reductions_of_one_region_are_one_kernel_per_walk():
+    """LayerNorm's backward: the input gradient needs sums over the last dim, the weight and bias gradients sums over
+    the leading ones. The region is split, one kernel per walk (the column sums first, storing the gradient both
+    read), nothing left to aten."""
+
+    def ln_backward(g, xhat, w):
+        g = g * 2.0  # (ReLU's gradient in a transformer: computed in the region, read by all three)
+        gw = g * w
+        dx = gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True)
+        return dx, (g * xhat).sum([0, 1]), g.sum([0, 1]) + 0.0
+
+    g, xhat, w = _rand((2, 6, 24), 0), _rand((2, 6, 24), 1), _rand((24,), 2)
+    c = check(ln_backward, g, xhat, w, kernels=2)
+    assert not c.report.skipped, c.report.table()
+    assert any("dims [0, 1] of (2, 6, 24)" in k.source for k in c.kernels), [k.source for k in c.kernels]
+
+
+def test_outer_reductions_the_generator_leaves_to_aten_say_why():
+    """Fewer than 16 contiguous kept elements (a program could not read whole sectors), and a long column with fewer
+    rows than fill a GPU, run as aten with the reason; the Triton generator takes any dims, the C lowering's
+    Rows.of (outer=False) trailing dims only."""
+    c = check(lambda x: ((x * 2.0).sum(0),), _rand((30, 8), 0), kernels=0)
+    assert any("innermost" in s.reason for s in c.report.skipped), c.report.table()
+    with short_blocks(min_rows=kernel_rows.LOOPED_MIN_ROWS):
+        c = check(lambda x: ((x * 2.0).sum(0),), _rand((40, 20), 1), kernels=0)
+    assert any("20 row(s) of 40 elements" in s.reason for s in c.report.skipped), c.report.table()
+    gm = capture_aten(Fn(lambda x: (x * 2.0).sum(0)), [_rand((5, 20), 2)])
+    red = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList]
+    with pytest.raises(codegen.Unsupported, match="only the trailing dimensions"):
+        kernel_rows.Rows.of(red, red, 1 << 62)
+    assert kernel_rows.Rows.of(red, red, 1 << 62, outer=True).kept == (1,)
+
+
+def test_a_column_walk_takes_whole_sectors_a_program_on_a_gpu():
+    """XBLOCK of a column walk never drops below COALESCED_ROWS to fill the GPU (a bias gradient over 768 channels
+    would otherwise take 2 a program: 8-byte reads); a row walk's table is unchanged."""
+    from fusion.compiler.ir import rows_per_program
+    from fusion.regions import build_fusion_regions, unique_regions
+
+    gm = capture_aten(Fn(lambda x: (x * 2.0).sum(0)), [_rand((64, 768), 0)])
+    (plan,) = [codegen.generate_kernel(r) for r in unique_regions(build_fusion_regions(gm))]
+    assert plan.min_xblock == kernel_rows.COALESCED_ROWS and plan.constexprs["RBLOCK"] == 64, plan
+    programs, config = plan.launch_config(torch.device("cuda"))
+    assert config["XBLOCK"] == kernel_rows.COALESCED_ROWS and programs == 768 // kernel_rows.COALESCED_ROWS
+    assert rows_per_program(768, 64, least=16) == 16 and rows_per_program(768, 64) == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_outer_reductions_on_each_device(dtype, device):
+    """A bias gradient, a column mean with keepdim and a column amax on the device: eager's values (on a GPU larger
+    shapes: long columns looped, XBLOCK >= 16 neighbouring outputs a program)."""
+    n, h = (4096, 768) if device == "cuda" else (40, 48)
+    g, x = _rand((n, h), 0, dtype).to(device), _rand((n, h), 1, dtype).to(device)
+    tol = OUTER_TOL.get(dtype, dict(rtol=1e-4, atol=1e-4))
+    c = check(lambda g, x: ((g * x).sum(0), (g * 2.0).mean(0, keepdim=True), (x * 2.0).amax(0)), g, x, **tol)
+    assert c.num_kernels >= 1 and not c.report.skipped, c.report.table()

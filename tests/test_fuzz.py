@@ -510,12 +510,12 @@ def test_every_sum_of_a_row_of_negative_zeros_is_positive_zero(name, n, looped):
     from unittest import mock
 
     from fusion import codegen
-    from fusion.kernels import triton_lang
+    from fusion.kernels import rows as kernel_rows
 
     program = {"steps": [("reduce", name, (0,), None), ("unary", "reciprocal", (1,), None)], "outputs": [2]}
     inputs = (torch.full((3, n), -0.0),)
     block = 4 if looped else codegen.MAX_RBLOCK
-    with mock.patch.object(codegen, "MAX_RBLOCK", block), mock.patch.object(triton_lang, "LOOPED_MIN_ROWS", 1):
+    with mock.patch.object(codegen, "MAX_RBLOCK", block), mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", 1):
         got, compiled = run_compiled(program, inputs)
     want = run_program(program, inputs)[0]
     assert torch.equal(got[0], want) and bool((want == float("inf")).all()), (got, want)
@@ -668,9 +668,9 @@ def test_fuzz_looped_reductions_equal_eager(case):
     from unittest import mock
 
     from fusion import codegen
-    from fusion.kernels import triton_lang
+    from fusion.kernels import rows as kernel_rows
 
-    with mock.patch.object(codegen, "MAX_RBLOCK", 4), mock.patch.object(triton_lang, "LOOPED_MIN_ROWS", 1):
+    with mock.patch.object(codegen, "MAX_RBLOCK", 4), mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", 1):
         check_compile_regions(*case)
 
 

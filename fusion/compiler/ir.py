@@ -120,13 +120,14 @@ class KernelPlan:
     num_warps: int = 4
     xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
     xblock: int = 1024  # a pointwise kernel's elements a program on a GPU (fewer for a window's many loads)
+    min_xblock: int = 1  # a reduction's fewest rows a program on a GPU (a column walk's: whole sectors a warp)
 
     def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
         """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
         more in the interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its
         rows (:func:`rows_per_program`)."""
         if not self.xnumel:
-            xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda")
+            xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda", self.min_xblock)
             return -(-self.grid // xblock), {**self.constexprs, "XBLOCK": xblock}
         cap = self.xblock if device.type == "cuda" else 16384
         block = min(cap, next_power_of_2(self.xnumel))
@@ -145,14 +146,15 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def rows_per_program(rows: int, rblock: int, cuda: bool = True) -> int:
-    """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128)."""
+def rows_per_program(rows: int, rblock: int, cuda: bool = True, least: int = 1) -> int:
+    """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128); never
+    below ``least`` to fill the GPU (a column walk's rows are neighbouring addresses: a warp must read whole sectors)."""
     xblock = min(next_power_of_2(rows), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock))
-    while cuda and xblock > 1 and -(-rows // xblock) < FILL_PROGRAMS:
+    while cuda and xblock > least and -(-rows // xblock) < FILL_PROGRAMS:
         xblock //= 2
     return xblock
 
 
-def row_warps(rows: int, rblock: int) -> int:
+def row_warps(rows: int, rblock: int, least: int = 1) -> int:
     """Warps for a reduction kernel on a GPU: one per 512 elements of its block, 2 to 8."""
-    return min(8, max(2, rows_per_program(rows, rblock) * rblock // 512))
+    return min(8, max(2, rows_per_program(rows, rblock, True, least) * rblock // 512))

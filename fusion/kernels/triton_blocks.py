@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 
 from fusion.compiler.ir import SplitRegion, Unsupported
-from fusion.kernels.triton_lang import CAT, Line, bind_args, compute_dtype, is_depthwise, pooled_values, tl_dtype
+from fusion.kernels.rows import CAT, bind_args, is_depthwise, pooled_values
+from fusion.kernels.triton_lang import Line, compute_dtype, tl_dtype
 
 aten = torch.ops.aten
 

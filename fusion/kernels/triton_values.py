@@ -26,7 +26,7 @@ from fusion.kernels.triton_lang import const_source
 
 class ValueWriter:
     """The value plumbing of a kernel writer. A subclass sets ``region``, ``members``, ``body``, ``cache``, ``depth``,
-    ``guards``, ``rows``, ``index``, ``lanes``, ``flat`` and ``bf16`` (see ``KernelWriter.__init__``), calls
+    ``guards``, ``rows``, ``index``, ``row``, ``lanes``, ``flat`` and ``bf16`` (see ``KernelWriter.__init__``), calls
     :meth:`start_values`, and defines ``_compute(node, index)`` and ``broadcast_index(index, shape)``."""
 
     def start_values(self, rounded: frozenset[fx.Node]) -> None:
@@ -42,7 +42,7 @@ class ValueWriter:
 
     def address(self, ptr: str, offset: str) -> tuple[str, str | None]:
         """(pointer, mask) for tl.load/tl.store: masked where the offset moves with the lanes."""
-        down = self.rows and any(v in offset for v in self.index[: len(self.index) - self.rows.nred] if v != "0")
+        down = self.rows and any(v in offset for v in self.row if v != "0")
         guard = "".join(f" & {g}" for g, at in self.guards if any(s in offset for s in at))  # cat input, window tap
         if any(v in offset for v in self.lanes if v != "0"):
             offset = self.flat[1] if offset in self.flat[0] else offset

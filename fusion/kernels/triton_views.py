@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from fusion.compiler.ir import Unsupported
-from fusion.kernels.triton_lang import bind_args
+from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten
 

@@ -1,0 +1,346 @@
+"""What a generated kernel takes and how it walks its region (Phase 8, ``fusion.codegen``): which members the
+generator has rules for (:func:`check_region`), which it stores (:func:`stored_members`), where a pointwise region
+must be cut (:func:`split_by_shape`), and a reduction kernel's walk over rows (:class:`Rows`). Nothing here writes
+Triton: ``fusion.kernels.triton_lang`` holds the spellings, and re-exports these names for the readers that know
+them from there. Machinery: a learner reads ``fusion/codegen.py``."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
+from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2
+
+CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
+# Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
+# Inductor's low-memory prims (values, int8 offsets) and aten's (values, indices); the second output is not generated.
+MAX_POOLS = LOW_MEMORY_MAX_POOLS | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
+
+
+def is_max_pool(node: object) -> bool:
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name in MAX_POOLS
+
+
+def is_depthwise(node: object) -> bool:
+    """Is ``node`` a depthwise convolution renamed by Phase 9's pass ``depthwise`` (a window sum with weights,
+    ``triton_blocks.window_sum``)?"""
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name == DEPTHWISE_CONV
+
+
+def pooled_values(node: fx.Node) -> bool:
+    """Is ``node`` ``getitem(max_pool(...), 0)``, the values of a max-pool?"""
+    return node.target is operator.getitem and is_max_pool(node.args[0]) and node.args[1] == 0
+
+
+def bind_args(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
+    schema = node.target._schema
+    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
+    bound.update(node.kwargs)
+    return bound
+
+
+# The dtypes a kernel loads, computes and stores; anything else (complex, float8, unsigned > 8 bits) is refused.
+DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+DTYPES |= {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-innermost dims coalesced
+# A row longer than one block is reduced in a loop over blocks, one program per row (a looped reduction). With fewer
+# rows than a GPU has SMs (an H100 has 132) most of the GPU would idle while a few programs walk their rows; Inductor
+# splits such a reduction over two kernels, we leave it to aten's reduction, which spreads one row over the GPU.
+LOOPED_MIN_ROWS = 128
+# A column walk (the rows are what is contiguous: ``x.sum(0)``, a bias gradient) takes XBLOCK >= COALESCED_ROWS
+# neighbouring rows a program, so its block of a row is short: a row of up to COLUMN_RBLOCK elements in one block
+# (16 x 256 = 4096 elements, the table's ELEMENTS_PER_PROGRAM), a longer one in steps of COLUMN_LOOP_RBLOCK (Inductor's
+# OUTER reductions step 8 at a time with XBLOCK 64; 64 here, a tile of 16-64 rows x 64 steps). A table, not yet timed on
+# a GPU; few long columns (fewer than ~132 x 16 kept elements) leave SMs idle until a split reduction comes.
+COLUMN_RBLOCK, COLUMN_LOOP_RBLOCK = 256, 64
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How a reduction kernel walks its region: XBLOCK rows per program (chosen at launch). ``shape`` is the first
+    reduction's input; a row is its elements along the reduced dims, one row per index of the kept dims:
+    ``rnumel`` elements in one block of ``rblock`` lanes, or (``looped``) in a loop over blocks. The walk visits the
+    kept dims, then the reduced ones, each in logical order (``order``): over the trailing dims (softmax, LayerNorm)
+    that is the identity, ``shape[:-nred]`` rows of the last ``nred`` dims; over leading or middle dims (a bias
+    gradient's ``sum([0, 1])``, Inductor's OUTER reductions) a permuted walk, each element read at its real strides.
+    ``column``: the kept dims hold the innermost in memory, so neighbouring rows are neighbouring addresses: a program
+    takes at least :data:`COALESCED_ROWS` of them (a warp reads whole sectors) and steps along the reduced dims.
+    A pointwise kernel has none."""
+
+    shape: tuple[int, ...]
+    nred: int
+    rnumel: int
+    rblock: int
+    looped: bool = False  # the row is longer than one block: reduced in a loop over blocks of RBLOCK
+    order: tuple[int, ...] | None = None  # the walk: kept dims then reduced dims (None: the identity)
+    column: bool = False  # rows contiguous in memory: XBLOCK >= COALESCED_ROWS on a GPU
+
+    @property
+    def walk_dims(self) -> tuple[int, ...]:
+        return self.order if self.order is not None else tuple(range(len(self.shape)))
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The dims of ``shape`` that index the rows, in logical order (the first of the walk)."""
+        return self.walk_dims[: len(self.shape) - self.nred]
+
+    @property
+    def walk(self) -> tuple[int, ...]:
+        """The sizes in walk order: the rows' dims, then a row's."""
+        return tuple(self.shape[d] for d in self.walk_dims)
+
+    @property
+    def count(self) -> int:
+        """How many rows."""
+        return math.prod(self.shape[d] for d in self.kept)
+
+    def per_row(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of one element per row: without keepdim and with it."""
+        rows = tuple(self.shape[d] for d in self.kept)
+        return rows, tuple(s if d in self.kept else 1 for d, s in enumerate(self.shape))
+
+    @classmethod
+    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int, outer: bool = False) -> Rows:
+        """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
+        every reduction reduces the same dims of that shape (the trailing ones, unless ``outer``: any), the rows or
+        a row are contiguous in memory, and every store lies inside the walk (a whole row, or one element per row:
+        anything else would be written out of its bounds). ``outer`` is the Triton generator's; the C lowering
+        (``fusion.compiler.lowering``) walks trailing dims only."""
+        shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
+        ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
+
+        def dims_of(r: fx.Node) -> list[int]:
+            dims = bind_args(r).get("dim")  # a list, None (all), or one int (any.dim)
+            dims = [dims] if isinstance(dims, int) else dims or range(ndim)
+            return sorted({d % ndim for d in dims}) if ndim else []
+
+        reduced = dims_of(reductions[0])  # the row: softmax [-1], a global pool [2, 3], a bias gradient [0, 1]
+        nred, nrow = len(reduced), ndim - len(reduced)
+        kept = [d for d in range(ndim) if d not in reduced]
+        trailing = reduced == list(range(nrow, ndim))
+        for r in reductions:
+            dims, its = dims_of(r), tuple(r.args[0].meta["val"].shape)
+            if not outer and (its != shape or dims != list(range(nrow, len(shape)))):
+                raise Unsupported(f"{r.name} reduces dims {dims} of {its}: "
+                                  "only the trailing dimensions of one common shape are generated", r)  # fmt: skip
+            if its != shape or dims != reduced:
+                raise Unsupported(f"{r.name} reduces dims {dims} of {its}, {reductions[0].name} dims {reduced} of "
+                                  f"{shape}: a kernel's reductions reduce the same dims of one shape", r)  # fmt: skip
+        val = reductions[0].args[0].meta["val"]
+        stride = val.stride()
+        rows_st = [(stride[d], shape[d]) for d in kept if shape[d] > 1]
+        lanes_st = [stride[d] for d in reduced if shape[d] > 1]
+        rnumel, count = math.prod(shape[d] for d in reduced), math.prod(shape[d] for d in kept)
+        column = False
+        if rows_st and lanes_st and max(lanes_st) > min(st for st, _ in rows_st) and (trailing or lanes_st[-1] != 1):
+            # The lanes of a row are scattered; the rows are what is contiguous (C of channels_last, H of a bias
+            # gradient). Worth generating only where a program takes enough neighbouring rows that a warp reads
+            # whole sectors: the tile's column is that dim, XBLOCK >= COALESCED_ROWS of it (KernelPlan.min_xblock).
+            column = rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
+            if not column:
+                raise Unsupported(f"{reductions[0].name} reduces dims {reduced} of strides {tuple(stride)}: not the "
+                                  f"innermost in memory, and the innermost kept dim is not one of >= {COALESCED_ROWS} "
+                                  "neighbouring rows: its reads would be scattered (aten's reduction reads them "
+                                  "coalesced)", reductions[0])  # fmt: skip
+        per_row = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row()
+        for n in stored:
+            if not isinstance(n.meta["val"], torch.Tensor):
+                raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
+            if tuple(n.meta["val"].shape) not in (shape, *per_row):
+                if not trailing or row_permutation(n, shape) is None:
+                    raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a permutation"
+                                      " of them nor one element per row: stored by another kernel", n)  # fmt: skip
+        order = None if trailing else tuple(kept + reduced)
+        rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, max_rblock) if column else max_rblock
+        if rblock <= block:
+            return cls(shape, nred, rnumel, rblock, order=order, column=column)
+        if count < LOOPED_MIN_ROWS:
+            raise Unsupported(f"{count} row(s) of {rnumel} elements: longer than one block ({block}) and too few "
+                              f"to fill the GPU (< {LOOPED_MIN_ROWS}); aten splits them", reductions[0])  # fmt: skip
+        step = min(COLUMN_LOOP_RBLOCK, max_rblock // 4) if column else max_rblock // 4
+        return cls(shape, nred, rnumel, max(step, 1), looped=True, order=order, column=column)
+
+
+def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of one element per row of ``shape`` (rows of its last ``nred`` dims): keepdim or not."""
+    nrow = len(shape) - nred
+    return shape[:nrow], shape[:nrow] + (1,) * nred
+
+
+def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], fx.Node] | None:
+    """``(perm, rows)`` where ``node`` is a transposed copy of ``rows``, a tensor of ``shape`` (a clone of a permute or
+    transpose, identity views between: MultiheadAttention's ``x.transpose(0, 1)`` before its in-projection, copied to
+    row order by pass ``bmm_as_mm``), ``node.shape[d] == shape[perm[d]]``; None for anything else. A reduction kernel
+    stores ``rows``' values at ``node``'s strides: element ``[i[perm[0]], i[perm[1]], ...]`` from the program that
+    holds row ``i``."""
+    aten = torch.ops.aten
+
+    def shape_of(n: object) -> tuple | None:
+        val = n.meta.get("val") if isinstance(n, fx.Node) else None
+        return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+    same = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default)
+    while (
+        node.args
+        and shape_of(node.args[0]) is not None
+        and (
+            node.target in (aten.clone.default, aten.alias.default)
+            or (node.target in same and shape_of(node.args[0]) == shape_of(node))  # an identity view
+        )
+    ):
+        node = node.args[0]
+    if not node.args or shape_of(node.args[0]) != tuple(shape):
+        return None
+    if node.target is aten.permute.default:
+        perm = [d % len(shape) for d in node.args[1]]
+    elif node.target is aten.transpose.int:
+        perm, (a, b) = list(range(len(shape))), (d % len(shape) for d in node.args[1:3])
+        perm[a], perm[b] = perm[b], perm[a]
+    else:
+        return None
+    # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better);
+    # the identity is no copy to move
+    return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
+
+
+def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
+    """Where to cut a pointwise region whose outputs do not broadcast together: before the first output (in graph
+    order) whose shape does not broadcast with those before it. The first output stays on the first side, so each
+    side is smaller than the region."""
+    position = {n: i for i, n in enumerate(region.nodes)}
+    ordered, shape, first, misfit = sorted(stored, key=position.__getitem__), (), [], None
+    for n in ordered:
+        try:
+            shape = torch.broadcast_shapes(shape, tuple(n.meta["val"].shape))
+            first.append(n)
+        except RuntimeError:
+            misfit = misfit or n
+    assert misfit is not None, "the outputs broadcast together"
+    return SplitRegion(
+        f"{misfit.name} {tuple(misfit.meta['val'].shape)} does not broadcast with {shape}", misfit, first
+    )
+
+
+def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> SplitRegion | None:
+    """Where to cut a region whose reductions walk different rows (LayerNorm's backward: the input gradient's sums
+    over the last dim, the weight and bias gradients' sums over the leading ones), or None when they all reduce the
+    same dims of one shape. The first kernel stores the outputs that need no reduction walking other rows than the
+    region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
+    mix-order reduction computes both walks in one kernel; not done here.)"""
+
+    def walk(r: fx.Node) -> tuple:
+        dims = bind_args(r).get("dim")
+        ndim = r.args[0].meta["val"].dim()
+        dims = [dims] if isinstance(dims, int) else dims or range(ndim)
+        return tuple(r.args[0].meta["val"].shape), sorted({d % ndim for d in dims}) if ndim else []
+
+    others = [r for r in reductions if walk(r) != walk(reductions[0])]
+    if not others:
+        return None
+
+    def reached(starts: list[fx.Node]) -> set[fx.Node]:  # what these reductions' values reach inside the region
+        seen, stack = set(), list(starts)
+        while stack:
+            n = stack.pop()
+            if n not in seen and n in region.members:
+                seen.add(n)
+                stack += n.users
+        return seen
+
+    shape, dims = walk(others[0])
+    why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk(reductions[0])[1]} of "
+           f"{walk(reductions[0])[0]}: one kernel per walk")  # fmt: skip
+    # First the outputs that need none of the first walk's reductions (LayerNorm's backward: the weight and bias
+    # gradients' column sums, with what they read, before the row sums of the input gradient), else those that need
+    # none of the other walks' (a column sum of a LayerNorm's output: the LayerNorm first).
+    for starts in ([r for r in reductions if r not in others], others):
+        first = [n for n in stored if n not in reached(starts)]
+        if 0 < len(first) < len(stored):
+            return SplitRegion(why, others[0], first)
+    return SplitRegion(why, others[0], [])  # every output needs both walks: cut just before the other walk
+
+
+def stored_members(region) -> list[fx.Node]:
+    """The members a kernel stores: the region's external outputs, an escaping view replaced by the member it
+    aliases (the view itself is rebuilt on the stored tensor after the launch)."""
+    stored = [n for n in region.external_outputs if not is_view_node(n, getitem=False)]
+    for n in region.external_outputs:
+        while is_view_node(n, getitem=False) and n.args[0] in region.members:
+            n = n.args[0]
+        if not is_view_node(n, getitem=False) and n not in stored:
+            stored.append(n)
+    return stored
+
+
+def _check_rule(region, n: fx.Node, val, reductions: set) -> None:
+    """Raise :class:`Unsupported` unless member ``n`` is an op the generator has a rule for (:func:`check_region`)."""
+    t = n.target
+    if n.op != "call_function" or val is None:
+        raise Unsupported(f"{n.name} has no meta['val']: capture the graph with fusion.regions.capture_aten", n)
+    if is_max_pool(n):  # only its values are generated, read inside the region
+        if any(not pooled_values(u) or u not in region.members for u in n.users):
+            raise Unsupported(f"{n.name} ({t}): only a max-pool's values, read inside the region, are generated", n)
+        if not val[0].dtype.is_floating_point:
+            raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
+        return
+    if is_depthwise(n):  # a window sum: triton_blocks.window_sum
+        return
+    if t is operator.getitem:
+        src = n.args[0]
+        if pooled_values(n) and src in region.members:
+            return
+        if getattr(src, "target", None) is not torch.ops.aten.var_mean.correction or src not in region.members:
+            raise Unsupported(f"no Triton expression for {n.name} = {src}[{n.args[1]}] ({src.target})", n)
+        return
+    if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
+        raise Unsupported(f"{n.name} ({t}) changes its input in place", n)
+    if not isinstance(t, torch._ops.OpOverload) or not (
+        is_view_node(n, getitem=False) or t in reductions or torch.Tag.pointwise in t.tags or t is CAT
+    ):
+        same = sorted(str(r) for r in reductions if r.overloadpacket is getattr(t, "overloadpacket", None))
+        why = (
+            f"the generator has a rule for {' and '.join(same)}, not for this overload"
+            if same
+            else "neither pointwise, a view, a cat, nor a sum/mean/amax/amin/var/var_mean"
+        )
+        raise Unsupported(f"no Triton expression for {n.name} ({t}): {why}", n)  # fmt: skip
+
+
+def check_region(region, stored: list[fx.Node], reductions: set) -> None:
+    """Raise :class:`Unsupported` unless every member is an op the generator has a rule for (pointwise, a view, one of
+    ``reductions``, a getitem of var_mean, a cat, a max-pool's values, a depthwise convolution) and every tensor,
+    members' values included, has static sizes, a dtype kernels take, elements and 32-bit offsets, and one device."""
+    if not stored:
+        raise Unsupported("nothing in the region is used outside it")
+    devices = set()
+    for n in [*region.nodes, *region.external_inputs]:
+        val = n.meta.get("val")
+        if n in region.members:
+            _check_rule(region, n, val, reductions)  # then its values, as every tensor's below
+        for v in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(v, torch.Tensor):
+                if v.dtype not in DTYPES:
+                    raise Unsupported(f"{n.name} is {v.dtype}: kernels are generated for bool, integers and floats", n)
+                if not all(type(d) is int for d in (*v.shape, *v.stride())):
+                    raise Unsupported(
+                        f"{n.name} has symbolic sizes {tuple(v.shape)}: kernels are generated for static shapes"
+                    )
+                if v.numel() == 0:
+                    raise Unsupported(f"{n.name} is empty {tuple(v.shape)}")
+                if max(v.numel(), sum((s - 1) * st for s, st in zip(v.shape, v.stride(), strict=True))) >= 2**31:
+                    raise Unsupported(f"{n.name} {tuple(v.shape)} needs 64-bit indexing; kernels index with int32")
+                devices.add(v.device)
+    if len(devices) > 1:
+        raise Unsupported(f"tensors on several devices {sorted(map(str, devices))}")
