@@ -1,0 +1,320 @@
+"""The C renderer: a kernel IR record (``fusion.compiler.kernel_ir``) -> one C function, compiled by the system
+compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors.
+
+* One table, :data:`CODE_FOR_OP`: an IR op -> a C expression of its operands (tinygrad's ``code_for_op``). Adding a
+  pointwise op is one line here (and one in the lowering).
+* Loops: a pointwise kernel nests its loops outermost first, the innermost contiguous in memory (gcc vectorizes it:
+  ``restrict`` pointers, no calls that alias); the outer loops are shared by OpenMP threads (``collapse``; a 1-D
+  kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
+  order (softmax: max, then sum, then the stores), folding sequentially from +0.0 (sum), -inf/+inf (max/min).
+* Numerics as the Triton path: float16/bfloat16 loaded and stored by bit conversion, rounding to nearest even (NaN to
+  0x7E00 / 0x7FC0 as c10 does); integer floor division and remainder with torch's signs (Python's), a zero divisor
+  gives 0 instead of a crash (torch raises); NaN propagates through maximum/minimum/max/min; no fast-math anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusion.compiler import kernel_ir as ir
+
+BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
+PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
+
+C_TYPES = {"bool": "bool", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
+           "int64": "int64_t", "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}  # fmt: skip
+STORAGE = {**C_TYPES, "bool": "uint8_t", "float16": "uint16_t", "bfloat16": "uint16_t"}
+
+PRELUDE = r"""#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+
+typedef union { uint32_t u; float f; } fusion_bits;
+
+/* float16 <-> float32, exact (F. Giesen's conversions): subnormals, inf and NaN included, ties to even. */
+static inline float fusion_h2f(uint16_t h) {
+    fusion_bits o, magic = {.u = 113u << 23};
+    const uint32_t shifted = 0x7c00u << 13;
+    o.u = (uint32_t)(h & 0x7fff) << 13;
+    uint32_t exp = shifted & o.u;
+    o.u += (uint32_t)(127 - 15) << 23;
+    if (exp == shifted) o.u += (uint32_t)(128 - 16) << 23;
+    else if (exp == 0) { o.u += 1u << 23; o.f -= magic.f; }
+    o.u |= (uint32_t)(h & 0x8000) << 16;
+    return o.f;
+}
+static inline uint16_t fusion_f2h(float f) {
+    fusion_bits in = {.f = f}, infty = {.u = 255u << 23}, f16max = {.u = (127u + 16u) << 23};
+    fusion_bits denorm = {.u = ((127u - 15u) + (23u - 10u) + 1u) << 23};
+    uint32_t sign = in.u & 0x80000000u;
+    uint16_t o;
+    in.u ^= sign;
+    if (in.u >= f16max.u) o = in.u > infty.u ? 0x7e00 : 0x7c00;
+    else if (in.u < (113u << 23)) { in.f += denorm.f; o = (uint16_t)(in.u - denorm.u); }
+    else { uint32_t odd = (in.u >> 13) & 1u; in.u += ((uint32_t)(15 - 127) << 23) + 0xfffu; in.u += odd; o = (uint16_t)(in.u >> 13); }
+    return (uint16_t)(o | (sign >> 16));
+}
+/* bfloat16 <-> float32: the upper half of the bits, rounded to nearest even; NaN is 0x7FC0 (c10's). */
+static inline float fusion_bf2f(uint16_t b) { fusion_bits o = {.u = (uint32_t)b << 16}; return o.f; }
+static inline uint16_t fusion_f2bf(float f) {
+    fusion_bits in = {.f = f};
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((in.u + 0x7fffu + ((in.u >> 16) & 1u)) >> 16);
+}
+static inline float fusion_round_f16(float f) { return fusion_h2f(fusion_f2h(f)); }
+static inline float fusion_round_bf16(float f) { return fusion_bf2f(fusion_f2bf(f)); }
+
+/* Integer division with torch's (Python's) signs; a zero divisor gives 0 (torch raises; a kernel cannot). */
+static inline int64_t fusion_floordiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t fusion_truncdiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
+static inline int64_t fusion_remainder(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+/* Floating floor division and remainder as c10's div_floor_floating / remainder. */
+static inline double fusion_floordiv_d(double a, double b) {
+    if (b == 0) return a / b;
+    double m = fmod(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d != 0) { double f = floor(d); if (d - f > 0.5) f += 1.0; return f; }
+    return copysign(0.0, a / b);
+}
+static inline float fusion_floordiv_f(float a, float b) {
+    if (b == 0) return a / b;
+    float m = fmodf(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d != 0) { float f = floorf(d); if (d - f > 0.5f) f += 1.0f; return f; }
+    return copysignf(0.0f, a / b);
+}
+static inline double fusion_remainder_d(double a, double b) {
+    double m = fmod(a, b);
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
+static inline float fusion_remainder_f(float a, float b) {
+    float m = fmodf(a, b);
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
+"""
+
+
+def _floating(d: str) -> bool:
+    return d in ("float32", "float64", "float16", "bfloat16")
+
+
+def _math(name: str, d: str) -> str:
+    return name + ("f" if d != "float64" else "")
+
+
+def _one(d: str) -> str:
+    return "1.0" if d == "float64" else "1.0f"
+
+
+def _div(a, d, ad):
+    if _floating(d):
+        return f"({a[0]} / {a[1]})"
+    return f"(({C_TYPES[d]})fusion_truncdiv({a[0]}, {a[1]}))"
+
+
+def _floordiv(a, d, ad):
+    if _floating(d):
+        return f"fusion_floordiv_{'d' if d == 'float64' else 'f'}({a[0]}, {a[1]})"
+    return f"(({C_TYPES[d]})fusion_floordiv({a[0]}, {a[1]}))"
+
+
+def _remainder(a, d, ad):
+    if _floating(d):
+        return f"fusion_remainder_{'d' if d == 'float64' else 'f'}({a[0]}, {a[1]})"
+    return f"(({C_TYPES[d]})fusion_remainder({a[0]}, {a[1]}))"
+
+
+def _to(a, d, ad):
+    if d == "bool":
+        return f"({a[0]} != 0)"
+    return f"(({C_TYPES[d]}){a[0]})"
+
+
+def _unary_math(name):
+    return lambda a, d, ad: f"{_math(name, d)}({a[0]})" if _floating(d) else f"(({C_TYPES[d]}){_math(name, 'float64')}({a[0]}))"
+
+
+# IR op -> C expression: (operands, the op's dtype, the operands' dtypes) -> source.
+CODE_FOR_OP = {
+    "identity": lambda a, d, ad: a[0],
+    "neg": lambda a, d, ad: f"(-{a[0]})",
+    "abs": lambda a, d, ad: f"{_math('fabs', d)}({a[0]})" if _floating(d) else f"({a[0]} < 0 ? -{a[0]} : {a[0]})",
+    "exp": _unary_math("exp"), "log": _unary_math("log"), "sqrt": _unary_math("sqrt"), "erf": _unary_math("erf"),
+    "tanh": _unary_math("tanh"), "ceil": lambda a, d, ad: f"{_math('ceil', d)}({a[0]})" if _floating(d) else a[0],
+    "floor": lambda a, d, ad: f"{_math('floor', d)}({a[0]})" if _floating(d) else a[0],
+    "trunc": lambda a, d, ad: f"{_math('trunc', d)}({a[0]})" if _floating(d) else a[0],
+    "rsqrt": lambda a, d, ad: f"({_one(d)} / {_math('sqrt', d)}({a[0]}))",
+    "sigmoid": lambda a, d, ad: f"({_one(d)} / ({_one(d)} + {_math('exp', d)}(-{a[0]})))",
+    "reciprocal": lambda a, d, ad: f"({_one(d)} / {a[0]})",
+    "relu": lambda a, d, ad: f"({a[0]} < 0 ? ({C_TYPES[d]})0 : {a[0]})",  # NaN < 0 is false: NaN stays
+    "sign": lambda a, d, ad: (f"({a[0]} != {a[0]} ? {a[0]} : ({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))"
+                              if _floating(d) else f"(({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))"),  # fmt: skip
+    "logical_not": lambda a, d, ad: f"(!{a[0]})",
+    "to": _to,
+    "round_float16": lambda a, d, ad: f"fusion_round_f16({a[0]})",
+    "round_bfloat16": lambda a, d, ad: f"fusion_round_bf16({a[0]})",
+    "add": lambda a, d, ad: f"({a[0]} + {a[1]})",
+    "sub": lambda a, d, ad: f"({a[0]} - {a[1]})",
+    "mul": lambda a, d, ad: f"({a[0]} * {a[1]})",
+    "truediv": _div,
+    "truncdiv": _div,
+    "floordiv": _floordiv,
+    "remainder": _remainder,
+    "maximum": lambda a, d, ad: f"(({a[0]} != {a[0]} || {a[0]} > {a[1]}) ? {a[0]} : {a[1]})",  # NaN wins
+    "minimum": lambda a, d, ad: f"(({a[0]} != {a[0]} || {a[0]} < {a[1]}) ? {a[0]} : {a[1]})",
+    "pow": lambda a, d, ad: f"{_math('pow', d)}({a[0]}, {a[1]})",
+    "eq": lambda a, d, ad: f"({a[0]} == {a[1]})",
+    "ne": lambda a, d, ad: f"({a[0]} != {a[1]})",
+    "lt": lambda a, d, ad: f"({a[0]} < {a[1]})",
+    "le": lambda a, d, ad: f"({a[0]} <= {a[1]})",
+    "gt": lambda a, d, ad: f"({a[0]} > {a[1]})",
+    "ge": lambda a, d, ad: f"({a[0]} >= {a[1]})",
+    "and": lambda a, d, ad: f"({a[0]} && {a[1]})",
+    "or": lambda a, d, ad: f"({a[0]} || {a[1]})",
+    "where": lambda a, d, ad: f"({a[0]} ? {a[1]} : {a[2]})",
+}  # fmt: skip
+assert set(CODE_FOR_OP) == ir.OPS, sorted(set(CODE_FOR_OP) ^ ir.OPS)
+
+REDUCE_INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}  # sum starts at +0.0
+REDUCE_STEP = {
+    "sum": "{acc} = {acc} + {v};",
+    "max": "{acc} = ({acc} != {acc} || {acc} >= {v}) ? {acc} : {v};",  # NaN stays, a NaN value wins
+    "min": "{acc} = ({acc} != {acc} || {acc} <= {v}) ? {acc} : {v};",
+}
+
+
+def literal(value: object, dtype: str) -> str:
+    """A constant as C source of its compute type: hex floats (exact), INFINITY/NAN, sized integers."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if _floating(dtype):
+        v = float(value)
+        suffix = "" if dtype == "float64" else "f"
+        if math.isnan(v):
+            return "NAN" if suffix else "((double)NAN)"
+        if math.isinf(v):
+            return ("" if v > 0 else "-") + ("INFINITY" if suffix else "((double)INFINITY)")
+        return f"({v.hex()}{suffix})"
+    v = int(value)
+    if dtype == "int64" and v == -(2**63):
+        return "((int64_t)(-9223372036854775807LL - 1))"
+    return f"(({C_TYPES[dtype]}){v}LL)"
+
+
+def index_source(e: ir.Affine) -> str:
+    """An index in C (every value >= 0: ``/`` and ``%`` are Python's ``//`` and ``%``)."""
+    terms = []
+    for coef, atom in e.terms:
+        if isinstance(atom, ir.Var):
+            a = atom.name
+        else:
+            a = f"(({index_source(atom.of)}) {'/' if isinstance(atom, ir.FloorDiv) else '%'} {atom.by})"
+        terms.append(a if coef == 1 else f"{coef}*{a}")
+    if e.const or not terms:
+        terms.append(str(e.const))
+    return " + ".join(terms)
+
+
+class _Writer:
+    def __init__(self, kernel: ir.Kernel) -> None:
+        self.k = kernel
+        self.buffers = {b.name: b for b in kernel.buffers}
+        self.dtypes: dict[str, str] = {}
+        self.lines: list[str] = []
+
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("    " * depth + line)
+
+    def load(self, s: ir.Load) -> str:
+        b = self.buffers[s.buffer]
+        at = f"{s.buffer}[{index_source(s.offset)}]"
+        raw = {"float16": f"fusion_h2f({at})", "bfloat16": f"fusion_bf2f({at})", "bool": f"({at} != 0)"}.get(b.dtype, at)
+        return raw if C_TYPES[b.dtype] == C_TYPES[s.dtype] else f"(({C_TYPES[s.dtype]}){raw})"
+
+    def statement(self, s, depth: int) -> None:
+        if isinstance(s, ir.Load):
+            self.dtypes[s.out] = s.dtype
+            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {self.load(s)};", depth)
+        elif isinstance(s, ir.Const):
+            self.dtypes[s.out] = s.dtype
+            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {literal(s.value, s.dtype)};", depth)
+        elif isinstance(s, ir.Op):
+            self.dtypes[s.out] = s.dtype
+            expr = CODE_FOR_OP[s.op](list(s.args), s.dtype, [self.dtypes[a] for a in s.args])
+            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {expr};", depth)
+        elif isinstance(s, ir.Store):
+            b = self.buffers[s.buffer]
+            v = s.value
+            conv = {"float16": f"fusion_f2h({v})", "bfloat16": f"fusion_f2bf({v})", "bool": f"(uint8_t)({v} != 0)"}
+            self.emit(f"{s.buffer}[{index_source(s.offset)}] = {conv.get(b.dtype, f'({STORAGE[b.dtype]}){v}')};", depth)
+        elif isinstance(s, ir.ReduceLoop):
+            self.reduce_loop(s, depth)
+        else:
+            raise TypeError(f"not a statement of the kernel IR: {s!r}")
+
+    def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
+        folds = [s for s in loop.body if isinstance(s, ir.Reduce)]
+        for f in folds:
+            self.dtypes[f.out] = f.dtype
+            self.emit(f"{C_TYPES[f.dtype]} {f.out} = {REDUCE_INIT[f.op]};", depth)
+        self.emit("{", depth)
+        inner = depth + 1
+        for lp in self.k.reduce_loops:
+            self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", inner)
+        self.emit("{", inner)
+        for s in loop.body:
+            if isinstance(s, ir.Reduce):
+                self.emit(REDUCE_STEP[s.op].format(acc=s.out, v=s.value), inner + 1)
+            else:
+                self.statement(s, inner + 1)
+        self.emit("}", inner)
+        self.emit("}", depth)
+
+    def source(self) -> str:
+        k = self.k
+        params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in k.buffers]
+        self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
+        work = math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
+        omp = f"num_threads(nthreads) if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static)"
+        loops, depth = list(k.loops), 1
+        self.emit("(void)nthreads;", 1)
+        if k.kind == "pointwise" and len(loops) == 1:  # one loop: blocks of BLOCK elements shared by the threads
+            (lp,) = loops
+            self.emit(f"#pragma omp parallel for {omp}", 1)
+            self.emit(f"for (int64_t {lp.var}_o = 0; {lp.var}_o < {lp.size}; {lp.var}_o += {BLOCK}) {{", 1)
+            self.emit(f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2)
+            self.emit(f"for (int64_t {lp.var} = {lp.var}_o; {lp.var} < {lp.var}_e; {lp.var}++) {{", 2)
+            depth, closers = 3, [2, 1]
+        else:
+            shared = loops[:-1] if k.kind == "pointwise" else loops  # a pointwise kernel's innermost loop: SIMD
+            if shared:
+                collapse = f" collapse({len(shared)})" if len(shared) > 1 else ""
+                self.emit(f"#pragma omp parallel for{collapse} {omp}", 1)
+            for lp in loops:
+                self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
+            self.emit("{", 1)
+            depth, closers = 2, [1]
+        for s in k.body:
+            self.statement(s, depth)
+        for d in closers:
+            self.emit("}", d)
+        self.emit("}", 0)
+        return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
+
+
+def render(kernel: ir.Kernel) -> str:
+    """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``."""
+    return _Writer(kernel).source()
