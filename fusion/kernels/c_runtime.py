@@ -225,3 +225,19 @@ def kernel_for(plan) -> tuple[CKernel | None, str]:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - a renderer bug: raised in tests, Triton's interpreter otherwise
         return None, "C renderer failed: " + fallback_reason(e, "the C renderer")
+
+
+def refusal(plan):
+    """Why the C renderer cannot run ``plan`` (an ``Unsupported``: not on the CPU, or not lowered to the kernel IR;
+    its node, where it names one, is where the partition cuts the region), or None. Asked where Triton is missing."""
+    from fusion.compiler.ir import Unsupported
+    from fusion.compiler.lowering import lower_plan
+
+    if any(n.meta["val"].device.type != "cpu" for n in (*plan.inputs, *plan.stored)):
+        return Unsupported("Triton is not installed and the kernel is not on the CPU (the C renderer's device)")
+    try:
+        lower_plan(plan)
+    except Unsupported as e:
+        e.args = (f"{e} (Triton is not installed: CPU kernels run from C, and C does not take this one)",)
+        return e
+    return None
