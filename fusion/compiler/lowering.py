@@ -100,25 +100,44 @@ def maxval(e: ir.Affine, sizes: dict[str, int]) -> int:
     return top
 
 
+def _parts(e: ir.Affine, g: int) -> tuple[ir.Affine, ir.Affine]:
+    """(high, low) with ``e == g * high + low``: the terms whose coefficient ``g`` divides, divided; the rest."""
+    high = _make({a: c // g for c, a in e.terms if c % g == 0}, e.const // g)
+    return high, ir.Affine(tuple((c, a) for c, a in e.terms if c % g), e.const % g)
+
+
+def _steps(e: ir.Affine, k: int) -> list[int]:
+    """Divisors ``g`` of ``k`` to split ``e`` at: ``k`` itself, then its coefficients that divide ``k``, largest first."""
+    return [k, *sorted({c for c, _ in e.terms if 1 < c < k and k % c == 0}, reverse=True)]
+
+
 def floordiv(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
-    """``e // k``: the terms that are multiples of ``k`` divided, the rest dropped when they cannot reach ``k``."""
+    """``e // k``, exactly: where ``e == g * high + low`` with ``0 <= low < g`` and ``g`` dividing ``k``, it is
+    ``high // (k / g)`` (``high`` itself for ``g == k``); a :class:`FloorDiv` atom where no such ``g`` is found."""
     if k == 1:
         return e
     if maxval(e, sizes) < k:
         return const(0)
-    high = {a: c // k for c, a in e.terms if c % k == 0}
-    low = ir.Affine(tuple((c, a) for c, a in e.terms if c % k), e.const % k)
-    if maxval(low, sizes) < k:
-        return _make(high, e.const // k)
+    for g in _steps(e, k):
+        high, low = _parts(e, g)
+        if maxval(low, sizes) < g:
+            return high if g == k else floordiv(high, k // g, sizes)
     return ir.Affine(((1, ir.FloorDiv(e, k)),))
 
 
 def mod(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
-    """``e % k``: multiples of ``k`` dropped, the rest kept whole where it stays below ``k``."""
+    """``e % k``, exactly: multiples of ``k`` dropped; where ``e == g * high + low`` as in :func:`floordiv`, it is
+    ``g * (high % (k / g)) + low``; a :class:`Mod` atom otherwise."""
     if k == 1:
         return const(0)
-    low = ir.Affine(tuple((c, a) for c, a in e.terms if c % k), e.const % k)
-    return low if maxval(low, sizes) < k else ir.Affine(((1, ir.Mod(low, k)),))
+    for g in _steps(e, k):
+        high, low = _parts(e, g)
+        if maxval(low, sizes) < g:
+            if g == k:
+                return low
+            return add(scale(mod(high, k // g, sizes), g), low)
+    _, low = _parts(e, k)
+    return ir.Affine(((1, ir.Mod(low, k)),))
 
 
 def offset(index: Sequence[ir.Affine], strides: Sequence[int]) -> ir.Affine:

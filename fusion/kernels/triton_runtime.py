@@ -375,8 +375,9 @@ class Launcher:
         self.alloc = alloc = empty_strided_on(device)
         self._specs = owner._out_specs
         outs = [alloc(s, st, dt) for s, st, dt in self._specs]
-        if (c := owner.c_kernel(device)) is not None:  # CPU tensors, the C renderer: later calls call it directly
-            owner.ran, self.direct, self.kind = "c", c, "c"
+        if not self.fallback and (c := owner.c_kernel(device)) is not None:  # CPU tensors, C: later calls call it
+            owner.ran, self.kind = "c", "c"
+            self.direct = self.direct or c
             c(*inputs, *outs)
             return self.results(inputs, outs)
         fn = owner._function(interpret=device.type != "cuda")
