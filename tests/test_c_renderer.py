@@ -250,7 +250,7 @@ def test_a_second_compile_is_a_cache_hit(tmp_path, monkeypatch):
 
 def test_no_compiler_is_one_message_naming_the_fix(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc-for-a-test")
-    c_runtime.compiler.cache_clear()
+    c_runtime.forget_compiler()
     try:
         ok, why = c_runtime.available()
         assert not ok and "Fix:" in why and "FUSION_RENDERER=triton" in why
@@ -258,7 +258,7 @@ def test_no_compiler_is_one_message_naming_the_fix(monkeypatch):
             c_runtime.compiler()
     finally:
         monkeypatch.delenv("CC")
-        c_runtime.compiler.cache_clear()
+        c_runtime.forget_compiler()
 
 
 def test_renderer_option_and_variable_are_checked(monkeypatch):
@@ -305,3 +305,9 @@ def test_without_triton_the_backend_runs_c_kernels():
     done = subprocess.run([sys.executable, "-c", HIDDEN_TRITON], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RAN ['c', 'c'] 2" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@needs_cc
+def test_c_is_the_default_on_cpu_where_a_compiler_is_found(monkeypatch):
+    monkeypatch.delenv("FUSION_RENDERER", raising=False)  # (tests/conftest.py pins Phase 8's own tests to Triton)
+    assert c_runtime.chosen() == "c"

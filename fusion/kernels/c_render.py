@@ -6,7 +6,10 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
 * Loops: a pointwise kernel nests its loops outermost first, the innermost contiguous in memory (gcc vectorizes it:
   ``restrict`` pointers, no calls that alias); the outer loops are shared by OpenMP threads (``collapse``; a 1-D
   kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
-  order (softmax: max, then sum, then the stores), folding sequentially from +0.0 (sum), -inf/+inf (max/min).
+  order (softmax: max, then sum, then the stores): a sum in SIMD lanes of partial sums from +0.0 (``omp simd
+  reduction``: the one reassociation allowed, deterministic for a given binary), max/min sequentially from -inf/+inf.
+* exp, erf and tanh of float32 are inline, branch-free functions (within 1, 6 and 2 ulp; erf as at::vec's), so the
+  loops that call them still vectorize; float64 calls libm.
 * Numerics as the Triton path: float16/bfloat16 loaded and stored by bit conversion, rounding to nearest even (NaN to
   0x7E00 / 0x7FC0 as c10 does); integer floor division and remainder with torch's signs (Python's), a zero divisor
   gives 0 instead of a crash (torch raises); NaN propagates through maximum/minimum/max/min; no fast-math anywhere.
@@ -64,6 +67,64 @@ static inline uint16_t fusion_f2bf(float f) {
 static inline float fusion_round_f16(float f) { return fusion_h2f(fusion_f2h(f)); }
 static inline float fusion_round_bf16(float f) { return fusion_bf2f(fusion_f2bf(f)); }
 
+/* exp for float32, vectorizable: Cody-Waite reduction, Cephes' polynomial, 2^n applied in two halves (subnormal
+   results rounded once); NaN in, NaN out; +-inf and overflow as expf. */
+static inline float fusion_expf(float x) {
+    float xx = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    float n = floorf(xx * 1.44269504088896341f + 0.5f);
+    n = xx != xx ? 0.0f : n;
+    float r = xx - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+    fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
+    return y * s1.f * s2.f;
+}
+/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7,
+   the approximation at::vec's float erf uses). */
+static inline float fusion_erff(float x) {
+    float a = fabsf(x), z = x * x;
+    float s = -1.0f / 75600.0f;
+    s = s * z + 1.0f / 9360.0f;
+    s = s * z - 1.0f / 1320.0f;
+    s = s * z + 1.0f / 216.0f;
+    s = s * z - 1.0f / 42.0f;
+    s = s * z + 1.0f / 10.0f;
+    s = s * z - 1.0f / 3.0f;
+    s = s * z + 1.0f;
+    float small = 1.1283791670955126f * x * s;
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = 1.061405429f;
+    p = p * t - 1.453152027f;
+    p = p * t + 1.421413741f;
+    p = p * t - 0.284496736f;
+    p = p * t + 0.254829592f;
+    float big = 1.0f - p * t * fusion_expf(-z);
+    big = x < 0 ? -big : big;
+    return a < 0.5f ? small : big;
+}
+/* tanh for float32, vectorizable: (1 - e) / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. */
+static inline float fusion_tanhf(float x) {
+    float a = fabsf(x), z = x * x;
+    float s = -929569.0f / 638512875.0f;
+    s = s * z + 21844.0f / 6081075.0f;
+    s = s * z - 1382.0f / 155925.0f;
+    s = s * z + 62.0f / 2835.0f;
+    s = s * z - 17.0f / 315.0f;
+    s = s * z + 2.0f / 15.0f;
+    s = s * z - 1.0f / 3.0f;
+    float small = x * (1.0f + z * s);  /* -0 stays -0 */
+    float e = fusion_expf(-2.0f * a);
+    float big = (1.0f - e) / (1.0f + e);
+    big = x < 0 ? -big : big;
+    return a < 0.55f ? small : big;
+}
 /* Integer division with torch's (Python's) signs; a zero divisor gives 0 (torch raises; a kernel cannot). */
 static inline int64_t fusion_floordiv(int64_t a, int64_t b) {
     if (b == 0) return 0;
@@ -143,8 +204,16 @@ def _to(a, d, ad):
     return f"(({C_TYPES[d]}){a[0]})"
 
 
+VECTOR_MATH = {"exp": "fusion_expf", "erf": "fusion_erff", "tanh": "fusion_tanhf"}  # float32: no libm call, SIMD
+
+
 def _unary_math(name):
-    return lambda a, d, ad: f"{_math(name, d)}({a[0]})" if _floating(d) else f"(({C_TYPES[d]}){_math(name, 'float64')}({a[0]}))"
+    def code(a, d, ad):
+        if d == "float32" and name in VECTOR_MATH:
+            return f"{VECTOR_MATH[name]}({a[0]})"
+        return f"{_math(name, d)}({a[0]})" if _floating(d) else f"(({C_TYPES[d]}){_math(name, 'float64')}({a[0]}))"
+
+    return code
 
 
 # IR op -> C expression: (operands, the op's dtype, the operands' dtypes) -> source.
@@ -157,7 +226,7 @@ CODE_FOR_OP = {
     "floor": lambda a, d, ad: f"{_math('floor', d)}({a[0]})" if _floating(d) else a[0],
     "trunc": lambda a, d, ad: f"{_math('trunc', d)}({a[0]})" if _floating(d) else a[0],
     "rsqrt": lambda a, d, ad: f"({_one(d)} / {_math('sqrt', d)}({a[0]}))",
-    "sigmoid": lambda a, d, ad: f"({_one(d)} / ({_one(d)} + {_math('exp', d)}(-{a[0]})))",
+    "sigmoid": lambda a, d, ad: f"({_one(d)} / ({_one(d)} + {_unary_math('exp')([f'-{a[0]}'], d, ad)}))",
     "reciprocal": lambda a, d, ad: f"({_one(d)} / {a[0]})",
     "relu": lambda a, d, ad: f"({a[0]} < 0 ? ({C_TYPES[d]})0 : {a[0]})",  # NaN < 0 is false: NaN stays
     "sign": lambda a, d, ad: (f"({a[0]} != {a[0]} ? {a[0]} : ({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))"
@@ -272,6 +341,10 @@ class _Writer:
             self.emit(f"{C_TYPES[f.dtype]} {f.out} = {REDUCE_INIT[f.op]};", depth)
         self.emit("{", depth)
         inner = depth + 1
+        if folds and all(f.op == "sum" for f in folds) and self.k.reduce_loops:  # sums: SIMD lanes of partial sums
+            n = len(self.k.reduce_loops)
+            self.emit(f"#pragma omp simd reduction(+:{', '.join(f.out for f in folds)})"
+                      + (f" collapse({n})" if n > 1 else ""), inner)  # fmt: skip
         for lp in self.k.reduce_loops:
             self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", inner)
         self.emit("{", inner)

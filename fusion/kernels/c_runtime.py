@@ -25,12 +25,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import torch
 
 RENDERERS = ("c", "triton")
-DEFAULT = "triton"  # CPU kernels run in Triton's interpreter unless the C renderer is asked for
+DEFAULT = "c"  # CPU kernels compile from C where a compiler is found; Triton's interpreter otherwise (said once)
 _CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fusion_renderer", default=None)
 STATS = {"compiled": 0, "disk_hits": 0, "loaded": 0}  # what load() did, for tests and the lesson
 
@@ -51,7 +52,15 @@ def chosen() -> str:
     if name is None:
         env = os.environ.get("FUSION_RENDERER", "").strip().lower()
         name = check_renderer(env, "FUSION_RENDERER") if env else DEFAULT
+        if name == "c" and not env and not available()[0]:  # the default, without a compiler: said once
+            if not _WARNED:
+                _WARNED.append(True)
+                warnings.warn(f"{available()[1]}. CPU kernels run in Triton's interpreter meanwhile", stacklevel=2)
+            name = "triton"
     return name
+
+
+_WARNED: list[bool] = []
 
 
 @contextlib.contextmanager
@@ -78,9 +87,28 @@ def _find() -> str | None:
     return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
 
 
-@functools.cache
 def compiler() -> tuple[str, tuple[str, ...], str]:
     """(path, flags, version line) of the C compiler, probed once; :class:`CompilerMissing` without one."""
+    found, why = _probe()
+    if found is None:
+        raise CompilerMissing(why)
+    return found
+
+
+@functools.cache
+def _probe() -> tuple[tuple[str, tuple[str, ...], str] | None, str]:
+    try:
+        return _compiler(), ""
+    except CompilerMissing as e:
+        return None, str(e)
+
+
+def forget_compiler() -> None:
+    """Probe the compiler again at the next use (after CC or PATH changed)."""
+    _probe.cache_clear()
+
+
+def _compiler() -> tuple[str, tuple[str, ...], str]:
     cc = _find()
     if cc is None or not os.path.exists(cc):
         raise CompilerMissing(
@@ -93,7 +121,10 @@ def compiler() -> tuple[str, tuple[str, ...], str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError) as e:
         raise CompilerMissing(f"the C compiler {cc} does not run ({e}). Fix: set CC to a working compiler") from e
-    flags = ["-O3", "-shared", "-fPIC", "-fwrapv", "-std=gnu11"]
+    # No fast-math: -fno-math-errno and -fno-trapping-math change no value (errno and FP exception flags are never
+    # read; they let gcc vectorize loops with selects and floorf), fp-contract off keeps a*b+c two roundings.
+    flags = ["-O3", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
+    flags.append("-std=gnu11")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text("#include <math.h>\nvoid f(float *restrict x, int n) {\n#pragma omp parallel for\n"
@@ -109,6 +140,8 @@ def compiler() -> tuple[str, tuple[str, ...], str]:
             flags.append("-march=native")
         if works(["-fopenmp"]):
             flags.append("-fopenmp")
+        elif works(["-fopenmp-simd"]):  # no OpenMP runtime (macOS without libomp): serial, SIMD pragmas still read
+            flags.append("-fopenmp-simd")
     return cc, tuple(flags), version
 
 
@@ -160,7 +193,8 @@ _LOCK = threading.Lock()
 
 def library_path(source: str, name: str) -> Path:
     cc, flags, version = compiler()
-    digest = hashlib.sha256("\0".join((source, " ".join(flags), version, sys.platform)).encode()).hexdigest()[:20]
+    key = (source, " ".join(flags), version, sys.platform, _cpu())  # -march=native: a library per CPU model
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:20]
     return _cache() / f"{name}_{digest}.so"
 
 
@@ -192,6 +226,18 @@ def load(source: str, name: str) -> ctypes._CFuncPtr:
     fn = getattr(lib, name)
     fn.restype = None
     return fn
+
+
+@functools.cache
+def _cpu() -> str:
+    """The CPU's model and feature flags (Linux), else what platform says."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return "\n".join(sorted({ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        import platform
+
+        return f"{platform.machine()} {platform.processor()}"
 
 
 class CKernel:
