@@ -110,13 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     chain = models.ElementwiseChain(d=d).eval()
     x = torch.randn(rows, d)
     dst = torch.empty_like(x)
-    copy = {"copy (bandwidth bound)": {"fn": lambda t: dst.copy_(t)}}
+    copy = {"copy (bandwidth bound)": {"fn": lambda t: dst.copy_(t)}, "clone (allocate + copy)": {"fn": torch.clone}}
     results = {"meta": meta}
     results["elementwise_chain"] = measure("elementwise chain relu(x*a+b)*c+x", chain, x, rounds, seconds,
                                            args.no_interp, copy)  # fmt: skip
     r = results["elementwise_chain"]
     r["c_vs_copy"] = r["fusion[c]"]["median_ms"] / r["copy (bandwidth bound)"]["median_ms"]
-    print(f"  fusion[c] / copy: {r['c_vs_copy']:.2f}x the copy's time")
+    r["c_vs_clone"] = r["fusion[c]"]["median_ms"] / r["clone (allocate + copy)"]["median_ms"]
+    print(f"  fusion[c] / copy: {r['c_vs_copy']:.2f}x the copy's time, {r['c_vs_clone']:.2f}x the clone's (a new "
+          "output: its pages are first touched by the kernel)")
     results["linear_gelu_linear_layernorm"] = measure(
         "Linear-GELU-Linear-LayerNorm", block(), torch.randn(64 if args.quick else 256, 512), rounds, seconds,
         args.no_interp,

@@ -67,12 +67,13 @@ static inline uint16_t fusion_f2bf(float f) {
 static inline float fusion_round_f16(float f) { return fusion_h2f(fusion_f2h(f)); }
 static inline float fusion_round_bf16(float f) { return fusion_bf2f(fusion_f2bf(f)); }
 
-/* exp for float32, vectorizable: Cody-Waite reduction, Cephes' polynomial, 2^n applied in two halves (subnormal
-   results rounded once); NaN in, NaN out; +-inf and overflow as expf. */
+/* exp for float32, vectorizable (within 1 ulp): n = round(x / ln 2) by the 1.5 * 2^23 trick (no float -> int
+   conversion, NaN included), Cody-Waite reduction, Cephes' polynomial, 2^n applied in two halves (subnormal results
+   rounded once); NaN in, NaN out; +-inf and overflow as expf. */
 static inline float fusion_expf(float x) {
     float xx = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    float n = floorf(xx * 1.44269504088896341f + 0.5f);
-    n = xx != xx ? 0.0f : n;
+    fusion_bits m = {.f = xx * 1.44269504088896341f + 12582912.0f};  /* n = round(x / ln 2) in the low bits */
+    float n = m.f - 12582912.0f;
     float r = xx - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     float p = 1.9875691500E-4f;
@@ -82,7 +83,7 @@ static inline float fusion_expf(float x) {
     p = p * r + 1.6666665459E-1f;
     p = p * r + 5.0000001201E-1f;
     float y = p * r * r + r + 1.0f;
-    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+    int32_t ni = (int32_t)(m.u - 0x4B400000u), n1 = ni >> 1, n2 = ni - n1;
     fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
     return y * s1.f * s2.f;
 }
