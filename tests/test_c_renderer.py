@@ -311,3 +311,15 @@ def test_without_triton_the_backend_runs_c_kernels():
 def test_c_is_the_default_on_cpu_where_a_compiler_is_found(monkeypatch):
     monkeypatch.delenv("FUSION_RENDERER", raising=False)  # (tests/conftest.py pins Phase 8's own tests to Triton)
     assert c_runtime.chosen() == "c"
+
+
+@needs_cc
+def test_a_kernel_the_ir_does_not_take_runs_in_triton_with_the_reason():
+    pytest.importorskip("triton")
+    a, b = torch.randn(4, 6), torch.randn(3, 6)
+    with c_runtime.use("c"):
+        model = compile_regions(Fn(lambda x, y: torch.cat([x * 2, y + 1]) * 3), (a, b))
+    close(model(a, b), torch.cat([a * 2, b + 1]) * 3)
+    owners = [lch.owner for lch in model.compiled.launchers]
+    assert owners and all(o.ran == "triton-interpreter" for o in owners if "cat" in o.kernel.name)
+    assert any("cat" in o.c_refused for o in owners), [o.c_refused for o in owners]
