@@ -323,3 +323,15 @@ def test_a_kernel_the_ir_does_not_take_runs_in_triton_with_the_reason():
     owners = [lch.owner for lch in model.compiled.launchers]
     assert owners and all(o.ran == "triton-interpreter" for o in owners if "cat" in o.kernel.name)
     assert any("cat" in o.c_refused for o in owners), [o.c_refused for o in owners]
+
+
+@needs_cc
+def test_a_long_sum_adds_its_small_terms_together_first():
+    """1.0 then 4095 terms of 1e-8: added one by one to the running 1.0 each is lost (1.0, 4e-5 off); summed in
+    blocks of SIMD lanes whose sums are added pairwise, as eager's cascade does, they are kept (a few ulp)."""
+    x = torch.full((2, 4096), 1e-8)
+    x[:, 0] = 1.0
+    close_enough = dict(atol=0, rtol=5e-7)
+    torch.testing.assert_close(compiled_in_c(lambda a: (a * 1.0).sum(-1), x), x.sum(-1), **close_enough)
+    y = torch.randn(3, 70, 130, dtype=torch.float64)  # two reduced dims, blocks with a tail, float64 near exact
+    torch.testing.assert_close(compiled_in_c(lambda a: (a * 2.0).sum((-1, -2)), y), (y * 2.0).sum((-1, -2)))

@@ -6,8 +6,9 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
 * Loops: a pointwise kernel nests its loops outermost first, the innermost contiguous in memory (gcc vectorizes it:
   ``restrict`` pointers, no calls that alias); the outer loops are shared by OpenMP threads (``collapse``; a 1-D
   kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
-  order (softmax: max, then sum, then the stores): a sum in SIMD lanes of partial sums from +0.0 (``omp simd
-  reduction``: the one reassociation allowed, deterministic for a given binary), max/min sequentially from -inf/+inf.
+  order (softmax: max, then sum, then the stores): a sum from +0.0 in blocks of :data:`SUM_BLOCK`, each in SIMD
+  lanes of partial sums, the blocks' sums added pairwise (``omp simd reduction``: the one reassociation allowed, deterministic for a given binary),
+  max/min sequentially from -inf/+inf.
 * exp, erf and tanh of float32 are inline, branch-free functions (within 1, 6 and 2 ulp; erf as at::vec's), so the
   loops that call them still vectorize; float64 calls libm.
 * Numerics as the Triton path: float16/bfloat16 loaded and stored by bit conversion, rounding to nearest even (NaN to
@@ -22,6 +23,7 @@ import math
 from fusion.compiler import kernel_ir as ir
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
+SUM_BLOCK = 64  # elements of a row a sum folds in SIMD lanes; the blocks' sums are then added pairwise
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
 
 C_TYPES = {"bool": "bool", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
@@ -336,25 +338,56 @@ class _Writer:
             raise TypeError(f"not a statement of the kernel IR: {s!r}")
 
     def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
+        """The loop over a row's elements. A sum folds blocks of :data:`SUM_BLOCK` elements of the innermost dim in
+        SIMD lanes of partial sums and adds the blocks' sums pairwise (a binary counter of levels): small terms
+        beside a large one are summed together first, as eager's cascade and a GPU's tree sum them. Max and min fold
+        one by one."""
         folds = [s for s in loop.body if isinstance(s, ir.Reduce)]
         for f in folds:
             self.dtypes[f.out] = f.dtype
             self.emit(f"{C_TYPES[f.dtype]} {f.out} = {REDUCE_INIT[f.op]};", depth)
         self.emit("{", depth)
-        inner = depth + 1
-        if folds and all(f.op == "sum" for f in folds) and self.k.reduce_loops:  # sums: SIMD lanes of partial sums
-            n = len(self.k.reduce_loops)
-            self.emit(f"#pragma omp simd reduction(+:{', '.join(f.out for f in folds)})"
-                      + (f" collapse({n})" if n > 1 else ""), inner)  # fmt: skip
-        for lp in self.k.reduce_loops:
-            self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", inner)
-        self.emit("{", inner)
+        d = depth + 1
+        rloops = list(self.k.reduce_loops)
+        blocked = bool(folds and rloops and all(f.op == "sum" for f in folds))
+        for lp in rloops[:-1] if blocked else rloops:
+            self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", d)
+        self.emit("{", d)
+        d, acc = d + 1, {f.out: f.out for f in folds}
+        if blocked:
+            v, size = rloops[-1].var, rloops[-1].size
+            for f in folds:  # block sums combined pairwise: level k holds the sum of 2^k blocks
+                self.emit(f"{C_TYPES[f.dtype]} {f.out}_l[64];", d)
+            self.emit(f"for (int64_t {v}_b = 0; {v}_b < {size}; {v}_b += {SUM_BLOCK}) {{", d)
+            acc = {f.out: f"{f.out}_p" for f in folds}
+            for f in folds:
+                self.emit(f"{C_TYPES[f.dtype]} {acc[f.out]} = 0;", d + 1)
+            self.emit(f"#pragma omp simd reduction(+:{', '.join(acc.values())})", d + 1)
+            end = f"{v}_b + {SUM_BLOCK} < {size} ? {v}_b + {SUM_BLOCK} : {size}"
+            self.emit(f"for (int64_t {v} = {v}_b; {v} < ({end}); {v}++) {{", d + 1)
         for s in loop.body:
             if isinstance(s, ir.Reduce):
-                self.emit(REDUCE_STEP[s.op].format(acc=s.out, v=s.value), inner + 1)
+                self.emit(REDUCE_STEP[s.op].format(acc=acc[s.out], v=s.value), d + 2 * blocked)
             else:
-                self.statement(s, inner + 1)
-        self.emit("}", inner)
+                self.statement(s, d + 2 * blocked)
+        if blocked:
+            self.emit("}", d + 1)
+            self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
+            self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
+            for f in folds:
+                self.emit(f"{acc[f.out]} = {f.out}_l[{v}_k] + {acc[f.out]};", d + 2)
+            self.emit("}", d + 1)
+            for f in folds:
+                self.emit(f"{f.out}_l[{v}_k] = {acc[f.out]};", d + 1)
+            self.emit("}", d)
+            self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
+                      f"{v}_c >>= 1) {{", d)  # fmt: skip
+            self.emit(f"if ({v}_c & 1) {{", d + 1)
+            for f in folds:
+                self.emit(f"{f.out} = {f.out}_l[{v}_k] + {f.out};", d + 2)
+            self.emit("}", d + 1)
+            self.emit("}", d)
+        self.emit("}", d - 1)
         self.emit("}", depth)
 
     def source(self) -> str:
