@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     r = results["elementwise_chain"]
     r["c_vs_copy"] = r["fusion[c]"]["median_ms"] / r["copy (bandwidth bound)"]["median_ms"]
     r["c_vs_clone"] = r["fusion[c]"]["median_ms"] / r["clone (allocate + copy)"]["median_ms"]
-    print(f"  fusion[c] / copy: {r['c_vs_copy']:.2f}x the copy's time, {r['c_vs_clone']:.2f}x the clone's (a new "
-          "output: its pages are first touched by the kernel)")
+    print(
+        f"  fusion[c] / copy: {r['c_vs_copy']:.2f}x the copy's time, {r['c_vs_clone']:.2f}x the clone's (a new "
+        "output: its pages are first touched by the kernel)"
+    )
     results["linear_gelu_linear_layernorm"] = measure(
         "Linear-GELU-Linear-LayerNorm", block(), torch.randn(64 if args.quick else 256, 512), rounds, seconds,
         args.no_interp,

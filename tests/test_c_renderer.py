@@ -112,7 +112,9 @@ def test_kernel_ir_records_hold_no_torch_or_fx_objects():
             seen: list = []
             _walk(kernel, seen)
             assert not any(t.__module__.startswith(("torch", "fusion")) for t in seen)
-            assert pickle.loads(pickle.dumps(kernel)) == kernel and hash(kernel) == hash(pickle.loads(pickle.dumps(kernel)))
+            assert pickle.loads(pickle.dumps(kernel)) == kernel and hash(kernel) == hash(
+                pickle.loads(pickle.dumps(kernel))
+            )
             assert all(isinstance(s, ir.Statement.__args__) for s in kernel.statements())
     kinds = [k.kind for lowerings in cases for _, k in lowerings]
     assert "pointwise" in kinds and "reduction" in kinds
@@ -123,7 +125,9 @@ def test_reshapes_cost_no_division_where_the_ranges_prove_it():
     ((_, kernel),) = lowered(lambda a, b: (a * 2).reshape(4, 6, 10) + b, torch.randn(24, 10), torch.randn(4, 6, 1))
     assert "//" not in kernel.describe() and "%" not in kernel.describe(), kernel.describe()
     # a permuted copy read flat: x0 spans two dims of the source, x1 one: x0 // 10 and x0 % 10, nothing on x1
-    ((_, kernel),) = lowered(lambda a: (a * 2).reshape(4, 6, 10).permute(0, 2, 1).reshape(40, 6) + 1, torch.randn(24, 10))
+    ((_, kernel),) = lowered(
+        lambda a: (a * 2).reshape(4, 6, 10).permute(0, 2, 1).reshape(40, 6) + 1, torch.randn(24, 10)
+    )
     (load,) = [s for s in kernel.statements() if isinstance(s, ir.Load)]
     assert ir.index_text(load.offset) == "(x0 % 10) + 10*x1 + 60*(x0 // 10)", ir.index_text(load.offset)
 
@@ -240,7 +244,10 @@ def test_a_second_compile_is_a_cache_hit(tmp_path, monkeypatch):
     assert c_runtime.STATS["compiled"] == before["compiled"] + 1
     c_runtime._LIBS.clear()  # a new process: only the disk cache is left
     fn = c_runtime.load(source, "k_cache_test")
-    assert c_runtime.STATS["compiled"] == before["compiled"] + 1 and c_runtime.STATS["disk_hits"] == before["disk_hits"] + 1
+    assert (
+        c_runtime.STATS["compiled"] == before["compiled"] + 1
+        and c_runtime.STATS["disk_hits"] == before["disk_hits"] + 1
+    )
     x = torch.zeros(1)
     fn.argtypes = None
     fn(__import__("ctypes").c_void_p(x.data_ptr()), 1)

@@ -313,7 +313,9 @@ class _Writer:
     def load(self, s: ir.Load) -> str:
         b = self.buffers[s.buffer]
         at = f"{s.buffer}[{index_source(s.offset)}]"
-        raw = {"float16": f"fusion_h2f({at})", "bfloat16": f"fusion_bf2f({at})", "bool": f"({at} != 0)"}.get(b.dtype, at)
+        raw = {"float16": f"fusion_h2f({at})", "bfloat16": f"fusion_bf2f({at})", "bool": f"({at} != 0)"}.get(
+            b.dtype, at
+        )
         return raw if C_TYPES[b.dtype] == C_TYPES[s.dtype] else f"(({C_TYPES[s.dtype]}){raw})"
 
     def statement(self, s, depth: int) -> None:
@@ -402,7 +404,9 @@ class _Writer:
             (lp,) = loops
             self.emit(f"#pragma omp parallel for {omp}", 1)
             self.emit(f"for (int64_t {lp.var}_o = 0; {lp.var}_o < {lp.size}; {lp.var}_o += {BLOCK}) {{", 1)
-            self.emit(f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2)
+            self.emit(
+                f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2
+            )
             self.emit(f"for (int64_t {lp.var} = {lp.var}_o; {lp.var} < {lp.var}_e; {lp.var}++) {{", 2)
             depth, closers = 3, [2, 1]
         else:

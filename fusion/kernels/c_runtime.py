@@ -135,7 +135,9 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
             return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
 
         if not works([]):
-            raise CompilerMissing(f"{cc} cannot build a shared library ({' '.join(flags)}). Fix: set CC to gcc or clang")
+            raise CompilerMissing(
+                f"{cc} cannot build a shared library ({' '.join(flags)}). Fix: set CC to gcc or clang"
+            )
         if works(["-march=native"]):
             flags.append("-march=native")
         if works(["-fopenmp"]):
