@@ -11,7 +11,7 @@ expression of the loop variables, reductions folded over the innermost loops).
 * :class:`Buffer` — a kernel argument: sizes, strides (in elements), dtype, offset, and whether it is read or written.
 * Index expressions — :class:`Affine` (``sum(coef * atom) + const``) of atoms :class:`Var` (a loop variable),
   :class:`FloorDiv` and :class:`Mod` (a reshape that could not be simplified away). Every index is >= 0.
-* Statements — :class:`Load`, :class:`Const`, :class:`Op` (one pointwise op: :data:`OPS`), :class:`Reduce` (folds a
+* Statements — :class:`Load` (masked or not), :class:`Index` (an index as a value), :class:`Const`, :class:`Op` (one pointwise op: :data:`OPS`), :class:`Reduce` (folds a
   value over the reduction loops), :class:`ReduceLoop` (a loop over the reduced dims: its body and its reductions),
   :class:`Store`.
 * :class:`Kernel` — the whole kernel: its buffers, its loops (outermost first), the reduction loops, the body.
@@ -104,12 +104,23 @@ class Loop:
 
 @dataclass(frozen=True)
 class Load:
-    """``out = buffer[offset]`` converted to ``dtype`` (the compute dtype: a float16 element becomes a float32)."""
+    """``out = buffer[offset]`` converted to ``dtype`` (the compute dtype: a float16 element becomes a float32).
+    ``mask``: a bool value; where it is false nothing is read (the offset may lie outside the buffer: a cat input's
+    shifted index) and ``out`` is 0."""
 
     out: str
     buffer: str
     offset: Affine
     dtype: str
+    mask: str | None = None
+
+
+@dataclass(frozen=True)
+class Index:
+    """``out = expr`` as an int64 value (a cat compares its index along the cat dim with each input's range)."""
+
+    out: str
+    expr: Affine
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,7 @@ class Store:
     value: str
 
 
-Statement = Load | Const | Op | Reduce | ReduceLoop | Store
+Statement = Load | Index | Const | Op | Reduce | ReduceLoop | Store
 
 
 @dataclass(frozen=True)
@@ -198,7 +209,10 @@ class Kernel:
 
 def _describe(s: Statement) -> str:
     if isinstance(s, Load):
-        return f"{s.out} = load {s.buffer}[{index_text(s.offset)}] : {s.dtype}"
+        masked = f" if {s.mask}" if s.mask else ""
+        return f"{s.out} = load {s.buffer}[{index_text(s.offset)}]{masked} : {s.dtype}"
+    if isinstance(s, Index):
+        return f"{s.out} = index {index_text(s.expr)} : int64"
     if isinstance(s, Const):
         return f"{s.out} = {s.value!r} : {s.dtype}"
     if isinstance(s, Op):

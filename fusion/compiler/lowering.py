@@ -72,12 +72,13 @@ class Lowering:
         self.stored = list(stored) if stored is not None else tlang.stored_members(region)
         tlang.check_region(region, self.stored, REDUCTIONS)
         for n in region.nodes:
-            if n.target is tlang.CAT or tlang.is_max_pool(n) or tlang.is_depthwise(n) or tlang.pooled_values(n):
-                raise Unsupported(f"{n.name} ({n.target}): a cat or a window is not lowered to the kernel IR yet", n)
+            if tlang.is_max_pool(n) or tlang.is_depthwise(n) or tlang.pooled_values(n):
+                raise Unsupported(f"{n.name} ({n.target}): a window is not lowered to the kernel IR yet", n)
         self.inputs, self.fixed = list(inputs or ()), inputs is not None
         self.reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.top: list = []
         self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
+        self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range), innermost last
         if self.reductions:
             self.rows = tlang.Rows.of(self.reductions, self.stored, 1 << 62)
             self.shape, self.nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
@@ -149,7 +150,7 @@ class Lowering:
 
     def value(self, node: fx.Node, index: Sequence[ir.Affine]) -> tuple[str, torch.dtype]:
         """(name, compute dtype) of ``node``'s element at ``index``, computed once per index and scope."""
-        key = (node, tuple(index))
+        key = (node, tuple(index), tuple(self.guards))  # a value under a mask is not the unmasked one
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
@@ -202,7 +203,8 @@ class Lowering:
                 self.inputs.append(node)
             out, ct = self.new(), compute(val.dtype)
             buf = f"in{self.inputs.index(node)}"
-            self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct)))
+            mask = self.guards[-1] if self.guards else None
+            self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct), mask))
             return out, ct
         if node.target is operator.getitem:
             return self.reduce(node.args[0])[node.args[1]]
@@ -210,6 +212,8 @@ class Lowering:
             return self.value(node.args[0], view_index(node, index, self.sizes))
         if node.target in REDUCTIONS:
             return self.reduce(node)
+        if node.target is tlang.CAT:
+            return self.concatenation(node, index), compute(val.dtype)
         if node.target is prims.convert_element_type.default:
             src_dtype = compute(node.args[0].meta["val"].dtype)
             src = self.operand(node.args[0], index, src_dtype)
@@ -218,6 +222,44 @@ class Lowering:
         if val.dtype in HALF:  # eager holds the value rounded to its dtype: once, here, for every reader
             out = self.op(f"round_{dtype_name(val.dtype)}", [out], torch.float32)
         return out, compute(val.dtype)
+
+    def concatenation(self, node: fx.Node, index: list[ir.Affine]) -> str:
+        """``cat(tensors, dim)`` at ``index``: each input owns a range [lo, hi) along ``dim`` and is read at
+        ``index[dim] - lo`` with its loads masked to that range (never outside its bounds); ``where`` picks."""
+        val = node.meta["val"]
+        dim, dtype = tlang.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
+        parts, lo = [], 0
+        for t in node.args[0]:
+            size = t.meta["val"].shape[dim]
+            if size:
+                parts.append((t, lo, lo + size))
+            lo += size
+        i = index[dim]
+
+        def shifted(lo: int) -> list[ir.Affine]:
+            return [ir.Affine(i.terms, i.const - lo) if d == dim else j for d, j in enumerate(index)]
+
+        if not i.terms or len(parts) == 1:  # a constant index (a select of the cat) or one input: no select
+            t, lo, _ = next(p for p in parts if p[1] <= i.const < p[2]) if not i.terms else parts[0]
+            return self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)
+        at = self.new()
+        self.block.append(ir.Index(at, i))
+        picks = []
+        for k, (t, lo, hi) in enumerate(parts):
+            bounds = [("ge", lo)] if k else []
+            bounds += [("lt", hi)] if k < len(parts) - 1 else []
+            conds = [self.op(cmp, [at, self.const(b, torch.int64)], torch.bool) for cmp, b in bounds]
+            inside = conds[0] if len(conds) == 1 else self.op("and", conds, torch.bool)
+            mask = self.op("and", [self.guards[-1], inside], torch.bool) if self.guards else inside
+            self.guards.append(mask)
+            try:
+                picks.append((inside, self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)))
+            finally:
+                self.guards.pop()
+        out = picks[-1][1]
+        for inside, v in reversed(picks[:-1]):
+            out = self.op("where", [inside, v, out], dtype)
+        return out
 
     def pointwise(self, node: fx.Node, index: list[ir.Affine], out_dtype: torch.dtype) -> str:
         packet, bound = node.target.overloadpacket, tlang.bind_args(node)

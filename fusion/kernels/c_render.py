@@ -321,7 +321,11 @@ class _Writer:
     def statement(self, s, depth: int) -> None:
         if isinstance(s, ir.Load):
             self.dtypes[s.out] = s.dtype
-            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {self.load(s)};", depth)
+            value = f"({s.mask} ? {self.load(s)} : ({C_TYPES[s.dtype]})0)" if s.mask else self.load(s)  # not read
+            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {value};", depth)
+        elif isinstance(s, ir.Index):
+            self.dtypes[s.out] = "int64"
+            self.emit(f"const int64_t {s.out} = {index_source(s.expr)};", depth)
         elif isinstance(s, ir.Const):
             self.dtypes[s.out] = s.dtype
             self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {literal(s.value, s.dtype)};", depth)
