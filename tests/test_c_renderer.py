@@ -65,7 +65,8 @@ def special(x: torch.Tensor) -> torch.Tensor:
 def tensors(draw, max_dims: int = 3, dtypes=FLOATS, non_contiguous: bool = True):
     shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 5, 7, 17, 33]), min_size=0, max_size=max_dims)))
     dtype = draw(st.sampled_from(dtypes))
-    x = torch.randn(shape, dtype=torch.float64).to(dtype)
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))  # an example is the same tensor every time
+    x = torch.randn(shape, dtype=torch.float64, generator=g).to(dtype)
     if non_contiguous and len(shape) >= 2 and draw(st.booleans()):
         x = x.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
     return x
@@ -154,9 +155,10 @@ def test_pointwise_matches_eager(x, which):
 @FEW
 @given(st.sampled_from([1, 3, 8, 33]), st.sampled_from([1, 2, 7, 65, 300]), st.sampled_from(FLOATS))
 def test_row_reductions_match_eager(rows, cols, dtype):
-    x = torch.randn(rows, cols, dtype=torch.float64).to(dtype)
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, dtype=torch.float64, generator=g).to(dtype)
     x[0, 0] = float("nan") if rows > 1 else x[0, 0]
-    w, b = torch.randn(cols, dtype=dtype), torch.randn(cols, dtype=dtype)
+    w, b = torch.randn(cols, generator=g).to(dtype), torch.randn(cols, generator=g).to(dtype)
 
     def fn(a, w, b):
         soft = torch.softmax(a.float(), -1)
@@ -164,7 +166,11 @@ def test_row_reductions_match_eager(rows, cols, dtype):
         return soft * 2, norm + 1, a.amax(-1) - a.amin(-1), a.sum(-1) * 2, a.mean(-1, keepdim=True) + a
 
     for got, want in zip(compiled_in_c(fn, x, w, b), fn(x, w, b), strict=True):
-        close(got, want)
+        if dtype in (torch.float16, torch.bfloat16):  # a half value computed from a float32 one an ulp apart
+            half = dict(atol=1e-3, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-2, rtol=1.6e-2)
+            torch.testing.assert_close(got, want, equal_nan=True, **half)  # (eager's own order) may round the other way
+        else:
+            close(got, want)
 
 
 @needs_cc
