@@ -178,8 +178,8 @@ def _overlap(gm: fx.GraphModule, part: PartReport) -> None:
 
 class Options(passes.Options):
     """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
-    ``codegen`` (regions -> generated Triton kernels; False runs the aten graph as it is) and ``cudagraphs``
-    (off by default: each inference graph replayed as one CUDA graph, ``fusion.compiler.cudagraphs``)."""
+    ``codegen`` (regions -> generated kernels; False runs the aten graph as it is), ``cudagraphs`` (off by default:
+    inference graphs replayed as CUDA graphs) and ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``)."""
 
     @classmethod
     def parse(cls, options: dict | None) -> Options:
@@ -213,7 +213,7 @@ def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
             compile_graph, why = None, f"Phase 8's fusion.codegen.compile_graph is not available ({e})"
         if compile_graph is not None:
             try:
-                compiled = compile_graph(gm, aot.input_values(gm))
+                compiled = opts.in_renderer(compile_graph, gm, aot.input_values(gm))  # options={"renderer": "c"}
             except Exception as e:  # never a crash for a user; raised in tests and practice workspaces
                 why = "compile_graph failed: " + fallback_reason(e, "Phase 8's compile_graph")
             else:

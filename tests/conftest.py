@@ -43,3 +43,25 @@ def pytest_runtest_makereport(item, call):
     report = yield
     practice.adjust_report(item, call, report)
     return report
+
+
+# Phase 8's own tests run the generated Triton kernels (the learner's exercise is the Triton expressions): on a CPU in
+# Triton's interpreter, whatever renderer CPU kernels use by default (the C renderer, fusion.kernels.c_runtime).
+TRITON_PINNED = ("test_codegen", "test_fuzz", "test_opinfo")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _phase8_tests_run_triton(request):
+    name = request.module.__name__.rpartition(".")[2]
+    if not name.startswith(TRITON_PINNED):
+        yield
+        return
+    old = os.environ.get("FUSION_RENDERER")
+    os.environ["FUSION_RENDERER"] = "triton"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FUSION_RENDERER", None)
+        else:
+            os.environ["FUSION_RENDERER"] = old

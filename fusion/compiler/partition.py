@@ -40,6 +40,7 @@ from fusion.compiler.bindings import python_bindings
 from fusion.compiler.ir import Kernel, KernelPlan, Region, SplitRegion, Unsupported
 from fusion.fxutils.pieces import connected_pieces
 from fusion.fxutils.rebuild import Group, rebuild
+from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile
 
@@ -168,6 +169,9 @@ class Worklist:
         self.plans: list[KernelPlan] = []
         self.report = FusionReport("compile_graph")
         self.runs, self.why = rt.triton_status()
+        # Without Triton, CPU kernels still run where the C renderer is chosen and a compiler is found
+        self.c_only = not self.runs and c_runtime.chosen() == "c" and c_runtime.available()[0]
+        self.runs = self.runs or self.c_only
 
     def __iter__(self) -> Iterator[Region]:
         while self.work:
@@ -177,6 +181,9 @@ class Worklist:
         """The region's kernel was generated (it runs only where Triton does: else the region is refused)."""
         if not self.runs:
             self.refuse(plan.kernel.region, Unsupported(self.why))
+            return
+        if self.c_only and (why := c_runtime.refusal(plan)) is not None:  # no Triton to fall back on: aten runs it
+            self.refuse(plan.kernel.region, why)
             return
         self.plans.append(plan)
         members = [n.name for n in plan.kernel.region.nodes]

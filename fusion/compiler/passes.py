@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from fusion.kernels import c_runtime
+
 KINDS = ("inference", "forward", "backward")  # the aten graphs AOTAutograd hands a backend
 
 
@@ -38,8 +40,13 @@ class Options:
     # cudagraphs (replay each inference graph as one CUDA graph: fusion.compiler.cudagraphs; a no-op on a CPU).
     STAGES = {"codegen": True, "cudagraphs": False}
 
-    def __init__(self, passes: Sequence[Pass], options: Mapping[str, bool] | None = None) -> None:
+    def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
         self.passes = list(passes)
+        options = dict(options or {})
+        # Not a switch: which renderer runs CPU kernels, "c" or "triton" (None: $FUSION_RENDERER, else the default)
+        self.renderer = options.pop("renderer", None)
+        if self.renderer is not None:
+            c_runtime.check_renderer(self.renderer, "options={'renderer': ...}")
         known = {p.name: p.default for p in self.passes} | self.STAGES
         unknown = set(options or {}) - set(known)
         if unknown:
@@ -54,6 +61,11 @@ class Options:
         if name in enabled:
             return enabled[name]
         raise AttributeError(name)
+
+    def in_renderer(self, generate: Callable, *args):
+        """``generate(*args)`` (code generation) with this call's renderer of CPU kernels (``options["renderer"]``)."""
+        with c_runtime.use(self.renderer):
+            return generate(*args)
 
     def passes_for(self, kind: str) -> list[Pass]:
         """The passes to run on an aten graph of ``kind``, in list order."""

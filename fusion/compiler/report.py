@@ -64,6 +64,10 @@ class PartReport:
     def launchers(self) -> list:
         return list(getattr(self.graph, "launchers", ()))
 
+    def renderers(self) -> dict[str, str]:
+        """Kernel name -> what ran it ("c", "triton-interpreter" or "triton"), for kernels launched so far."""
+        return {lch.__name__: lch.owner.ran for lch in self.launchers() if getattr(lch.owner, "ran", "")}
+
     def note_pass(self, name: str, nodes: Iterable[str], action: str, note: str = "") -> None:
         self.passes.append((name, " → ".join(nodes), action, note))
 
@@ -140,7 +144,8 @@ class GraphReport:
         rows = []
         for p in self.parts:
             libs = ", ".join(f"{op}×{c}" if c > 1 else op for op, c in sorted(p.library_calls.items())) or "-"
-            kernels = ", ".join(getattr(k, "name", "?") for k in p.kernels) or "-"
+            ran = p.renderers()
+            kernels = ", ".join(f"{k.name}[{ran[k.name]}]" if k.name in ran else k.name for k in p.kernels) or "-"
             rows.append((p.kind, p.aten_ops, p.regions, len(p.kernels), shorten(kernels, 60), shorten(libs, 60)))
         lines = [head, table(rows, ["graph", "aten ops", "regions", "kernels", "generated", "library calls"])]
         passes = [(p.kind, *row) for p in self.parts for row in p.passes]

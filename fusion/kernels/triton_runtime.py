@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node, reinterpret, strided_view, view_root
 from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
-from fusion.kernels import interp_check
+from fusion.kernels import c_runtime, interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
 
@@ -229,6 +229,8 @@ class RegionKernel(torch.nn.Module):
         vals = [node.meta["val"] for node in plan.stored]
         self._out_specs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in vals]
         self._configs: dict[str, tuple[int, dict[str, int]]] = {}  # device type -> (programs, constexprs)
+        self.renderer = c_runtime.chosen()  # of CPU launches: "c" (fusion.kernels.c_runtime) or "triton"
+        self.ran, self.c_refused = "", ""  # what ran the kernel ("c", "triton-interpreter", "triton"); why not C
         self.launch = Launcher(self)
 
     @property
@@ -240,6 +242,15 @@ class RegionKernel(torch.nn.Module):
         if fn is None:
             fn = self._compiled[interpret] = load_kernel(self.kernel.source, self.kernel.name, interpret=interpret)
         return fn
+
+    def c_kernel(self, device: torch.device):
+        """The kernel compiled from C for CPU tensors, where the renderer is C and the region lowers to the kernel
+        IR; None otherwise (Triton runs it; ``c_refused`` says why not C)."""
+        if device.type != "cpu" or self.renderer != "c":
+            return None
+        if "c" not in self._compiled:
+            self._compiled["c"], self.c_refused = c_runtime.kernel_for(self.plan)
+        return self._compiled["c"]
 
     def check(self, inputs: Sequence[torch.Tensor]) -> None:
         """Raise :class:`ShapeMismatchError` unless every input has the shape, strides and dtype generated for."""
@@ -265,8 +276,12 @@ class RegionKernel(torch.nn.Module):
         outs = [
             torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self._out_specs
         ]
+        if (c := self.c_kernel(device)) is not None:
+            self.ran = "c"
+            return functools.partial(c, *inputs, *outs), outs
         fn = self._function(interpret=device.type != "cuda")
         grid, constexprs = self.config(device)
+        self.ran = "triton" if device.type == "cuda" else "triton-interpreter"
 
         def launch() -> None:
             if grid > 0:
@@ -304,7 +319,7 @@ class Launcher:
         self.direct: Callable | None = None  # (*inputs, *outs) -> None once the compiled kernel is known (CUDA)
         self.fallback = ""  # why the direct path is off ("" while it is on, or untried)
         self.launches = 0  # calls through the direct path
-        self.kind = ""  # which direct path: "static" (torch's static launcher) or "triton" (Triton's own)
+        self.kind = ""  # which direct path: "static" (torch's static launcher), "triton" (Triton's own) or "c"
         self.static_refused = ""  # why torch's static launcher was not used, if it was not
         self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
         plan = owner.plan
@@ -361,8 +376,14 @@ class Launcher:
         self.alloc = alloc = empty_strided_on(device)
         self._specs = owner._out_specs
         outs = [alloc(s, st, dt) for s, st, dt in self._specs]
+        if not self.fallback and (c := owner.c_kernel(device)) is not None:  # CPU tensors, C: later calls call it
+            owner.ran, self.kind = "c", "c"
+            self.direct = self.direct or c
+            c(*inputs, *outs)
+            return self.results(inputs, outs)
         fn = owner._function(interpret=device.type != "cuda")
         grid, constexprs = owner.config(device)
+        owner.ran = "triton" if device.type == "cuda" else "triton-interpreter"
         if grid > 0:
             compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.plan.num_warps, **constexprs)
             if device.type == "cuda" and not self.fallback:

@@ -1,0 +1,440 @@
+"""The device-neutral lowering: one fusion region (Phase 6's, as Phase 8's generator takes it) -> a kernel IR record.
+
+    FusionRegion ──lower_region──▶ kernel_ir.Kernel ──a renderer (fusion.kernels.c_render, ...)──▶ source
+
+What it takes is what Phase 8's generator takes, decided by the same checks (``triton_lang.check_region``,
+``stored_members``, ``Rows``): pointwise regions (views, broadcasting, strides, casts), and reductions over the
+trailing dimensions of one shape (sum, mean, amax, amin, var, var_mean: softmax and LayerNorm). Anything else (a cat,
+a max-pool's window, a depthwise convolution, a transposed store of rows) raises :class:`Unsupported` with the
+reason, and the caller falls back (the Triton path, or aten).
+
+The numerics are Phase 8's rules:
+
+* half and bfloat16 values are computed in float32; every value of such a dtype is rounded to it once, where it is
+  computed (``round_float16``/``round_bfloat16``), so every reader sees eager's number;
+* an operand is converted to the op's dtype first, as torch converts it; a 0-d float operand of a half op is read at
+  the precision ``fusion.aten.precision`` says eager reads it;
+* sums start at +0.0 and accumulate half types in float32; max/min propagate NaN (the renderer's ``Reduce``);
+* a Python scalar operand is used at the op's compute dtype (compared at the promoted dtype, rounded to it).
+
+Index arithmetic is exact integer algebra on :class:`~fusion.compiler.kernel_ir.Affine` expressions
+(``fusion.compiler.index_algebra``): a reshape splits a flat position with ``//`` and ``%``, cancelled wherever the
+loop ranges prove it (a contiguous reshape costs nothing).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+from fusion.aten import precision
+from fusion.aten.nodes import is_view_node as is_view
+from fusion.compiler import kernel_ir as ir
+from fusion.compiler.index_algebra import broadcast, const, offset, var, view_index
+from fusion.compiler.ir import Unsupported
+from fusion.kernels import triton_lang as tlang
+
+aten, prims = torch.ops.aten, torch.ops.prims
+REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
+REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}
+HALF = (torch.float16, torch.bfloat16)
+UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
+         aten.sigmoid: "sigmoid", aten.erf: "erf", aten.tanh: "tanh", aten.reciprocal: "reciprocal", aten.relu: "relu",
+         aten.logical_not: "logical_not", aten.clone: "identity", aten.alias: "identity", aten.ceil: "ceil",
+         aten.floor: "floor", aten.trunc: "trunc", aten.sign: "sign"}  # fmt: skip
+BINARY = {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.remainder: "remainder",
+          aten.floor_divide: "floordiv"}  # fmt: skip
+COMPARISONS = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
+LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "and"}  # on bools
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def compute(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in HALF else dtype
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The lowering
+
+
+class Lowering:
+    """Builds one :class:`~fusion.compiler.kernel_ir.Kernel` from a region (see the module's docstring)."""
+
+    def __init__(self, region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None):
+        self.region, self.members = region, region.members
+        self.stored = list(stored) if stored is not None else tlang.stored_members(region)
+        tlang.check_region(region, self.stored, REDUCTIONS)
+        for n in region.nodes:
+            if tlang.is_max_pool(n) or tlang.is_depthwise(n) or tlang.pooled_values(n):
+                raise Unsupported(f"{n.name} ({n.target}): a window is not lowered to the kernel IR yet", n)
+        self.inputs, self.fixed = list(inputs or ()), inputs is not None
+        self.reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
+        self.top: list = []
+        self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
+        self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range), innermost last
+        if self.reductions:
+            self.rows = tlang.Rows.of(self.reductions, self.stored, 1 << 62)
+            self.shape, self.nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
+            names = [f"x{d}" if d < self.nrow else f"r{d}" for d in range(len(self.shape))]
+            order = list(range(len(self.shape)))
+        else:
+            self.rows, self.nrow = None, 0
+            try:
+                self.shape = tuple(torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in self.stored)))
+            except RuntimeError as e:
+                raise Unsupported(f"the region's outputs do not broadcast together ({e})") from e
+            names = [f"x{d}" for d in range(len(self.shape))]
+            order = tlang.memory_order(self.stored[0].meta["val"], self.shape)  # walk the output's memory order
+        self.index = tuple(const(0) if s == 1 else var(v) for v, s in zip(names, self.shape, strict=True))
+        self.sizes = {v: s for v, s in zip(names, self.shape, strict=True)}
+        walk = [ir.Loop(names[d], self.shape[d]) for d in order if self.shape[d] != 1]
+        self.loops = tuple(lp for lp in walk if lp.var[0] == "x")
+        self.reduce_loops = tuple(lp for lp in walk if lp.var[0] == "r")
+
+    # -- statements ----------------------------------------------------------------------------------------------------
+
+    def new(self) -> str:
+        self.count += 1
+        return f"t{self.count - 1}"
+
+    def op(self, name: str, args: Sequence[str], dtype: torch.dtype) -> str:
+        out = self.new()
+        self.block.append(ir.Op(out, name, tuple(args), dtype_name(dtype)))
+        return out
+
+    def const(self, value: object, dtype: torch.dtype) -> str:
+        """A Python scalar at ``dtype`` as torch would use it: an integer must fit (torch wraps it: refused)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not isinstance(value, bool):
+                raise Unsupported(f"argument {value!r} of type {type(value).__name__} is not a scalar")
+        elif not dtype.is_floating_point and dtype != torch.bool:
+            if isinstance(value, float):
+                raise Unsupported(f"float constant {value!r} in an op computed in {dtype}")
+            info = torch.iinfo(dtype)
+            if not info.min <= value <= info.max:
+                raise Unsupported(f"constant {value} does not fit {dtype} (torch wraps it around)")
+        if dtype.is_floating_point:
+            value = float(value)
+        elif dtype == torch.bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        key = ("const", type(value), value, dtype)
+        if key not in self.scopes[0]:
+            out = self.new()
+            self.top.insert(0, ir.Const(out, value, dtype_name(dtype)))  # a constant is defined before everything
+            self.scopes[0][key] = out
+        return self.scopes[0][key]
+
+    def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        """``x`` (held at compute dtype ``src``) converted to ``dst`` with torch's rules, held at ``compute(dst)``."""
+        if dst == torch.bool:
+            return x if src == torch.bool else self.op("to", [x], torch.bool)
+        if dst in HALF:
+            x32 = x if src == torch.float32 else self.op("to", [x], torch.float32)
+            return self.op(f"round_{dtype_name(dst)}", [x32], torch.float32)
+        if src == dst:
+            return x
+        if src.is_floating_point and not dst.is_floating_point and dst != torch.int64:
+            x = self.op("to", [x], torch.int64)
+        return self.op("to", [x], dst)
+
+    # -- values --------------------------------------------------------------------------------------------------------
+
+    def value(self, node: fx.Node, index: Sequence[ir.Affine]) -> tuple[str, torch.dtype]:
+        """(name, compute dtype) of ``node``'s element at ``index``, computed once per index and scope."""
+        key = (node, tuple(index), tuple(self.guards))  # a value under a mask is not the unmasked one
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        self.reading.append(node)
+        try:
+            out = self._compute(node, list(index))
+        except Unsupported as e:
+            e.node = e.node or node
+            raise
+        finally:
+            self.reading.pop()
+        self.scopes[-1][key] = out
+        return out
+
+    def operand(self, arg: object, index, dtype: torch.dtype, op_dtype: torch.dtype | None = None) -> str:
+        """``arg`` (a node or a scalar) read at ``index`` broadcast to its shape, as torch converts it for an op of
+        ``op_dtype``, then held at ``dtype``."""
+        if not isinstance(arg, fx.Node):
+            return self.const(arg, dtype)
+        val = arg.meta["val"]
+        src, dt = self.value(arg, broadcast(index, val.shape))
+        if (
+            op_dtype in HALF
+            and val.dtype not in (op_dtype, torch.bool)
+            and not self._zero_dim_at_op_math(arg, op_dtype)
+        ):
+            src = self.cast(src, dt, op_dtype)  # a float32 operand of a half op: rounded to it first, as eager does
+            dt = torch.float32
+        return src if dt == dtype else self.cast(src, dt, dtype)
+
+    def _zero_dim_at_op_math(self, arg: fx.Node, op_dtype: torch.dtype) -> bool:
+        val, op = arg.meta["val"], self.reading[-1] if self.reading else None
+        if val.dim() != 0 or not val.dtype.is_floating_point or op is None or not hasattr(op.target, "overloadpacket"):
+            return False
+        tensors = [a for a in op.args if isinstance(a, fx.Node)]
+        if len(op.args) != 2 or len(tensors) != 2 or tensors[0] is tensors[1]:
+            return False
+        return precision.zero_dim_at_op_math(
+            op.target.overloadpacket, op.args.index(arg), 2, op_dtype, val.dtype, val.device.type
+        )
+
+    def _compute(self, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
+        val = node.meta.get("val")
+        if node not in self.members:  # an external input
+            if not isinstance(val, torch.Tensor):
+                raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
+            if node not in self.inputs:
+                if self.fixed:
+                    raise Unsupported(f"input {node.name} is not among the kernel's arguments")
+                self.inputs.append(node)
+            out, ct = self.new(), compute(val.dtype)
+            buf = f"in{self.inputs.index(node)}"
+            mask = self.guards[-1] if self.guards else None
+            self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct), mask))
+            return out, ct
+        if node.target is operator.getitem:
+            return self.reduce(node.args[0])[node.args[1]]
+        if is_view(node):
+            return self.value(node.args[0], view_index(node, index, self.sizes))
+        if node.target in REDUCTIONS:
+            return self.reduce(node)
+        if node.target is tlang.CAT:
+            return self.concatenation(node, index), compute(val.dtype)
+        if node.target is prims.convert_element_type.default:
+            src_dtype = compute(node.args[0].meta["val"].dtype)
+            src = self.operand(node.args[0], index, src_dtype)
+            return self.cast(src, src_dtype, val.dtype), compute(val.dtype)
+        out = self.pointwise(node, index, val.dtype)
+        if val.dtype in HALF:  # eager holds the value rounded to its dtype: once, here, for every reader
+            out = self.op(f"round_{dtype_name(val.dtype)}", [out], torch.float32)
+        return out, compute(val.dtype)
+
+    def concatenation(self, node: fx.Node, index: list[ir.Affine]) -> str:
+        """``cat(tensors, dim)`` at ``index``: each input owns a range [lo, hi) along ``dim`` and is read at
+        ``index[dim] - lo`` with its loads masked to that range (never outside its bounds); ``where`` picks."""
+        val = node.meta["val"]
+        dim, dtype = tlang.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
+        parts, lo = [], 0
+        for t in node.args[0]:
+            size = t.meta["val"].shape[dim]
+            if size:
+                parts.append((t, lo, lo + size))
+            lo += size
+        i = index[dim]
+
+        def shifted(lo: int) -> list[ir.Affine]:
+            return [ir.Affine(i.terms, i.const - lo) if d == dim else j for d, j in enumerate(index)]
+
+        if not i.terms or len(parts) == 1:  # a constant index (a select of the cat) or one input: no select
+            t, lo, _ = next(p for p in parts if p[1] <= i.const < p[2]) if not i.terms else parts[0]
+            return self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)
+        at = self.new()
+        self.block.append(ir.Index(at, i))
+        picks = []
+        for k, (t, lo, hi) in enumerate(parts):
+            bounds = [("ge", lo)] if k else []
+            bounds += [("lt", hi)] if k < len(parts) - 1 else []
+            conds = [self.op(cmp, [at, self.const(b, torch.int64)], torch.bool) for cmp, b in bounds]
+            inside = conds[0] if len(conds) == 1 else self.op("and", conds, torch.bool)
+            mask = self.op("and", [self.guards[-1], inside], torch.bool) if self.guards else inside
+            self.guards.append(mask)
+            try:
+                picks.append((inside, self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)))
+            finally:
+                self.guards.pop()
+        out = picks[-1][1]
+        for inside, v in reversed(picks[:-1]):
+            out = self.op("where", [inside, v, out], dtype)
+        return out
+
+    def pointwise(self, node: fx.Node, index: list[ir.Affine], out_dtype: torch.dtype) -> str:
+        packet, bound = node.target.overloadpacket, tlang.bind_args(node)
+        args, cast_to = list(node.args), compute(out_dtype)
+        if packet in COMPARISONS:
+            promoted = torch.result_type(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args[:2]))
+            ops = [self.operand(tlang.rounded(a, promoted), index, compute(promoted)) for a in args[:2]]
+            return self.op(COMPARISONS[packet], ops, torch.bool)
+        if cast_to == torch.bool and packet in LOGICAL:  # bool + bool is or, bool * bool and
+            ops = [self.operand(a, index, torch.bool) for a in args[:2]]
+            return self.op(LOGICAL[packet], ops, torch.bool)
+
+        def x(i: int) -> str:
+            return self.operand(args[i], index, cast_to, op_dtype=out_dtype)
+
+        if packet is aten.where:
+            cond = self.value(args[0], broadcast(index, args[0].meta["val"].shape))[0]
+            return self.op("where", [cond, x(1), x(2)], cast_to)
+        if packet in (aten.add, aten.sub):
+            b, alpha = x(1), bound.get("alpha", 1)
+            if alpha != 1:
+                b = self.op("mul", [b, self.const(alpha, cast_to)], cast_to)
+            return self.op("add" if packet is aten.add else "sub", [x(0), b], cast_to)
+        if packet is aten.div:
+            mode = bound.get("rounding_mode")
+            if mode is None:
+                return self.op("truediv", [x(0), x(1)], cast_to)
+            if mode == "floor":
+                return self.op("floordiv", [x(0), x(1)], cast_to)
+            if cast_to.is_floating_point:
+                return self.op("trunc", [self.op("truediv", [x(0), x(1)], cast_to)], cast_to)
+            return self.op("truncdiv", [x(0), x(1)], cast_to)
+        if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
+            lo = bound.get("min") if packet is not aten.clamp_max else None
+            hi = bound.get("max") if packet is not aten.clamp_min else None
+            out = x(0)
+            for bound_, test in ((lo, "lt"), (hi, "gt")):  # NaN stays NaN: the comparison is False
+                if bound_ is not None:
+                    if isinstance(bound_, fx.Node):
+                        raise Unsupported(f"{node.name}: clamp with tensor bounds")
+                    c = self.const(bound_, cast_to)
+                    out = self.op("where", [self.op(test, [out, c], torch.bool), c, out], cast_to)
+            return out
+        if node.target is aten.pow.Tensor_Scalar:
+            return self.power(x(0), bound["exponent"], cast_to, node)
+        if packet in UNARY:
+            return self.op(UNARY[packet], [x(0)], cast_to)
+        if packet in BINARY:
+            return self.op(BINARY[packet], [x(0), x(1)], cast_to)
+        raise Unsupported(f"no kernel-IR op for {node.target}", node)
+
+    def power(self, x: str, e: object, dtype: torch.dtype, node: fx.Node) -> str:
+        """``x ** e`` as torch computes it: an integer exponent by repeated squaring, 0.5 a square root."""
+        if not isinstance(e, (int, float)) or isinstance(e, bool) or not math.isfinite(e):
+            raise Unsupported(f"{node.name}: pow with exponent {e!r}", node)
+        floating = dtype.is_floating_point
+        if float(e).is_integer() and abs(e) <= 32 and (floating or e >= 0):
+            e = int(e)
+            if e == 0:
+                return self.const(1, dtype)  # NaN ** 0 is 1
+
+            def times(n: int) -> str:
+                if n == 1:
+                    return x
+                half = times(n // 2)
+                sq = self.op("mul", [half, half], dtype)
+                return sq if n % 2 == 0 else self.op("mul", [sq, x], dtype)
+
+            out = times(abs(e))
+            return out if e > 0 else self.op("reciprocal", [out], dtype)
+        if e in (0.5, -0.5):
+            return self.op("sqrt" if e > 0 else "rsqrt", [x], dtype)
+        if floating:
+            return self.op("pow", [x, self.const(float(e), dtype)], dtype)
+        raise Unsupported(f"{node.name}: integer pow with exponent {e!r}", node)
+
+    # -- reductions and stores -----------------------------------------------------------------------------------------
+
+    def _in_loop(self, build) -> object:
+        """Run ``build()`` emitting into a new :class:`ReduceLoop` at row level (appended when done)."""
+        saved = self.block, self.scopes
+        body: list = []
+        self.block, self.scopes = body, [self.scopes[0], {}]
+        try:
+            result = build()
+        finally:
+            self.block, self.scopes = self.top, [saved[1][0]]
+        self.top.append(ir.ReduceLoop(tuple(body)))
+        self.block, self.scopes = saved
+        return result
+
+    def reduce(self, node: fx.Node) -> tuple:
+        """A row reduction, once per row: (name, dtype), or (var, mean) for var_mean."""
+        if not self.rows or node not in self.members:
+            raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node)
+        key = (node, "reduce")
+        if key in self.scopes[0]:
+            return self.scopes[0][key]
+        val = node.meta["val"]
+        out_dtype = (val[0] if isinstance(val, (tuple, list)) else val).dtype
+        dt = compute(out_dtype)
+        if not dt.is_floating_point:
+            raise Unsupported(f"{node.name}: reductions to {dt} are not generated", node)
+        n, target, row = self.rows.rnumel, node.target, self.index
+
+        def fold(kind: str, values) -> str:
+            out = self.new()
+            self._in_loop(lambda: self.block.append(ir.Reduce(out, kind, values(), dtype_name(dt))))
+            return out
+
+        saved = self.block, self.scopes
+        self.block, self.scopes = self.top, [self.scopes[0]]  # the fold's result lives at row level
+        try:
+            x = lambda: self.operand(node.args[0], row, dt)  # noqa: E731
+            if target in (aten.amax.default, aten.amin.default):
+                out = fold("max" if target is aten.amax.default else "min", x)
+            else:
+                out = fold("sum", x)
+                if target.overloadpacket is not aten.sum:
+                    out = self.op("truediv", [out, self.const(float(n), dt)], dt)
+            if target.overloadpacket in (aten.var_mean, aten.var):
+                mean, corr = out, tlang.bind_args(node).get("correction")
+
+                def squares() -> str:
+                    c = self.op("sub", [x(), mean], dt)
+                    return self.op("mul", [c, c], dt)
+
+                sq = fold("sum", squares)
+                var_ = self.op("truediv", [sq, self.const(float(max(n - (1 if corr is None else corr), 0)), dt)], dt)
+                out = (var_, mean) if target is aten.var_mean.correction else var_
+            outs = out if isinstance(out, tuple) else (out,)
+            if out_dtype in HALF:
+                outs = tuple(self.op(f"round_{dtype_name(out_dtype)}", [o], dt) for o in outs)
+            result = tuple((o, dt) for o in outs)
+            result = result if isinstance(out, tuple) else result[0]
+        finally:
+            self.block, self.scopes = saved
+        self.scopes[0][key] = result
+        return result
+
+    def store(self, i: int, node: fx.Node) -> None:
+        val = node.meta["val"]
+        if self.rows and tuple(val.shape) not in (self.shape, *tlang.per_row_shapes(self.shape, self.rows.nred)):
+            raise Unsupported(f"{node.name}: a transposed store of rows is not lowered to the kernel IR yet", node)
+        at = self.index[: self.nrow] if self.rows and len(val.shape) == self.nrow else self.index
+        src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))
+        self.block.append(ir.Store(f"out{i}", offset(broadcast(at, val.shape), val.stride()), src))
+
+    def kernel(self, name: str = "kernel") -> ir.Kernel:
+        for r in self.reductions:  # each at row level, in graph order
+            self.reduce(r)
+        per_row = tlang.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
+        whole = [self.rows is not None and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
+        for i, n in enumerate(self.stored):
+            if not whole[i]:
+                self.store(i, n)
+        if any(whole):
+            self._in_loop(lambda: [self.store(i, n) for i, n in enumerate(self.stored) if whole[i]])
+        buffers = [ir.Buffer(f"in{i}", tuple(v.shape), tuple(v.stride()), dtype_name(v.dtype))
+                   for i, v in enumerate(n.meta["val"] for n in self.inputs)]  # fmt: skip
+        buffers += [ir.Buffer(f"out{i}", tuple(v.shape), tuple(v.stride()), dtype_name(v.dtype), output=True)
+                    for i, v in enumerate(n.meta["val"] for n in self.stored)]  # fmt: skip
+        ops = tuple(f"{n.name} = {n.target}" for n in self.region.nodes if not is_view(n))
+        kind = "reduction" if self.rows else "pointwise"
+        return ir.Kernel(name, kind, tuple(buffers), self.loops, self.reduce_loops, tuple(self.top), ops)
+
+
+def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None,
+                 name: str = "kernel") -> ir.Kernel:  # fmt: skip
+    """One region -> one :class:`~fusion.compiler.kernel_ir.Kernel`, or :class:`Unsupported` with the reason.
+    ``inputs``/``stored``: the argument order a launcher passes (a ``KernelPlan``'s); by default the order of first
+    use and ``stored_members(region)``."""
+    return Lowering(region, inputs, stored).kernel(name)
+
+
+def lower_plan(plan) -> ir.Kernel:
+    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order."""
+    return lower_region(plan.kernel.region, plan.inputs, plan.stored, plan.kernel.name)

@@ -1,0 +1,291 @@
+"""The C runtime: a C source in, a ctypes function out, and which renderer a CPU kernel uses.
+
+* :func:`compiler` — the system compiler (``$CC``, else ``cc``, ``gcc``, ``clang`` on PATH) and its flags, probed
+  once: ``-O3 -shared -fPIC -fwrapv`` (integers wrap as torch's do; no fast-math: results match the Triton path),
+  ``-march=native`` where it compiles, ``-fopenmp`` where it links (serial kernels otherwise).
+* :func:`load` — compile once per (source, flags, compiler version): ``<cache_dir>/c/<name>_<hash>.so``, built under
+  a file lock (``fcntl``) into a temporary file and renamed into place, so parallel compiles and test workers never
+  load half a library; loaded with ``ctypes``.
+* :func:`kernel_for` — a Phase 8 ``KernelPlan`` lowered to the kernel IR (``fusion.compiler.lowering``), rendered
+  to C (``fusion.kernels.c_render``), compiled, loaded: a :class:`CKernel` called with the launch's tensors.
+* :func:`chosen` / :func:`use` — the renderer of CPU kernels: ``options={"renderer": "c" | "triton"}`` on the backend
+  (:func:`use` around its code generation), else ``$FUSION_RENDERER``, else :data:`DEFAULT`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+RENDERERS = ("c", "triton")
+DEFAULT = "c"  # CPU kernels compile from C where a compiler is found; Triton's interpreter otherwise (said once)
+_CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fusion_renderer", default=None)
+STATS = {"compiled": 0, "disk_hits": 0, "loaded": 0}  # what load() did, for tests and the lesson
+
+
+class CompilerMissing(RuntimeError):
+    """No C compiler here: the message names the fix."""
+
+
+def check_renderer(name: object, where: str) -> str:
+    if name not in RENDERERS:
+        raise ValueError(f"{where}: unknown renderer {name!r}; choose one of {list(RENDERERS)}")
+    return name
+
+
+def chosen() -> str:
+    """The renderer CPU kernels use now: the backend's option, else $FUSION_RENDERER, else :data:`DEFAULT`."""
+    name = _CHOSEN.get()
+    if name is None:
+        env = os.environ.get("FUSION_RENDERER", "").strip().lower()
+        name = check_renderer(env, "FUSION_RENDERER") if env else DEFAULT
+        if name == "c" and not env and not available()[0]:  # the default, without a compiler: said once
+            if not _WARNED:
+                _WARNED.append(True)
+                warnings.warn(f"{available()[1]}. CPU kernels run in Triton's interpreter meanwhile", stacklevel=2)
+            name = "triton"
+    return name
+
+
+_WARNED: list[bool] = []
+
+
+@contextlib.contextmanager
+def use(renderer: str | None):
+    """Kernels generated inside this block run on CPU tensors with ``renderer`` (None: leave the choice as it is)."""
+    if renderer is None:
+        yield
+        return
+    token = _CHOSEN.set(check_renderer(renderer, "options={'renderer': ...}"))
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The compiler
+
+
+def _find() -> str | None:
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc.split()[0]) or cc.split()[0]
+    return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
+
+
+def compiler() -> tuple[str, tuple[str, ...], str]:
+    """(path, flags, version line) of the C compiler, probed once; :class:`CompilerMissing` without one."""
+    found, why = _probe()
+    if found is None:
+        raise CompilerMissing(why)
+    return found
+
+
+@functools.cache
+def _probe() -> tuple[tuple[str, tuple[str, ...], str] | None, str]:
+    try:
+        return _compiler(), ""
+    except CompilerMissing as e:
+        return None, str(e)
+
+
+def forget_compiler() -> None:
+    """Probe the compiler again at the next use (after CC or PATH changed)."""
+    _probe.cache_clear()
+
+
+def _compiler() -> tuple[str, tuple[str, ...], str]:
+    cc = _find()
+    if cc is None or not os.path.exists(cc):
+        raise CompilerMissing(
+            "no C compiler found (looked at $CC, cc, gcc, clang) for the C renderer of CPU kernels. Fix: install one "
+            "(Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; macOS: xcode-select --install; Windows: "
+            "LLVM's clang on PATH), or set CC=/path/to/compiler, or run CPU kernels in Triton's interpreter: "
+            "FUSION_RENDERER=triton (or options={'renderer': 'triton'})"
+        )
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError) as e:
+        raise CompilerMissing(f"the C compiler {cc} does not run ({e}). Fix: set CC to a working compiler") from e
+    # No fast-math: -fno-math-errno and -fno-trapping-math change no value (errno and FP exception flags are never
+    # read; they let gcc vectorize loops with selects and floorf), fp-contract off keeps a*b+c two roundings.
+    flags = ["-O3", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
+    flags.append("-std=gnu11")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("#include <math.h>\nvoid f(float *restrict x, int n) {\n#pragma omp parallel for\n"
+                       "for (int i = 0; i < n; i++) x[i] = expf(x[i]);\n}\n")  # fmt: skip
+
+        def works(extra: list[str]) -> bool:
+            cmd = [cc, *flags, *extra, str(src), "-o", str(Path(tmp) / "probe.so"), "-lm"]
+            return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+
+        if not works([]):
+            raise CompilerMissing(
+                f"{cc} cannot build a shared library ({' '.join(flags)}). Fix: set CC to gcc or clang"
+            )
+        if works(["-march=native"]):
+            flags.append("-march=native")
+        if works(["-fopenmp"]):
+            flags.append("-fopenmp")
+        elif works(["-fopenmp-simd"]):  # no OpenMP runtime (macOS without libomp): serial, SIMD pragmas still read
+            flags.append("-fopenmp-simd")
+    return cc, tuple(flags), version
+
+
+def available() -> tuple[bool, str]:
+    """(is there a compiler, what it is / the message naming the fix). Never raises."""
+    try:
+        cc, flags, version = compiler()
+    except CompilerMissing as e:
+        return False, str(e)
+    return True, f"{version} ({cc} {' '.join(flags)})"
+
+
+def openmp() -> bool:
+    return "-fopenmp" in compiler()[1]
+
+
+def _cache() -> Path:
+    """``<cache>/c``: the kernels' cache directory ($FUSION_CACHE_DIR, else <tmp>/fusion_kernels_<user>, as
+    ``triton_runtime.cache_dir``), the C libraries in their own folder."""
+    root = os.environ.get("FUSION_CACHE_DIR")
+    if not root:
+        user = os.environ.get("USER") or os.environ.get("USERNAME") or str(os.getuid() if hasattr(os, "getuid") else 0)
+        root = os.path.join(tempfile.gettempdir(), f"fusion_kernels_{user}")
+    path = Path(root) / "c"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` across processes (fcntl); without fcntl (Windows) the rename still keeps a
+    library whole, two processes may only both compile it."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+_LOCK = threading.Lock()
+
+
+def library_path(source: str, name: str) -> Path:
+    cc, flags, version = compiler()
+    key = (source, " ".join(flags), version, sys.platform, _cpu())  # -march=native: a library per CPU model
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:20]
+    return _cache() / f"{name}_{digest}.so"
+
+
+def load(source: str, name: str) -> ctypes._CFuncPtr:
+    """The function ``name`` of ``source`` compiled (or found in the disk cache) and loaded."""
+    cc, flags, _ = compiler()
+    path = library_path(source, name)
+    with _LOCK:
+        lib = _LIBS.get(str(path))
+        if lib is None:
+            if path.exists():
+                STATS["disk_hits"] += 1
+            else:
+                with _locked(path.with_suffix(".lock")):
+                    if path.exists():
+                        STATS["disk_hits"] += 1
+                    else:
+                        c_file = path.with_suffix(".c")
+                        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+                        c_file.write_text(source)
+                        done = subprocess.run([cc, *flags, str(c_file), "-o", str(tmp), "-lm"], capture_output=True,
+                                              text=True, timeout=300)  # fmt: skip
+                        if done.returncode != 0:
+                            raise RuntimeError(f"{cc} failed on {c_file}:\n{done.stderr[-4000:]}")
+                        os.replace(tmp, path)
+                        STATS["compiled"] += 1
+            lib = _LIBS[str(path)] = ctypes.CDLL(str(path))
+            STATS["loaded"] += 1
+    fn = getattr(lib, name)
+    fn.restype = None
+    return fn
+
+
+@functools.cache
+def _cpu() -> str:
+    """The CPU's model and feature flags (Linux), else what platform says."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return "\n".join(sorted({ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        import platform
+
+        return f"{platform.machine()} {platform.processor()}"
+
+
+class CKernel:
+    """A compiled C kernel: ``kernel(*inputs, *outputs)`` on CPU tensors (pointers to their first elements), the
+    threads torch uses (``torch.get_num_threads()``)."""
+
+    def __init__(self, fn, name: str, source: str, nargs: int) -> None:
+        self.fn, self.name, self.source = fn, name, source
+        fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int]
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads())
+
+
+def kernel_for(plan) -> tuple[CKernel | None, str]:
+    """(the C kernel of a Phase 8 ``KernelPlan``, "") or (None, why not: a region the IR does not take, no
+    compiler). A compile error is a renderer bug: raised in tests, a reason otherwise."""
+    from fusion.common import fallback_reason
+    from fusion.compiler.ir import Unsupported
+    from fusion.compiler.lowering import lower_plan
+    from fusion.kernels.c_render import render
+
+    try:
+        kernel = lower_plan(plan)
+    except Unsupported as e:
+        return None, f"not lowered to the kernel IR: {e}"
+    try:
+        source = render(kernel)
+        return CKernel(load(source, kernel.name), kernel.name, source, len(kernel.buffers)), ""
+    except CompilerMissing as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - a renderer bug: raised in tests, Triton's interpreter otherwise
+        return None, "C renderer failed: " + fallback_reason(e, "the C renderer")
+
+
+def refusal(plan):
+    """Why the C renderer cannot run ``plan`` (an ``Unsupported``: not on the CPU, or not lowered to the kernel IR;
+    its node, where it names one, is where the partition cuts the region), or None. Asked where Triton is missing."""
+    from fusion.compiler.ir import Unsupported
+    from fusion.compiler.lowering import lower_plan
+
+    if any(n.meta["val"].device.type != "cpu" for n in (*plan.inputs, *plan.stored)):
+        return Unsupported("Triton is not installed and the kernel is not on the CPU (the C renderer's device)")
+    try:
+        lower_plan(plan)
+    except Unsupported as e:
+        e.args = (f"{e} (Triton is not installed: CPU kernels run from C, and C does not take this one)",)
+        return e
+    return None

@@ -1,0 +1,368 @@
+"""The C renderer of CPU kernels (issue 38): kernel IR -> C -> a shared library called through ctypes, against eager.
+
+Phase 8's generator builds the region's KernelPlan; the kernel IR is lowered from it (fusion.compiler.lowering),
+rendered to C (fusion.kernels.c_render), compiled and cached (fusion.kernels.c_runtime)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.fx as fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusion.codegen import compile_regions
+from fusion.compiler import kernel_ir as ir
+from fusion.compiler.lowering import Lowering
+from fusion.kernels import c_runtime
+from fusion.kernels.c_render import render
+from fusion.regions import build_fusion_regions, capture_aten, unique_regions
+
+pytestmark = pytest.mark.phase8
+
+HAS_CC = c_runtime.available()[0]
+needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+FEW = settings(max_examples=6)  # each new shape is one more compile (~0.2 s)
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def compiled_in_c(fn, *inputs):
+    """compile_regions with the C renderer; every kernel must have run from C."""
+    with c_runtime.use("c"):
+        model = compile_regions(Fn(fn), inputs)
+    out = model(*inputs)
+    ran = {lch.owner.kernel.name: (lch.owner.ran, lch.owner.c_refused) for lch in model.compiled.launchers}
+    assert ran and all(r == "c" for r, _ in ran.values()), ran
+    return out
+
+
+def special(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a NaN, an inf and a -inf where it has room (eager and the kernel must agree on them too)."""
+    flat = x.reshape(-1)
+    for i, v in enumerate((float("nan"), float("inf"), float("-inf"))):
+        if flat.numel() > 3 * i + 2:
+            flat[3 * i + 1] = v
+    return x
+
+
+@st.composite
+def tensors(draw, max_dims: int = 3, dtypes=FLOATS, non_contiguous: bool = True):
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 5, 7, 17, 33]), min_size=0, max_size=max_dims)))
+    dtype = draw(st.sampled_from(dtypes))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))  # an example is the same tensor every time
+    x = torch.randn(shape, dtype=torch.float64, generator=g).to(dtype)
+    if non_contiguous and len(shape) >= 2 and draw(st.booleans()):
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
+    return x
+
+
+def close(got, want) -> None:
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The kernel IR is data
+
+
+def _walk(value, seen: list) -> None:
+    if dataclasses.is_dataclass(value):
+        assert type(value).__module__ == ir.__name__, type(value)
+        for f in dataclasses.fields(value):
+            _walk(getattr(value, f.name), seen)
+    elif isinstance(value, tuple):
+        for v in value:
+            _walk(v, seen)
+    else:
+        seen.append(type(value))
+        assert isinstance(value, (str, int, float, bool, type(None))), f"{type(value)} in the kernel IR: {value!r}"
+
+
+def lowered(fn, *inputs) -> list[tuple[Lowering, ir.Kernel]]:
+    gm = capture_aten(Fn(fn), inputs)
+    out = []
+    for r in unique_regions(build_fusion_regions(gm)):
+        lowering = Lowering(r)
+        out.append((lowering, lowering.kernel(f"k{r.index}")))
+    return out
+
+
+def test_kernel_ir_records_hold_no_torch_or_fx_objects():
+    x, w = torch.randn(6, 40).half(), torch.randn(40)
+    cases = [
+        lowered(lambda a: (a * 2 + 1).relu().t().contiguous(), x),
+        lowered(lambda a, b: torch.nn.functional.layer_norm(a.float(), (40,), b) * torch.softmax(a.float(), -1), x, w),
+    ]
+    for lowerings in cases:
+        for _, kernel in lowerings:
+            seen: list = []
+            _walk(kernel, seen)
+            assert not any(t.__module__.startswith(("torch", "fusion")) for t in seen)
+            assert pickle.loads(pickle.dumps(kernel)) == kernel and hash(kernel) == hash(
+                pickle.loads(pickle.dumps(kernel))
+            )
+            assert all(isinstance(s, ir.Statement.__args__) for s in kernel.statements())
+    kinds = [k.kind for lowerings in cases for _, k in lowerings]
+    assert "pointwise" in kinds and "reduction" in kinds
+
+
+def test_reshapes_cost_no_division_where_the_ranges_prove_it():
+    # a Linear's 2-D output read as 3-D: the flat position put back together, no // or %
+    ((_, kernel),) = lowered(lambda a, b: (a * 2).reshape(4, 6, 10) + b, torch.randn(24, 10), torch.randn(4, 6, 1))
+    assert "//" not in kernel.describe() and "%" not in kernel.describe(), kernel.describe()
+    # a permuted copy read flat: x0 spans two dims of the source, x1 one: x0 // 10 and x0 % 10, nothing on x1
+    ((_, kernel),) = lowered(
+        lambda a: (a * 2).reshape(4, 6, 10).permute(0, 2, 1).reshape(40, 6) + 1, torch.randn(24, 10)
+    )
+    (load,) = [s for s in kernel.statements() if isinstance(s, ir.Load)]
+    assert ir.index_text(load.offset) == "(x0 % 10) + 10*x1 + 60*(x0 // 10)", ir.index_text(load.offset)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# C kernels against eager
+
+
+@needs_cc
+@FEW
+@given(tensors(), st.sampled_from(["chain", "minmax", "cast", "compare"]))
+def test_pointwise_matches_eager(x, which):
+    x = x.clone() if which == "cast" else special(x.clone())  # NaN -> integer is undefined (torch's too)
+    fn = {
+        "chain": lambda a: torch.sigmoid(a * 2.5 - 1).exp() + torch.tanh(a).abs().sqrt(),
+        "minmax": lambda a: torch.maximum(a, a * 0.5).clamp(-1.5, 2) * torch.relu(a) + torch.minimum(a, -a),
+        "cast": lambda a: (a.float() * 3).to(a.dtype) + (a.to(torch.int32) * 2).to(a.dtype),
+        "compare": lambda a: torch.where(a > 0.1, a * 2, -a) + (a != a).to(a.dtype),
+    }[which]
+    close(compiled_in_c(fn, x), fn(x))
+
+
+@needs_cc
+@FEW
+@given(st.sampled_from([1, 3, 8, 33]), st.sampled_from([1, 2, 7, 65, 300]), st.sampled_from(FLOATS))
+def test_row_reductions_match_eager(rows, cols, dtype):
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, dtype=torch.float64, generator=g).to(dtype)
+    x[0, 0] = float("nan") if rows > 1 else x[0, 0]
+    w, b = torch.randn(cols, generator=g).to(dtype), torch.randn(cols, generator=g).to(dtype)
+
+    def fn(a, w, b):
+        soft = torch.softmax(a.float(), -1)
+        norm = torch.nn.functional.layer_norm(a, (cols,), w, b)
+        return soft * 2, norm + 1, a.amax(-1) - a.amin(-1), a.sum(-1) * 2, a.mean(-1, keepdim=True) + a
+
+    for got, want in zip(compiled_in_c(fn, x, w, b), fn(x, w, b), strict=True):
+        if dtype in (torch.float16, torch.bfloat16):  # a half value computed from a float32 one an ulp apart
+            half = dict(atol=1e-3, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-2, rtol=1.6e-2)
+            torch.testing.assert_close(got, want, equal_nan=True, **half)  # (eager's own order) may round the other way
+        else:
+            close(got, want)
+
+
+@needs_cc
+def test_a_non_contiguous_input_and_a_broadcast():
+    x = torch.randn(9, 13, 5)[:, 1:12:2, :].permute(2, 0, 1)  # strided, permuted
+    y = torch.randn(6)
+    close(compiled_in_c(lambda a, b: (a * b + 1).relu() * a, x, y), (x * y + 1).relu() * x)
+
+
+@needs_cc
+def test_a_sum_of_negative_zeros_is_positive_zero():
+    x = torch.full((4, 7), -0.0)
+    got = compiled_in_c(lambda a: (a * 1.0).sum(-1), x)
+    assert torch.equal(1 / got, torch.full((4,), float("inf")))
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_values_round_once_to_nearest_even(dtype):
+    # float32 values at and around the half-way points of the half dtype, subnormals, overflow and NaN
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1000, generator=g) * 10 ** torch.randint(-8, 6, (1000,), generator=g).float(),
+                   torch.tensor([65519.0, 65520.0, 1e-7, -6e-8, 3.4e38, float("nan"), float("-inf")])])  # fmt: skip
+    close(compiled_in_c(lambda a: (a * 1.0).to(dtype) * 3, x), (x * 1.0).to(dtype) * 3)
+
+
+def run_lowered(fn, *inputs):
+    """Lower each region of ``fn`` (as the Triton generator would not: these ops have no Triton line), run it from C."""
+    gm = capture_aten(Fn(fn), inputs)
+    env: dict = {}
+
+    class Record(fx.Interpreter):
+        def run_node(self, n):
+            env[n] = super().run_node(n)
+            return env[n]
+
+    Record(gm).run(*inputs)
+    regions = unique_regions(build_fusion_regions(gm))
+    assert regions
+    for r in regions:
+        low = Lowering(r)
+        kernel = low.kernel(f"divisions_{r.index}")
+        source = render(kernel)
+        ck = c_runtime.CKernel(c_runtime.load(source, kernel.name), kernel.name, source, len(kernel.buffers))
+        outs = [torch.empty_strided(env[n].shape, env[n].stride(), dtype=env[n].dtype) for n in low.stored]
+        ck(*[env[n] for n in low.inputs], *outs)
+        for n, got in zip(low.stored, outs, strict=True):
+            close(got, env[n])
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.float32, torch.float64])
+def test_division_and_remainder_follow_torch_signs(dtype):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(-60, 60, (97,), generator=g).to(dtype)
+    b = torch.randint(1, 9, (97,), generator=g).to(dtype) * (torch.randint(0, 2, (97,), generator=g) * 2 - 1).to(dtype)
+    if dtype.is_floating_point:
+        a = a + 0.25
+
+    def fn(a, b):
+        return (torch.remainder(a, b) * 1, torch.div(a, b, rounding_mode="floor") * 1,
+                torch.div(a, b, rounding_mode="trunc") * 1, torch.floor_divide(a, b) + 0)  # fmt: skip
+
+    run_lowered(fn, a, b)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The runtime: cache, compiler, options
+
+
+@needs_cc
+def test_a_second_compile_is_a_cache_hit(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSION_CACHE_DIR", str(tmp_path))
+    source = "void k_cache_test(float *restrict x, int n) { (void)n; x[0] = 2.0f; }\n"
+    before = dict(c_runtime.STATS)
+    c_runtime.load(source, "k_cache_test")
+    assert c_runtime.STATS["compiled"] == before["compiled"] + 1
+    c_runtime._LIBS.clear()  # a new process: only the disk cache is left
+    fn = c_runtime.load(source, "k_cache_test")
+    assert (
+        c_runtime.STATS["compiled"] == before["compiled"] + 1
+        and c_runtime.STATS["disk_hits"] == before["disk_hits"] + 1
+    )
+    x = torch.zeros(1)
+    fn.argtypes = None
+    fn(__import__("ctypes").c_void_p(x.data_ptr()), 1)
+    assert x.item() == 2.0
+    assert len(list(tmp_path.glob("c/*.so"))) == 1
+
+
+def test_no_compiler_is_one_message_naming_the_fix(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc-for-a-test")
+    c_runtime.forget_compiler()
+    try:
+        ok, why = c_runtime.available()
+        assert not ok and "Fix:" in why and "FUSION_RENDERER=triton" in why
+        with pytest.raises(c_runtime.CompilerMissing, match="xcode-select --install"):
+            c_runtime.compiler()
+    finally:
+        monkeypatch.delenv("CC")
+        c_runtime.forget_compiler()
+
+
+def test_renderer_option_and_variable_are_checked(monkeypatch):
+    from fusion.backend import Options
+
+    assert Options.parse({"renderer": "c"}).renderer == "c"
+    with pytest.raises(ValueError, match="unknown renderer 'fortran'"):
+        Options.parse({"renderer": "fortran"})
+    monkeypatch.setenv("FUSION_RENDERER", "C ")
+    assert c_runtime.chosen() == "c"
+    with c_runtime.use("triton"):
+        assert c_runtime.chosen() == "triton"
+    monkeypatch.setenv("FUSION_RENDERER", "cuda")
+    with pytest.raises(ValueError, match="FUSION_RENDERER"):
+        c_runtime.chosen()
+
+
+HIDDEN_TRITON = textwrap.dedent(
+    """
+    import sys
+    sys.modules["triton"] = None  # as on macOS or Windows: no Triton wheel
+    import torch
+    from fusion import backend
+    try:
+        import triton
+        raise SystemExit("triton imported")
+    except ImportError:
+        pass
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32))
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        got = torch.compile(m.eval(), backend="fusion", options={"renderer": "c"})(x)
+        torch.testing.assert_close(got, m(x))
+    part = backend.reports[0].parts[0]
+    print("RAN", sorted(part.renderers().values()), len(part.kernels))
+    """
+)
+
+
+@needs_cc
+def test_without_triton_the_backend_runs_c_kernels():
+    env = {**os.environ, "FUSION_RENDERER": "c"}
+    done = subprocess.run([sys.executable, "-c", HIDDEN_TRITON], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RAN ['c', 'c'] 2" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@needs_cc
+def test_c_is_the_default_on_cpu_where_a_compiler_is_found(monkeypatch):
+    monkeypatch.delenv("FUSION_RENDERER", raising=False)  # (tests/conftest.py pins Phase 8's own tests to Triton)
+    assert c_runtime.chosen() == "c"
+
+
+@needs_cc
+def test_a_kernel_the_ir_does_not_take_runs_in_triton_with_the_reason():
+    pytest.importorskip("triton")
+    x = torch.randn(1, 3, 8, 8)
+
+    def fn(a):
+        return torch.nn.functional.max_pool2d(a * 2, 2) + 1
+
+    with c_runtime.use("c"):
+        model = compile_regions(Fn(fn), (x,))
+    close(model(x), fn(x))
+    owners = [lch.owner for lch in model.compiled.launchers]
+    assert owners and all(o.ran == "triton-interpreter" and "window" in o.c_refused for o in owners), [
+        (o.ran, o.c_refused) for o in owners
+    ]
+
+
+@needs_cc
+@pytest.mark.parametrize("case", ["rows", "columns", "half", "in_softmax"])
+def test_cat_reads_each_input_masked_to_its_range(case):
+    a, b = torch.randn(4, 6), torch.randn(5, 2)
+    fn, inputs = {
+        "rows": (lambda a, b: torch.cat([a * 2, b[:3].repeat(1, 3) + 1]) * 3, (a, b)),
+        "columns": (lambda a, b: torch.cat([a.exp(), b[:4], a * b[:4, :1]], 1).relu() + 1, (a, b)),
+        "half": (lambda a, b: torch.cat([a, b], -1).half() * 3, (torch.randn(2, 3, 5), torch.randn(2, 3, 7))),
+        "in_softmax": (lambda a, b: torch.softmax(torch.cat([a * 2, b[:4]], -1), -1), (a, b)),
+    }[case]
+    close(compiled_in_c(fn, *inputs), fn(*inputs))
+
+
+@needs_cc
+def test_a_long_sum_adds_its_small_terms_together_first():
+    """1.0 then 4095 terms of 1e-8: added one by one to the running 1.0 each is lost (1.0, 4e-5 off); summed in
+    blocks of SIMD lanes whose sums are added pairwise, as eager's cascade does, they are kept (a few ulp)."""
+    x = torch.full((2, 4096), 1e-8)
+    x[:, 0] = 1.0
+    close_enough = dict(atol=0, rtol=5e-7)
+    torch.testing.assert_close(compiled_in_c(lambda a: (a * 1.0).sum(-1), x), x.sum(-1), **close_enough)
+    y = torch.randn(3, 70, 130, dtype=torch.float64)  # two reduced dims, blocks with a tail, float64 near exact
+    torch.testing.assert_close(compiled_in_c(lambda a: (a * 2.0).sum((-1, -2)), y), (y * 2.0).sum((-1, -2)))
