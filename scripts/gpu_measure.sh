@@ -6,7 +6,7 @@
 #     bash scripts/gpu_measure.sh cuda       # CUDA tests of Phases 8-9 only
 #     bash scripts/gpu_measure.sh profile    # eager's roundings on CUDA again; where the attention families lose
 #                                            # (torch.profiler: wall vs GPU time, launches, top kernels)
-#     bash scripts/gpu_measure.sh final      # CUDA tests of Phases 8-9; T5 and Swin-T profiled and timed again
+#     bash scripts/gpu_measure.sh final      # CUDA tests; sums over leading dims; T5, Swin-T profiled; T5, BERT step timed
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -38,7 +38,7 @@ cuda_tests() {  # cuda_tests LIMIT
     step "CUDA tests of Phases 8-9 (generated kernels, launchers, CUDA graphs, attention, eager's roundings)"
     timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py \
         -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes or one_rounding \
-or zero_dim" 2>&1 | tail -15 | tee "$OUT/cuda_tests.log"
+or zero_dim or outer or leading" 2>&1 | tail -15 | tee "$OUT/cuda_tests.log"
 }
 
 zero_dim() {
@@ -75,12 +75,14 @@ profile)
     ;;
 final)
     cuda_tests 200
+    step "sums over leading dims: generated against eager"
+    timeout 90 "$PY" scripts/gpu_outer_sums.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 | tail -6 | tee "$OUT/outer_sums.log"
     step "profile: T5 (its masked softmax) and Swin-T"
     extra=()
     [ "$dry" = 1 ] && extra=(--dry-run)
     timeout 200 "$PY" scripts/gpu_profile_models.py t5_encoder swin_t --backends=eager,fusion,inductor "${extra[@]}" \
         2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
-    suite $((560 - (SECONDS - start))) t5_encoder,swin_t eager,fusion,inductor
+    suite $((560 - (SECONDS - start))) t5_encoder,bert_train eager,fusion,inductor
     ;;
 *) echo "part must be numerics, cuda, profile or final" && exit 2 ;;
 esac
