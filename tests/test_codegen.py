@@ -1360,3 +1360,16 @@ def test_outer_reductions_on_each_device(dtype, device):
     tol = OUTER_TOL.get(dtype, dict(rtol=1e-4, atol=1e-4))
     c = check(lambda g, x: ((g * x).sum(0), (g * 2.0).mean(0, keepdim=True), (x * 2.0).amax(0)), g, x, **tol)
     assert c.num_kernels >= 1 and not c.report.skipped, c.report.table()
+
+
+def test_a_long_column_walk_needs_enough_programs_to_fill_the_gpu():
+    """A looped column walk takes 16 neighbouring columns a program: 1024 columns are 64 programs, which left most of
+    an H200 idle (x.sum(0) of (65536, 1024): 1015 us against aten's 290); 4096 columns are 256 programs."""
+    for cols, ok in ((1024, False), (4096, True)):
+        gm = capture_aten(Fn(lambda x: x.sum(0)), [torch.empty(4096, cols)])
+        red = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList]
+        if ok:
+            assert kernel_rows.Rows.of(red, red, codegen.MAX_RBLOCK, outer=True).looped
+        else:
+            with pytest.raises(codegen.Unsupported, match=r"64 program\(s\) < 128"):
+                kernel_rows.Rows.of(red, red, codegen.MAX_RBLOCK, outer=True)
