@@ -407,7 +407,10 @@ def run(quick: bool = False) -> None:
     device = "cuda" if torch.cuda.is_available() and runs else "cpu"
     print(why + (". Interpreter runs check correctness only: no timings are shown." if device == "cpu" else "."))
     heading("A region and the kernel generated for it", "-")
-    demo.show_region(generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0])
+    chain = generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0]
+    demo.show_region(chain)
+    heading("The same region as C: one kernel IR, two renderers", "-")
+    demo.show_c(chain)
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
     demo.show_indexing(split_index, broadcast_index, offset_expr)  # prints what these three functions give
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")

@@ -331,3 +331,17 @@ def test_a_long_sum_adds_its_small_terms_together_first():
     torch.testing.assert_close(compiled_in_c(lambda a: (a * 1.0).sum(-1), x), x.sum(-1), **close_enough)
     y = torch.randn(3, 70, 130, dtype=torch.float64)  # two reduced dims, blocks with a tail, float64 near exact
     torch.testing.assert_close(compiled_in_c(lambda a: (a * 2.0).sum((-1, -2)), y), (y * 2.0).sum((-1, -2)))
+
+
+@needs_cc
+def test_the_lesson_shows_one_region_rendered_as_triton_and_as_c(capsys):
+    """Phase 8's lesson prints a region's Triton kernel, then the same region's kernel IR and its C: one IR."""
+    from fusion import models
+    from fusion.codegen import generated_sources
+    from fusion.kernels import triton_demo
+
+    chain = generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0]
+    triton_demo.show_c(chain)
+    out = capsys.readouterr().out
+    assert f"kernel {chain.name} (pointwise)" in out and f"void {chain.name}(" in out and "#pragma omp" in out
+    assert "@triton.jit" in chain.source and "tl.load" in chain.source

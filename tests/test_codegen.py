@@ -1137,8 +1137,10 @@ def test_pow_of_special_values_follows_torch(dtype):
     wrong = []
     for e in (0, 1, 2, 3, -1, -2, 0.5, -0.5, 1.5, -1.5, 2.5, 0.3):
         got, want = compile_regions(Fn(lambda x, e=e: (x * 1) ** e), (x,))(x), (x * 1) ** e
-        ok = torch.isclose(got, want, rtol=1e-6, atol=0, equal_nan=True) & ((torch.signbit(got) == torch.signbit(want)) | want.isnan())  # -0.0
-        wrong += [f"({v})**{e}: got {g}, torch gives {w}" for v, g, w, k in zip(POW_SPECIAL, got.tolist(), want.tolist(), ok.tolist()) if not k]  # fmt: skip
+        ok = torch.isclose(got, want, rtol=1e-6, atol=0, equal_nan=True) & (
+            (torch.signbit(got) == torch.signbit(want)) | want.isnan()
+        )  # -0.0
+        wrong += [f"({v})**{e}: got {g}, torch gives {w}" for v, g, w, k in zip(POW_SPECIAL, got.tolist(), want.tolist(), ok.tolist(), strict=True) if not k]  # fmt: skip
     assert not wrong, "pow by a scalar differs from torch:\n  " + "\n  ".join(wrong)
 
 
@@ -1206,6 +1208,7 @@ def wrong_solution(monkeypatch, where: str, right: str, wrong: str) -> None:
     """Put into fusion.codegen the reference's ``where`` ("split_index", "KernelWriter._compute") with the text
     ``right`` replaced by ``wrong``, compiled in fusion.codegen's namespace."""
     import __future__
+
     import inspect
     import textwrap
 

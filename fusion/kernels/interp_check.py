@@ -51,7 +51,9 @@ def _buffers(arg_names: list[str], args: tuple) -> list[_Buffer]:
         if isinstance(t, torch.Tensor) and t.numel() > 0:
             extent = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1
             start = t.data_ptr()
-            out.append(_Buffer(name, start, start + extent * t.element_size(), t.element_size(), tuple(t.shape), t.dtype))
+            out.append(
+                _Buffer(name, start, start + extent * t.element_size(), t.element_size(), tuple(t.shape), t.dtype)
+            )
     return out
 
 

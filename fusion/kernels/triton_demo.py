@@ -22,6 +22,22 @@ def show_region(kernel: GeneratedKernel) -> None:
     print(kernel.source)
 
 
+def show_c(kernel: GeneratedKernel) -> None:
+    """The same region lowered to the pure-data kernel IR, then rendered as C: a second renderer of one IR."""
+    from fusion.compiler.lowering import lower_region
+    from fusion.kernels import c_render
+
+    ir = lower_region(kernel.region, name=kernel.name)
+    print(
+        "Lowered to the kernel IR (frozen records: buffers, index expressions, loads, ops, stores; no torch object):\n"
+    )
+    print(ir.describe())
+    source = c_render.render(ir)
+    print("\n...and rendered as C (what the backend compiles for CPU tensors; helpers above it left out):\n")
+    print(source[source.index(f"void {kernel.name}(") :])
+    print("The Triton text above and this C come from one region: the IR, not the language, is the compiler.")
+
+
 def show_looped(kernel: GeneratedKernel, max_rblock: int) -> None:
     """A softmax over rows longer than one block: its looped kernel, the loops shown."""
     print(f"softmax over rows of {max_rblock + 1} (> MAX_RBLOCK): a loop per reduction, one more for the stores:\n")

@@ -224,7 +224,10 @@ def index_setup(shape: tuple[int, ...], rows: Rows | None) -> list[str]:
     if rows is None:
         return [f"# elementwise over {shape}: {(n := math.prod(shape))} elements",
                 "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)", f"xmask = xindex < {n}"]  # fmt: skip
-    count, walk = rows.count, "" if rows.order is None else f" (dims {list(rows.walk_dims[len(rows.kept):])} of {shape})"
+    count, walk = (
+        rows.count,
+        "" if rows.order is None else f" (dims {list(rows.walk_dims[len(rows.kept) :])} of {shape})",
+    )
     lines = [f"# XBLOCK rows per program: {count} rows of {rows.rnumel}{walk}" + (", RBLOCK lanes at a time" if rows.looped else ""),
              "xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", f"xmask = xindex < {count}"]  # fmt: skip
     return lines + (
