@@ -38,13 +38,14 @@ class Fn(torch.nn.Module):
         return self.fn(*args)
 
 
-def compiled_in_c(fn, *inputs):
-    """compile_regions with the C renderer; every kernel must have run from C."""
+def compiled_in_c(fn, *inputs, kernels: int | None = None):
+    """compile_regions with the C renderer; every kernel must have run from C (``kernels`` of them, if given)."""
     with c_runtime.use("c"):
         model = compile_regions(Fn(fn), inputs)
     out = model(*inputs)
     ran = {lch.owner.kernel.name: (lch.owner.ran, lch.owner.c_refused) for lch in model.compiled.launchers}
     assert ran and all(r == "c" for r, _ in ran.values()), ran
+    assert kernels is None or len(ran) == kernels, ran
     return out
 
 
@@ -345,3 +346,41 @@ def test_the_lesson_shows_one_region_rendered_as_triton_and_as_c(capsys):
     out = capsys.readouterr().out
     assert f"kernel {chain.name} (pointwise)" in out and f"void {chain.name}(" in out and "#pragma omp" in out
     assert "@triton.jit" in chain.source and "tl.load" in chain.source
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# any as a row reduction (a masked softmax in one kernel)
+
+
+def masked_softmax(a, m):
+    s = torch.softmax(a.masked_fill(~m, float("-inf")), -1)
+    return torch.where(m.any(-1, keepdim=True), s, 0.0)
+
+
+@needs_cc
+@pytest.mark.parametrize("n", [7, 1, 33])
+def test_a_masked_softmax_is_one_kernel_in_c(n):
+    g = torch.Generator().manual_seed(n)
+    a, m = torch.randn(5, n, generator=g), torch.rand(5, n, generator=g) > 0.5
+    m[1], m[2] = False, True  # a row of all False (no entry: 0, not NaN) and a row of all True
+    got = compiled_in_c(masked_softmax, a, m, kernels=1)
+    close(got, masked_softmax(a, m))
+    assert not got[1].any() and not got.isnan().any()
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dims", ["dim", "dims", "all", "keepdim"])
+def test_any_of_float_rows_counts_nan_as_true_and_zeros_as_false(dtype, dims):
+    x = torch.randn(6, 9).to(dtype)
+    x[0, 3], x[1], x[2], x[3] = float("nan"), 0.0, -0.0, 0.0  # NaN alone: True; zeros of both signs: False
+    x[2, 4], x[3, 8] = float("nan"), float("inf")
+    fn = {
+        "dim": lambda a: (a * 1).any(-1),
+        "dims": lambda a: (a * 1).any((0, 1)),
+        "all": lambda a: (a * 1).any(),
+        "keepdim": lambda a: (a * 1).any(1, keepdim=True),
+    }[dims]
+    got = compiled_in_c(fn, x, kernels=1)
+    assert got.dtype == torch.bool
+    close(got, fn(x))
