@@ -384,3 +384,55 @@ def test_any_of_float_rows_counts_nan_as_true_and_zeros_as_false(dtype, dims):
     got = compiled_in_c(fn, x, kernels=1)
     assert got.dtype == torch.bool
     close(got, fn(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reductions over leading and middle dims (column walks, Inductor's OUTER reductions)
+
+
+@st.composite
+def column_sums(draw):
+    """(x, dims, op, keepdim): dims reduced among all but the last (a kept dim of >= 16 neighbouring elements, which
+    the Triton plan the C kernel comes from asks of a column walk); x maybe a strided slice, NaN/inf in it."""
+    lead = draw(st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=2))
+    last, dtype = draw(st.sampled_from([16, 17, 33])), draw(st.sampled_from(FLOATS))
+    dims = draw(st.lists(st.sampled_from(range(len(lead))), min_size=1, max_size=len(lead), unique=True))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(*lead, last + 3, dtype=torch.float64, generator=g).to(dtype)
+    x = x[..., 2 : last + 2] if draw(st.booleans()) else x[..., :last].contiguous()  # strided rows, or not
+    if draw(st.booleans()):
+        special(x)
+    return x, dims, draw(st.sampled_from(["sum", "mean", "amax", "amin"])), draw(st.booleans())
+
+
+@needs_cc
+@settings(max_examples=12)
+@given(column_sums())
+def test_reductions_over_leading_dims_match_eager(case):
+    x, dims, op, keepdim = case
+
+    def fn(a):
+        return getattr(a * 2, op)(dims, keepdim=keepdim)
+
+    close(compiled_in_c(fn, x, kernels=1), fn(x))
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_bias_and_a_layer_norm_weight_gradient(dtype):
+    g = torch.Generator().manual_seed(0)
+    grad, x = (torch.randn(3, 5, 32, generator=g).to(dtype) for _ in range(2))
+
+    def fn(dy, a):  # a LayerNorm weight gradient's fused product, a bias gradient's sum over [0, 1]
+        return (dy * a).sum([0, 1]), dy.sum([0, 1], keepdim=True) + 1
+
+    for got, want in zip(compiled_in_c(fn, grad, x), fn(grad, x), strict=True):
+        close(got, want)
+
+
+@needs_cc
+def test_a_sum_over_a_middle_dim_and_a_column_sum_of_a_transposed_input():
+    x = torch.randn(4, 7, 20, dtype=torch.float64)
+    close(compiled_in_c(lambda a: (a + 1).sum(1), x, kernels=1), (x + 1).sum(1))
+    y = torch.randn(20, 17, dtype=torch.float64).t()  # (17, 20) of strides (1, 17): a row sum reading a column
+    close(compiled_in_c(lambda a: (a * 3).mean(-1, keepdim=True), y, kernels=1), (y * 3).mean(-1, keepdim=True))
