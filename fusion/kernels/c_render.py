@@ -26,7 +26,6 @@ from fusion.kernels.c_prelude import PRELUDE
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
 SUM_BLOCK = 64  # elements of a row a sum folds in SIMD lanes; the blocks' sums are then added pairwise
 TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
-LEVELS = 32  # levels of a column walk's pairwise block sums: 2^32 blocks of SUM_BLOCK, more than int32 indexing allows
 TILE_VAR = "cj"  # a column walk's position inside its tile
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
 
@@ -342,8 +341,9 @@ class _Columns(_Writer):
         acc = {f.out: f"{f.out}[{TILE_VAR}]" for f in folds}
         if blocked:
             v, size = rloops[-1].var, rloops[-1].size
+            levels = max(1, (-(-size // SUM_BLOCK)).bit_length())  # level k: 2^k blocks (small stacks: macOS's 512 KiB)
             for f in folds:
-                self.emit(f"{C_TYPES[f.dtype]} {f.out}_l[{LEVELS}][{TILE}];", d)
+                self.emit(f"{C_TYPES[f.dtype]} {f.out}_l[{levels}][{TILE}];", d)
             self.emit(f"for (int64_t {v}_b = 0; {v}_b < {size}; {v}_b += {SUM_BLOCK}) {{", d)
             for f in folds:
                 self.emit(f"{C_TYPES[f.dtype]} {f.out}_p[{TILE}];", d + 1)
