@@ -451,3 +451,18 @@ def test_a_column_walk_runs_in_tiles_along_the_contiguous_dim_and_sums_pairwise(
     x[0] = 1.0
     got = compiled_in_c(lambda a: (a * 1.0).sum(0), x, kernels=1)
     torch.testing.assert_close(got, x.double().sum(0).float(), atol=0, rtol=1e-6)  # one by one: 4e-5 off
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_transposed_copy_of_rows_is_stored_by_the_row_kernel(dtype):
+    """MultiheadAttention's x.transpose(0, 1) after a row op: the kernel holding row i stores it at the copy's
+    strides (the innermost dim stays innermost)."""
+    x = torch.randn(4, 6, 17).to(dtype)
+
+    def fn(a):
+        s = torch.softmax(a * 2, -1)
+        return s.transpose(0, 1).contiguous(), s.sum(-1)
+
+    for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
+        close(got, want)

@@ -22,7 +22,7 @@ import torch.fx as fx
 from fusion.compiler import kernel_ir as ir
 from fusion.compiler.ir import Unsupported
 from fusion.kernels import triton_lang as tlang
-from fusion.kernels.rows import Rows, bind_args
+from fusion.kernels.rows import Rows, bind_args, row_permutation
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
@@ -49,7 +49,8 @@ def reduced_dims(r: fx.Node) -> tuple[tuple[int, ...], list[int]]:
 
 def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> Rows:
     """The rows of the region's reductions: every one must reduce the same dims of one shape, every store be a whole
-    row or one element per row (with keepdim or not), else :class:`Unsupported`. Any dims: a CPU loop reads any
+    row, one element per row (with keepdim or not) or, over trailing dims, a transposed copy of the rows
+    (``row_permutation``: MultiheadAttention's ``x.transpose(0, 1)``), else :class:`Unsupported`. Any dims: a CPU loop reads any
     stride (the GPU's coalescing rules of ``Rows.of`` do not apply); the walk is the kept dims, then the reduced."""
     shape, reduced = reduced_dims(reductions[0])
     for r in reductions[1:]:
@@ -63,9 +64,10 @@ def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> Rows:
         val = n.meta["val"]
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
-        if tuple(val.shape) not in (shape, *rows.per_row()):
-            raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape} nor one element per row "
-                              "(a transposed store of rows is not lowered to the kernel IR yet)", n)  # fmt: skip
+        trailing = reduced == list(range(len(kept), len(shape)))
+        if tuple(val.shape) not in (shape, *rows.per_row()) and not (trailing and row_permutation(n, shape)):
+            raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape}, a transposed copy of them "
+                              "nor one element per row: stored by another kernel", n)  # fmt: skip
     return rows
 
 

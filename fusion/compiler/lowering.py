@@ -39,6 +39,7 @@ from fusion.compiler.index_algebra import broadcast, const, offset, var, view_in
 from fusion.compiler.ir import Unsupported
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
 from fusion.kernels import triton_lang as tlang
+from fusion.kernels.rows import row_permutation
 
 aten, prims = torch.ops.aten, torch.ops.prims
 UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
@@ -332,9 +333,11 @@ class Lowering(Reductions):
     def store(self, i: int, node: fx.Node) -> None:
         val = node.meta["val"]  # a whole row, or one element per row (walk_rows checked): without keepdim, the kept
         per_row = self.rows and len(val.shape) == self.nrow < len(self.shape)  # dims' indices
-        at = [self.index[d] for d in self.rows.kept] if per_row else self.index
+        own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
+        if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its
+            node, own = moved[1], [self.index[p] for p in moved[0]]  # dim d is the rows' dim perm[d]
         src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))
-        self.block.append(ir.Store(f"out{i}", offset(broadcast(at, val.shape), val.stride()), src))
+        self.block.append(ir.Store(f"out{i}", offset(broadcast(own, val.shape), val.stride()), src))
 
     def kernel(self, name: str = "kernel") -> ir.Kernel:
         for r in self.reductions:  # each at row level, in graph order
