@@ -466,3 +466,17 @@ def test_a_transposed_copy_of_rows_is_stored_by_the_row_kernel(dtype):
 
     for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
         close(got, want)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_normalization_over_a_leading_dim_stores_whole_columns(dtype):
+    """Mean, variance about it and whole normalized columns from one column-walk kernel: row-level values are arrays
+    over the tile, read again by the later folds and the stores (a tile tail: 300 columns)."""
+    x = special(torch.randn(9, 300, dtype=torch.float64)).to(dtype)
+
+    def fn(a):
+        return (a - a.mean(0, keepdim=True)) * torch.rsqrt(a.var(0, keepdim=True) + 1e-5), a.amax(0)
+
+    for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
+        close(got, want)
