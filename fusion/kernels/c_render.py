@@ -8,7 +8,9 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
   kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
   order (softmax: max, then sum, then the stores): a sum from +0.0 in blocks of :data:`SUM_BLOCK`, each in SIMD
   lanes of partial sums, the blocks' sums added pairwise (``omp simd reduction``: the one reassociation allowed, deterministic for a given binary),
-  max/min sequentially from -inf/+inf.
+  max/min sequentially from -inf/+inf. A column walk (``x.sum(0)``: strided rows, the innermost kept dim contiguous)
+  runs in tiles of :data:`TILE` neighbouring columns, the reduced dims outside and the tile innermost (SIMD), with
+  the same block sums down each column (:class:`_Columns`).
 * exp, erf and tanh of float32 are inline, branch-free functions (within 1, 6 and 2 ulp; erf as at::vec's), so the
   loops that call them still vectorize; float64 calls libm.
 * Numerics as the Triton path: float16/bfloat16 loaded and stored by bit conversion, rounding to nearest even (NaN to
