@@ -38,13 +38,14 @@ class Fn(torch.nn.Module):
         return self.fn(*args)
 
 
-def compiled_in_c(fn, *inputs):
-    """compile_regions with the C renderer; every kernel must have run from C."""
+def compiled_in_c(fn, *inputs, kernels: int | None = None):
+    """compile_regions with the C renderer; every kernel must have run from C (``kernels`` of them, if given)."""
     with c_runtime.use("c"):
         model = compile_regions(Fn(fn), inputs)
     out = model(*inputs)
     ran = {lch.owner.kernel.name: (lch.owner.ran, lch.owner.c_refused) for lch in model.compiled.launchers}
     assert ran and all(r == "c" for r, _ in ran.values()), ran
+    assert kernels is None or len(ran) == kernels, ran
     return out
 
 
@@ -345,3 +346,137 @@ def test_the_lesson_shows_one_region_rendered_as_triton_and_as_c(capsys):
     out = capsys.readouterr().out
     assert f"kernel {chain.name} (pointwise)" in out and f"void {chain.name}(" in out and "#pragma omp" in out
     assert "@triton.jit" in chain.source and "tl.load" in chain.source
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# any as a row reduction (a masked softmax in one kernel)
+
+
+def masked_softmax(a, m):
+    s = torch.softmax(a.masked_fill(~m, float("-inf")), -1)
+    return torch.where(m.any(-1, keepdim=True), s, 0.0)
+
+
+@needs_cc
+@pytest.mark.parametrize("n", [7, 1, 33])
+def test_a_masked_softmax_is_one_kernel_in_c(n):
+    g = torch.Generator().manual_seed(n)
+    a, m = torch.randn(5, n, generator=g), torch.rand(5, n, generator=g) > 0.5
+    m[1], m[2] = False, True  # a row of all False (no entry: 0, not NaN) and a row of all True
+    got = compiled_in_c(masked_softmax, a, m, kernels=1)
+    close(got, masked_softmax(a, m))
+    assert not got[1].any() and not got.isnan().any()
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dims", ["dim", "dims", "all", "keepdim"])
+def test_any_of_float_rows_counts_nan_as_true_and_zeros_as_false(dtype, dims):
+    x = torch.randn(6, 9).to(dtype)
+    x[0, 3], x[1], x[2], x[3] = float("nan"), 0.0, -0.0, 0.0  # NaN alone: True; zeros of both signs: False
+    x[2, 4], x[3, 8] = float("nan"), float("inf")
+    fn = {
+        "dim": lambda a: (a * 1).any(-1),
+        "dims": lambda a: (a * 1).any((0, 1)),
+        "all": lambda a: (a * 1).any(),
+        "keepdim": lambda a: (a * 1).any(1, keepdim=True),
+    }[dims]
+    got = compiled_in_c(fn, x, kernels=1)
+    assert got.dtype == torch.bool
+    close(got, fn(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reductions over leading and middle dims (column walks, Inductor's OUTER reductions)
+
+
+@st.composite
+def column_sums(draw):
+    """(x, dims, op, keepdim): dims reduced among all but the last (a kept dim of >= 16 neighbouring elements, which
+    the Triton plan the C kernel comes from asks of a column walk); x maybe a strided slice, NaN/inf in it."""
+    lead = draw(st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=2))
+    last, dtype = draw(st.sampled_from([16, 17, 33])), draw(st.sampled_from(FLOATS))
+    dims = draw(st.lists(st.sampled_from(range(len(lead))), min_size=1, max_size=len(lead), unique=True))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(*lead, last + 3, dtype=torch.float64, generator=g).to(dtype)
+    x = x[..., 2 : last + 2] if draw(st.booleans()) else x[..., :last].contiguous()  # strided rows, or not
+    if draw(st.booleans()):
+        special(x)
+    return x, dims, draw(st.sampled_from(["sum", "mean", "amax", "amin"])), draw(st.booleans())
+
+
+@needs_cc
+@settings(max_examples=12)
+@given(column_sums())
+def test_reductions_over_leading_dims_match_eager(case):
+    x, dims, op, keepdim = case
+
+    def fn(a):
+        return getattr(a * 2, op)(dims, keepdim=keepdim)
+
+    close(compiled_in_c(fn, x, kernels=1), fn(x))
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_bias_and_a_layer_norm_weight_gradient(dtype):
+    g = torch.Generator().manual_seed(0)
+    grad, x = (torch.randn(3, 5, 32, generator=g).to(dtype) for _ in range(2))
+
+    def fn(dy, a):  # a LayerNorm weight gradient's fused product, a bias gradient's sum over [0, 1]
+        return (dy * a).sum([0, 1]), dy.sum([0, 1], keepdim=True) + 1
+
+    for got, want in zip(compiled_in_c(fn, grad, x), fn(grad, x), strict=True):
+        close(got, want)
+
+
+@needs_cc
+def test_a_sum_over_a_middle_dim_and_a_column_sum_of_a_transposed_input():
+    x = torch.randn(4, 7, 20, dtype=torch.float64)
+    close(compiled_in_c(lambda a: (a + 1).sum(1), x, kernels=1), (x + 1).sum(1))
+    y = torch.randn(20, 17, dtype=torch.float64).t()  # (17, 20) of strides (1, 17): a row sum reading a column
+    close(compiled_in_c(lambda a: (a * 3).mean(-1, keepdim=True), y, kernels=1), (y * 3).mean(-1, keepdim=True))
+
+
+@needs_cc
+def test_a_column_walk_runs_in_tiles_along_the_contiguous_dim_and_sums_pairwise():
+    """x.sum(0): the reduced dim outside, a tile of neighbouring columns inside (SIMD); kept dims past one tile (a
+    tail), columns past one block of SUM_BLOCK; 1.0 then 4095 terms of 1e-8 down each column keep their small terms
+    (blocks' sums added pairwise: within 8 ulp of the exact sum; here eager's own is 13 ulp off), float64 near exact."""
+    ((_, kernel),) = lowered(lambda a: (a * 2.0).sum(0), torch.randn(7, 40))
+    assert "#pragma omp simd\n" in render(kernel) and "_o += 256" in render(kernel)
+    y = torch.randn(130, 300, dtype=torch.float64)
+    close(compiled_in_c(lambda a: (a * 2.0).sum(0), y, kernels=1), (y * 2.0).sum(0))
+    x = torch.full((4096, 2048), 1e-8)
+    x[0] = 1.0
+    got = compiled_in_c(lambda a: (a * 1.0).sum(0), x, kernels=1)
+    torch.testing.assert_close(got, x.double().sum(0).float(), atol=0, rtol=1e-6)  # one by one: 4e-5 off
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_transposed_copy_of_rows_is_stored_by_the_row_kernel(dtype):
+    """MultiheadAttention's x.transpose(0, 1) after a row op: the kernel holding row i stores it at the copy's
+    strides (the innermost dim stays innermost)."""
+    x = torch.randn(4, 6, 17).to(dtype)
+
+    def fn(a):
+        s = torch.softmax(a * 2, -1)
+        return s.transpose(0, 1).contiguous(), s.sum(-1)
+
+    for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
+        close(got, want)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_normalization_over_a_leading_dim_stores_whole_columns(dtype):
+    """Mean, variance about it and whole normalized columns from one column-walk kernel: row-level values are arrays
+    over the tile, read again by the later folds and the stores (a tile tail: 300 columns)."""
+    x = special(torch.randn(9, 300, dtype=torch.float64)).to(dtype)
+
+    def fn(a):
+        return (a - a.mean(0, keepdim=True)) * torch.rsqrt(a.var(0, keepdim=True) + 1e-5), a.amax(0)
+
+    for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
+        close(got, want)

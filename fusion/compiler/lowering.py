@@ -3,10 +3,11 @@
     FusionRegion ──lower_region──▶ kernel_ir.Kernel ──a renderer (fusion.kernels.c_render, ...)──▶ source
 
 What it takes is what Phase 8's generator takes, decided by the same checks (``triton_lang.check_region``,
-``stored_members``, ``Rows``): pointwise regions (views, broadcasting, strides, casts), and reductions over the
-trailing dimensions of one shape (sum, mean, amax, amin, var, var_mean: softmax and LayerNorm). Anything else (a cat,
-a max-pool's window, a depthwise convolution, a transposed store of rows) raises :class:`Unsupported` with the
-reason, and the caller falls back (the Triton path, or aten).
+``stored_members``): pointwise regions (views, broadcasting, strides, casts, a cat), and reductions over the same
+dims of one shape, trailing or not (sum, mean, amax, amin, var, var_mean, any: softmax, a masked softmax, LayerNorm,
+a bias gradient's ``sum([0, 1])``; ``fusion.compiler.lower_reductions``). Anything else (a max-pool's window, a
+depthwise convolution, a transposed store of rows) raises :class:`Unsupported` with the reason, and the caller falls
+back (the Triton path, or aten).
 
 The numerics are Phase 8's rules:
 
@@ -36,12 +37,11 @@ from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler import kernel_ir as ir
 from fusion.compiler.index_algebra import broadcast, const, offset, var, view_index
 from fusion.compiler.ir import Unsupported
+from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
 from fusion.kernels import triton_lang as tlang
+from fusion.kernels.rows import row_permutation
 
 aten, prims = torch.ops.aten, torch.ops.prims
-REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
-REDUCTIONS |= {aten.var_mean.correction, aten.var.correction}
-HALF = (torch.float16, torch.bfloat16)
 UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
          aten.sigmoid: "sigmoid", aten.erf: "erf", aten.tanh: "tanh", aten.reciprocal: "reciprocal", aten.relu: "relu",
          aten.logical_not: "logical_not", aten.clone: "identity", aten.alias: "identity", aten.ceil: "ceil",
@@ -52,19 +52,11 @@ COMPARISONS = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.
 LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "and"}  # on bools
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def compute(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in HALF else dtype
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The lowering
 
 
-class Lowering:
+class Lowering(Reductions):
     """Builds one :class:`~fusion.compiler.kernel_ir.Kernel` from a region (see the module's docstring)."""
 
     def __init__(self, region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None):
@@ -80,10 +72,10 @@ class Lowering:
         self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
         self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range), innermost last
         if self.reductions:
-            self.rows = tlang.Rows.of(self.reductions, self.stored, 1 << 62)
-            self.shape, self.nrow = self.rows.shape, len(self.rows.shape) - self.rows.nred
-            names = [f"x{d}" if d < self.nrow else f"r{d}" for d in range(len(self.shape))]
-            order = list(range(len(self.shape)))
+            self.rows = walk_rows(self.reductions, self.stored)  # the kept dims, then the reduced ones (any dims)
+            self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
+            names = [f"x{d}" if d in self.rows.kept else f"r{d}" for d in range(len(self.shape))]
+            order = self.rows.walk_dims
         else:
             self.rows, self.nrow = None, 0
             try:
@@ -338,80 +330,19 @@ class Lowering:
 
     # -- reductions and stores -----------------------------------------------------------------------------------------
 
-    def _in_loop(self, build) -> object:
-        """Run ``build()`` emitting into a new :class:`ReduceLoop` at row level (appended when done)."""
-        saved = self.block, self.scopes
-        body: list = []
-        self.block, self.scopes = body, [self.scopes[0], {}]
-        try:
-            result = build()
-        finally:
-            self.block, self.scopes = self.top, [saved[1][0]]
-        self.top.append(ir.ReduceLoop(tuple(body)))
-        self.block, self.scopes = saved
-        return result
-
-    def reduce(self, node: fx.Node) -> tuple:
-        """A row reduction, once per row: (name, dtype), or (var, mean) for var_mean."""
-        if not self.rows or node not in self.members:
-            raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node)
-        key = (node, "reduce")
-        if key in self.scopes[0]:
-            return self.scopes[0][key]
-        val = node.meta["val"]
-        out_dtype = (val[0] if isinstance(val, (tuple, list)) else val).dtype
-        dt = compute(out_dtype)
-        if not dt.is_floating_point:
-            raise Unsupported(f"{node.name}: reductions to {dt} are not generated", node)
-        n, target, row = self.rows.rnumel, node.target, self.index
-
-        def fold(kind: str, values) -> str:
-            out = self.new()
-            self._in_loop(lambda: self.block.append(ir.Reduce(out, kind, values(), dtype_name(dt))))
-            return out
-
-        saved = self.block, self.scopes
-        self.block, self.scopes = self.top, [self.scopes[0]]  # the fold's result lives at row level
-        try:
-            x = lambda: self.operand(node.args[0], row, dt)  # noqa: E731
-            if target in (aten.amax.default, aten.amin.default):
-                out = fold("max" if target is aten.amax.default else "min", x)
-            else:
-                out = fold("sum", x)
-                if target.overloadpacket is not aten.sum:
-                    out = self.op("truediv", [out, self.const(float(n), dt)], dt)
-            if target.overloadpacket in (aten.var_mean, aten.var):
-                mean, corr = out, tlang.bind_args(node).get("correction")
-
-                def squares() -> str:
-                    c = self.op("sub", [x(), mean], dt)
-                    return self.op("mul", [c, c], dt)
-
-                sq = fold("sum", squares)
-                var_ = self.op("truediv", [sq, self.const(float(max(n - (1 if corr is None else corr), 0)), dt)], dt)
-                out = (var_, mean) if target is aten.var_mean.correction else var_
-            outs = out if isinstance(out, tuple) else (out,)
-            if out_dtype in HALF:
-                outs = tuple(self.op(f"round_{dtype_name(out_dtype)}", [o], dt) for o in outs)
-            result = tuple((o, dt) for o in outs)
-            result = result if isinstance(out, tuple) else result[0]
-        finally:
-            self.block, self.scopes = saved
-        self.scopes[0][key] = result
-        return result
-
     def store(self, i: int, node: fx.Node) -> None:
-        val = node.meta["val"]
-        if self.rows and tuple(val.shape) not in (self.shape, *tlang.per_row_shapes(self.shape, self.rows.nred)):
-            raise Unsupported(f"{node.name}: a transposed store of rows is not lowered to the kernel IR yet", node)
-        at = self.index[: self.nrow] if self.rows and len(val.shape) == self.nrow else self.index
+        val = node.meta["val"]  # a whole row, or one element per row (walk_rows checked): without keepdim, the kept
+        per_row = self.rows and len(val.shape) == self.nrow < len(self.shape)  # dims' indices
+        own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
+        if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its
+            node, own = moved[1], [self.index[p] for p in moved[0]]  # dim d is the rows' dim perm[d]
         src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))
-        self.block.append(ir.Store(f"out{i}", offset(broadcast(at, val.shape), val.stride()), src))
+        self.block.append(ir.Store(f"out{i}", offset(broadcast(own, val.shape), val.stride()), src))
 
     def kernel(self, name: str = "kernel") -> ir.Kernel:
         for r in self.reductions:  # each at row level, in graph order
             self.reduce(r)
-        per_row = tlang.per_row_shapes(self.shape, self.rows.nred) if self.rows else ()
+        per_row = self.rows.per_row() if self.rows else ()
         whole = [self.rows is not None and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
         for i, n in enumerate(self.stored):
             if not whole[i]:

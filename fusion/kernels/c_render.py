@@ -8,7 +8,9 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
   kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
   order (softmax: max, then sum, then the stores): a sum from +0.0 in blocks of :data:`SUM_BLOCK`, each in SIMD
   lanes of partial sums, the blocks' sums added pairwise (``omp simd reduction``: the one reassociation allowed, deterministic for a given binary),
-  max/min sequentially from -inf/+inf.
+  max/min sequentially from -inf/+inf. A column walk (``x.sum(0)``: strided rows, the innermost kept dim contiguous)
+  runs in tiles of :data:`TILE` neighbouring columns, the reduced dims outside and the tile innermost (SIMD), with
+  the same block sums down each column (:class:`_Columns`).
 * exp, erf and tanh of float32 are inline, branch-free functions (within 1, 6 and 2 ulp; erf as at::vec's), so the
   loops that call them still vectorize; float64 calls libm.
 * Numerics as the Triton path: float16/bfloat16 loaded and stored by bit conversion, rounding to nearest even (NaN to
@@ -21,154 +23,17 @@ from __future__ import annotations
 import math
 
 from fusion.compiler import kernel_ir as ir
+from fusion.kernels.c_prelude import PRELUDE
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
 SUM_BLOCK = 64  # elements of a row a sum folds in SIMD lanes; the blocks' sums are then added pairwise
+TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
+TILE_VAR = "cj"  # a column walk's position inside its tile
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
 
 C_TYPES = {"bool": "bool", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
            "int64": "int64_t", "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}  # fmt: skip
 STORAGE = {**C_TYPES, "bool": "uint8_t", "float16": "uint16_t", "bfloat16": "uint16_t"}
-
-PRELUDE = r"""#include <stdint.h>
-#include <stdbool.h>
-#include <math.h>
-
-typedef union { uint32_t u; float f; } fusion_bits;
-
-/* float16 <-> float32, exact (F. Giesen's conversions): subnormals, inf and NaN included, ties to even. */
-static inline float fusion_h2f(uint16_t h) {
-    fusion_bits o, magic = {.u = 113u << 23};
-    const uint32_t shifted = 0x7c00u << 13;
-    o.u = (uint32_t)(h & 0x7fff) << 13;
-    uint32_t exp = shifted & o.u;
-    o.u += (uint32_t)(127 - 15) << 23;
-    if (exp == shifted) o.u += (uint32_t)(128 - 16) << 23;
-    else if (exp == 0) { o.u += 1u << 23; o.f -= magic.f; }
-    o.u |= (uint32_t)(h & 0x8000) << 16;
-    return o.f;
-}
-static inline uint16_t fusion_f2h(float f) {
-    fusion_bits in = {.f = f}, infty = {.u = 255u << 23}, f16max = {.u = (127u + 16u) << 23};
-    fusion_bits denorm = {.u = ((127u - 15u) + (23u - 10u) + 1u) << 23};
-    uint32_t sign = in.u & 0x80000000u;
-    uint16_t o;
-    in.u ^= sign;
-    if (in.u >= f16max.u) o = in.u > infty.u ? 0x7e00 : 0x7c00;
-    else if (in.u < (113u << 23)) { in.f += denorm.f; o = (uint16_t)(in.u - denorm.u); }
-    else { uint32_t odd = (in.u >> 13) & 1u; in.u += ((uint32_t)(15 - 127) << 23) + 0xfffu; in.u += odd; o = (uint16_t)(in.u >> 13); }
-    return (uint16_t)(o | (sign >> 16));
-}
-/* bfloat16 <-> float32: the upper half of the bits, rounded to nearest even; NaN is 0x7FC0 (c10's). */
-static inline float fusion_bf2f(uint16_t b) { fusion_bits o = {.u = (uint32_t)b << 16}; return o.f; }
-static inline uint16_t fusion_f2bf(float f) {
-    fusion_bits in = {.f = f};
-    if (f != f) return 0x7fc0;
-    return (uint16_t)((in.u + 0x7fffu + ((in.u >> 16) & 1u)) >> 16);
-}
-static inline float fusion_round_f16(float f) { return fusion_h2f(fusion_f2h(f)); }
-static inline float fusion_round_bf16(float f) { return fusion_bf2f(fusion_f2bf(f)); }
-
-/* exp for float32, vectorizable (within 1 ulp): n = round(x / ln 2) by the 1.5 * 2^23 trick (no float -> int
-   conversion, NaN included), Cody-Waite reduction, Cephes' polynomial, 2^n applied in two halves (subnormal results
-   rounded once); NaN in, NaN out; +-inf and overflow as expf. */
-static inline float fusion_expf(float x) {
-    float xx = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    fusion_bits m = {.f = xx * 1.44269504088896341f + 12582912.0f};  /* n = round(x / ln 2) in the low bits */
-    float n = m.f - 12582912.0f;
-    float r = xx - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t ni = (int32_t)(m.u - 0x4B400000u), n1 = ni >> 1, n2 = ni - n1;
-    fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
-    return y * s1.f * s2.f;
-}
-/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7,
-   the approximation at::vec's float erf uses). */
-static inline float fusion_erff(float x) {
-    float a = fabsf(x), z = x * x;
-    float s = -1.0f / 75600.0f;
-    s = s * z + 1.0f / 9360.0f;
-    s = s * z - 1.0f / 1320.0f;
-    s = s * z + 1.0f / 216.0f;
-    s = s * z - 1.0f / 42.0f;
-    s = s * z + 1.0f / 10.0f;
-    s = s * z - 1.0f / 3.0f;
-    s = s * z + 1.0f;
-    float small = 1.1283791670955126f * x * s;
-    float t = 1.0f / (1.0f + 0.3275911f * a);
-    float p = 1.061405429f;
-    p = p * t - 1.453152027f;
-    p = p * t + 1.421413741f;
-    p = p * t - 0.284496736f;
-    p = p * t + 0.254829592f;
-    float big = 1.0f - p * t * fusion_expf(-z);
-    big = x < 0 ? -big : big;
-    return a < 0.5f ? small : big;
-}
-/* tanh for float32, vectorizable: (1 - e) / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. */
-static inline float fusion_tanhf(float x) {
-    float a = fabsf(x), z = x * x;
-    float s = -929569.0f / 638512875.0f;
-    s = s * z + 21844.0f / 6081075.0f;
-    s = s * z - 1382.0f / 155925.0f;
-    s = s * z + 62.0f / 2835.0f;
-    s = s * z - 17.0f / 315.0f;
-    s = s * z + 2.0f / 15.0f;
-    s = s * z - 1.0f / 3.0f;
-    float small = x * (1.0f + z * s);  /* -0 stays -0 */
-    float e = fusion_expf(-2.0f * a);
-    float big = (1.0f - e) / (1.0f + e);
-    big = x < 0 ? -big : big;
-    return a < 0.55f ? small : big;
-}
-/* Integer division with torch's (Python's) signs; a zero divisor gives 0 (torch raises; a kernel cannot). */
-static inline int64_t fusion_floordiv(int64_t a, int64_t b) {
-    if (b == 0) return 0;
-    if (b == -1) return (int64_t)(0 - (uint64_t)a);
-    int64_t q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-static inline int64_t fusion_truncdiv(int64_t a, int64_t b) {
-    if (b == 0) return 0;
-    if (b == -1) return (int64_t)(0 - (uint64_t)a);
-    return a / b;
-}
-static inline int64_t fusion_remainder(int64_t a, int64_t b) {
-    if (b == 0 || b == -1) return 0;
-    int64_t r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-/* Floating floor division and remainder as c10's div_floor_floating / remainder. */
-static inline double fusion_floordiv_d(double a, double b) {
-    if (b == 0) return a / b;
-    double m = fmod(a, b), d = (a - m) / b;
-    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
-    if (d != 0) { double f = floor(d); if (d - f > 0.5) f += 1.0; return f; }
-    return copysign(0.0, a / b);
-}
-static inline float fusion_floordiv_f(float a, float b) {
-    if (b == 0) return a / b;
-    float m = fmodf(a, b), d = (a - m) / b;
-    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
-    if (d != 0) { float f = floorf(d); if (d - f > 0.5f) f += 1.0f; return f; }
-    return copysignf(0.0f, a / b);
-}
-static inline double fusion_remainder_d(double a, double b) {
-    double m = fmod(a, b);
-    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
-}
-static inline float fusion_remainder_f(float a, float b) {
-    float m = fmodf(a, b);
-    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
-}
-"""
 
 
 def _floating(d: str) -> bool:
@@ -306,6 +171,7 @@ class _Writer:
         self.buffers = {b.name: b for b in kernel.buffers}
         self.dtypes: dict[str, str] = {}
         self.lines: list[str] = []
+        self.tiled: set[str] = set()  # row-level values held as arrays over a column tile (_Columns)
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("    " * depth + line)
@@ -318,24 +184,31 @@ class _Writer:
         )
         return raw if C_TYPES[b.dtype] == C_TYPES[s.dtype] else f"(({C_TYPES[s.dtype]}){raw})"
 
+    def ref(self, name: str) -> str:
+        """A value as an operand: a row-level value of a column walk is an array over the tile (:class:`_Columns`)."""
+        return f"{name}[{TILE_VAR}]" if name in self.tiled else name
+
+    def define(self, out: str, dtype: str) -> str:
+        return f"{out}[{TILE_VAR}]" if out in self.tiled else f"const {C_TYPES[dtype]} {out}"
+
     def statement(self, s, depth: int) -> None:
         if isinstance(s, ir.Load):
             self.dtypes[s.out] = s.dtype
-            value = f"({s.mask} ? {self.load(s)} : ({C_TYPES[s.dtype]})0)" if s.mask else self.load(s)  # not read
-            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {value};", depth)
+            value = f"({self.ref(s.mask)} ? {self.load(s)} : ({C_TYPES[s.dtype]})0)" if s.mask else self.load(s)
+            self.emit(f"{self.define(s.out, s.dtype)} = {value};", depth)  # (masked: not read)
         elif isinstance(s, ir.Index):
             self.dtypes[s.out] = "int64"
-            self.emit(f"const int64_t {s.out} = {index_source(s.expr)};", depth)
+            self.emit(f"{self.define(s.out, 'int64')} = {index_source(s.expr)};", depth)
         elif isinstance(s, ir.Const):
             self.dtypes[s.out] = s.dtype
             self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {literal(s.value, s.dtype)};", depth)
         elif isinstance(s, ir.Op):
             self.dtypes[s.out] = s.dtype
-            expr = CODE_FOR_OP[s.op](list(s.args), s.dtype, [self.dtypes[a] for a in s.args])
-            self.emit(f"const {C_TYPES[s.dtype]} {s.out} = {expr};", depth)
+            expr = CODE_FOR_OP[s.op]([self.ref(a) for a in s.args], s.dtype, [self.dtypes[a] for a in s.args])
+            self.emit(f"{self.define(s.out, s.dtype)} = {expr};", depth)
         elif isinstance(s, ir.Store):
             b = self.buffers[s.buffer]
-            v = s.value
+            v = self.ref(s.value)
             conv = {"float16": f"fusion_f2h({v})", "bfloat16": f"fusion_f2bf({v})", "bool": f"(uint8_t)({v} != 0)"}
             self.emit(f"{s.buffer}[{index_source(s.offset)}] = {conv.get(b.dtype, f'({STORAGE[b.dtype]}){v}')};", depth)
         elif isinstance(s, ir.ReduceLoop):
@@ -430,6 +303,130 @@ class _Writer:
         return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
 
 
+class _Columns(_Writer):
+    """A column walk (``x.sum(0)``, a bias gradient: the innermost kept dim ``c`` is contiguous, a row is not): the
+    kept dims but ``c`` and tiles of :data:`TILE` along ``c`` are shared by the threads; each tile folds its
+    columns together, the reduced dims outside and ``c`` innermost (SIMD over neighbouring addresses). Every
+    row-level value is an array over the tile. The numerics are the row walk's: a sum from +0.0 of blocks of
+    :data:`SUM_BLOCK` elements of the innermost reduced dim, the blocks' sums added pairwise; max/min one by one."""
+
+    @staticmethod
+    def takes(k: ir.Kernel) -> bool:
+        if k.kind != "reduction" or not k.loops or not k.reduce_loops:
+            return False
+        c, r = ir.Var(k.loops[-1].var), ir.Var(k.reduce_loops[-1].var)
+        loads = [s for s in k.statements() if isinstance(s, ir.Load)]
+        return any((1, c) in s.offset.terms for s in loads) and not any((1, r) in s.offset.terms for s in loads)
+
+    def tile_loop(self, depth: int) -> None:
+        self.emit("#pragma omp simd", depth)
+        self.emit(f"for (int64_t {TILE_VAR} = 0; {TILE_VAR} < {self.c}_n; {TILE_VAR}++) {{", depth)
+        self.emit(f"const int64_t {self.c} = {self.c}_o + {TILE_VAR};", depth + 1)
+
+    def each(self, line: str, depth: int) -> None:
+        self.emit(f"for (int64_t {TILE_VAR} = 0; {TILE_VAR} < {self.c}_n; {TILE_VAR}++) {line}", depth)
+
+    def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
+        folds = [s for s in loop.body if isinstance(s, ir.Reduce)]
+        for f in folds:
+            self.dtypes[f.out] = f.dtype
+            self.tiled.add(f.out)
+            self.emit(f"{C_TYPES[f.dtype]} {f.out}[{TILE}];", depth)
+            self.each(f"{f.out}[{TILE_VAR}] = {REDUCE_INIT[f.op]};", depth)
+        rloops = list(self.k.reduce_loops)
+        blocked = bool(folds and all(f.op == "sum" for f in folds))
+        self.emit("{", depth)
+        d = depth + 1
+        for lp in rloops[:-1] if blocked else rloops:
+            self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++) {{", d)
+            d += 1
+        acc = {f.out: f"{f.out}[{TILE_VAR}]" for f in folds}
+        if blocked:
+            v, size = rloops[-1].var, rloops[-1].size
+            levels = max(1, (-(-size // SUM_BLOCK)).bit_length())  # level k: 2^k blocks (small stacks: macOS's 512 KiB)
+            for f in folds:
+                self.emit(f"{C_TYPES[f.dtype]} {f.out}_l[{levels}][{TILE}];", d)
+            self.emit(f"for (int64_t {v}_b = 0; {v}_b < {size}; {v}_b += {SUM_BLOCK}) {{", d)
+            for f in folds:
+                self.emit(f"{C_TYPES[f.dtype]} {f.out}_p[{TILE}];", d + 1)
+                self.each(f"{f.out}_p[{TILE_VAR}] = 0;", d + 1)
+            acc = {f.out: f"{f.out}_p[{TILE_VAR}]" for f in folds}
+            end = f"{v}_b + {SUM_BLOCK} < {size} ? {v}_b + {SUM_BLOCK} : {size}"
+            self.emit(f"for (int64_t {v} = {v}_b; {v} < ({end}); {v}++) {{", d + 1)
+            d += 2
+        self.tile_loop(d)
+        for s in loop.body:
+            if isinstance(s, ir.Reduce):
+                self.emit(REDUCE_STEP[s.op].format(acc=acc[s.out], v=s.value), d + 1)
+            else:
+                self.statement(s, d + 1)
+        self.emit("}", d)
+        if blocked:
+            d -= 2
+            self.emit("}", d + 1)
+            self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
+            self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
+            for f in folds:
+                self.each(f"{f.out}_p[{TILE_VAR}] = {f.out}_l[{v}_k][{TILE_VAR}] + {f.out}_p[{TILE_VAR}];", d + 2)
+            self.emit("}", d + 1)
+            for f in folds:
+                self.each(f"{f.out}_l[{v}_k][{TILE_VAR}] = {f.out}_p[{TILE_VAR}];", d + 1)
+            self.emit("}", d)
+            self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
+                      f"{v}_c >>= 1) {{", d)  # fmt: skip
+            self.emit(f"if ({v}_c & 1) {{", d + 1)
+            for f in folds:
+                self.each(f"{f.out}[{TILE_VAR}] = {f.out}_l[{v}_k][{TILE_VAR}] + {f.out}[{TILE_VAR}];", d + 2)
+            self.emit("}", d + 1)
+            self.emit("}", d)
+        for _ in rloops[:-1] if blocked else rloops:
+            d -= 1
+            self.emit("}", d)
+        self.emit("}", depth)
+
+    def source(self) -> str:
+        k = self.k
+        params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in k.buffers]
+        self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
+        work = math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
+        self.emit("(void)nthreads;", 1)
+        *outer, last = k.loops
+        self.c = c = last.var
+        self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "
+                  f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static)", 1)  # fmt: skip
+        for lp in outer:
+            self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
+        self.emit(f"for (int64_t {c}_o = 0; {c}_o < {last.size}; {c}_o += {TILE}) {{", 1)
+        self.emit(f"const int64_t {c}_n = {c}_o + {TILE} < {last.size} ? {TILE} : {last.size} - {c}_o;", 2)
+        body, i = list(k.body), 0
+        while i < len(body):
+            s = body[i]
+            if isinstance(s, ir.ReduceLoop):
+                self.reduce_loop(s, 2)
+            elif isinstance(s, ir.Const):
+                self.statement(s, 2)
+            else:  # consecutive row-level statements: one loop over the tile
+                run = []
+                while i < len(body) and not isinstance(body[i], (ir.ReduceLoop, ir.Const)):
+                    run.append(body[i])
+                    i += 1
+                i -= 1
+                for t in run:
+                    if not isinstance(t, ir.Store):
+                        dtype = "int64" if isinstance(t, ir.Index) else t.dtype
+                        self.tiled.add(t.out)
+                        self.emit(f"{C_TYPES[dtype]} {t.out}[{TILE}];", 2)
+                self.tile_loop(2)
+                for t in run:
+                    self.statement(t, 3)
+                self.emit("}", 2)
+            i += 1
+        self.emit("}", 1)
+        self.emit("}", 0)
+        return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
+
+
 def render(kernel: ir.Kernel) -> str:
-    """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``."""
-    return _Writer(kernel).source()
+    """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``. A column walk (a
+    reduction whose rows are strided and whose innermost kept dim is contiguous) in tiles (:class:`_Columns`)."""
+    return (_Columns if _Columns.takes(kernel) else _Writer)(kernel).source()

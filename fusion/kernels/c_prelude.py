@@ -1,0 +1,145 @@
+"""The C helpers every rendered kernel starts with (``fusion.kernels.c_render``): float16/bfloat16 bit conversions
+rounding to nearest even, vectorizable float32 exp/erf/tanh, integer and floating division and remainder with torch's
+signs. Plain C99, no libm call in the float32 paths the loops vectorize."""
+
+from __future__ import annotations
+
+PRELUDE = r"""#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+
+typedef union { uint32_t u; float f; } fusion_bits;
+
+/* float16 <-> float32, exact (F. Giesen's conversions): subnormals, inf and NaN included, ties to even. */
+static inline float fusion_h2f(uint16_t h) {
+    fusion_bits o, magic = {.u = 113u << 23};
+    const uint32_t shifted = 0x7c00u << 13;
+    o.u = (uint32_t)(h & 0x7fff) << 13;
+    uint32_t exp = shifted & o.u;
+    o.u += (uint32_t)(127 - 15) << 23;
+    if (exp == shifted) o.u += (uint32_t)(128 - 16) << 23;
+    else if (exp == 0) { o.u += 1u << 23; o.f -= magic.f; }
+    o.u |= (uint32_t)(h & 0x8000) << 16;
+    return o.f;
+}
+static inline uint16_t fusion_f2h(float f) {
+    fusion_bits in = {.f = f}, infty = {.u = 255u << 23}, f16max = {.u = (127u + 16u) << 23};
+    fusion_bits denorm = {.u = ((127u - 15u) + (23u - 10u) + 1u) << 23};
+    uint32_t sign = in.u & 0x80000000u;
+    uint16_t o;
+    in.u ^= sign;
+    if (in.u >= f16max.u) o = in.u > infty.u ? 0x7e00 : 0x7c00;
+    else if (in.u < (113u << 23)) { in.f += denorm.f; o = (uint16_t)(in.u - denorm.u); }
+    else { uint32_t odd = (in.u >> 13) & 1u; in.u += ((uint32_t)(15 - 127) << 23) + 0xfffu; in.u += odd; o = (uint16_t)(in.u >> 13); }
+    return (uint16_t)(o | (sign >> 16));
+}
+/* bfloat16 <-> float32: the upper half of the bits, rounded to nearest even; NaN is 0x7FC0 (c10's). */
+static inline float fusion_bf2f(uint16_t b) { fusion_bits o = {.u = (uint32_t)b << 16}; return o.f; }
+static inline uint16_t fusion_f2bf(float f) {
+    fusion_bits in = {.f = f};
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((in.u + 0x7fffu + ((in.u >> 16) & 1u)) >> 16);
+}
+static inline float fusion_round_f16(float f) { return fusion_h2f(fusion_f2h(f)); }
+static inline float fusion_round_bf16(float f) { return fusion_bf2f(fusion_f2bf(f)); }
+
+/* exp for float32, vectorizable (within 1 ulp): n = round(x / ln 2) by the 1.5 * 2^23 trick (no float -> int
+   conversion, NaN included), Cody-Waite reduction, Cephes' polynomial, 2^n applied in two halves (subnormal results
+   rounded once); NaN in, NaN out; +-inf and overflow as expf. */
+static inline float fusion_expf(float x) {
+    float xx = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    fusion_bits m = {.f = xx * 1.44269504088896341f + 12582912.0f};  /* n = round(x / ln 2) in the low bits */
+    float n = m.f - 12582912.0f;
+    float r = xx - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t ni = (int32_t)(m.u - 0x4B400000u), n1 = ni >> 1, n2 = ni - n1;
+    fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
+    return y * s1.f * s2.f;
+}
+/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7,
+   the approximation at::vec's float erf uses). */
+static inline float fusion_erff(float x) {
+    float a = fabsf(x), z = x * x;
+    float s = -1.0f / 75600.0f;
+    s = s * z + 1.0f / 9360.0f;
+    s = s * z - 1.0f / 1320.0f;
+    s = s * z + 1.0f / 216.0f;
+    s = s * z - 1.0f / 42.0f;
+    s = s * z + 1.0f / 10.0f;
+    s = s * z - 1.0f / 3.0f;
+    s = s * z + 1.0f;
+    float small = 1.1283791670955126f * x * s;
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = 1.061405429f;
+    p = p * t - 1.453152027f;
+    p = p * t + 1.421413741f;
+    p = p * t - 0.284496736f;
+    p = p * t + 0.254829592f;
+    float big = 1.0f - p * t * fusion_expf(-z);
+    big = x < 0 ? -big : big;
+    return a < 0.5f ? small : big;
+}
+/* tanh for float32, vectorizable: (1 - e) / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. */
+static inline float fusion_tanhf(float x) {
+    float a = fabsf(x), z = x * x;
+    float s = -929569.0f / 638512875.0f;
+    s = s * z + 21844.0f / 6081075.0f;
+    s = s * z - 1382.0f / 155925.0f;
+    s = s * z + 62.0f / 2835.0f;
+    s = s * z - 17.0f / 315.0f;
+    s = s * z + 2.0f / 15.0f;
+    s = s * z - 1.0f / 3.0f;
+    float small = x * (1.0f + z * s);  /* -0 stays -0 */
+    float e = fusion_expf(-2.0f * a);
+    float big = (1.0f - e) / (1.0f + e);
+    big = x < 0 ? -big : big;
+    return a < 0.55f ? small : big;
+}
+/* Integer division with torch's (Python's) signs; a zero divisor gives 0 (torch raises; a kernel cannot). */
+static inline int64_t fusion_floordiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t fusion_truncdiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
+static inline int64_t fusion_remainder(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+/* Floating floor division and remainder as c10's div_floor_floating / remainder. */
+static inline double fusion_floordiv_d(double a, double b) {
+    if (b == 0) return a / b;
+    double m = fmod(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d != 0) { double f = floor(d); if (d - f > 0.5) f += 1.0; return f; }
+    return copysign(0.0, a / b);
+}
+static inline float fusion_floordiv_f(float a, float b) {
+    if (b == 0) return a / b;
+    float m = fmodf(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d != 0) { float f = floorf(d); if (d - f > 0.5f) f += 1.0f; return f; }
+    return copysignf(0.0f, a / b);
+}
+static inline double fusion_remainder_d(double a, double b) {
+    double m = fmod(a, b);
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
+static inline float fusion_remainder_f(float a, float b) {
+    float m = fmodf(a, b);
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
+"""
