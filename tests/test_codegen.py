@@ -1325,8 +1325,8 @@ def test_row_and_column_reductions_of_one_region_are_one_kernel_per_walk():
 
 def test_outer_reductions_the_generator_leaves_to_aten_say_why():
     """Fewer than 16 contiguous kept elements (a program could not read whole sectors), and a long column with fewer
-    rows than fill a GPU, run as aten with the reason; the Triton generator takes any dims, the C lowering's
-    Rows.of (outer=False) trailing dims only."""
+    rows than fill a GPU, run as aten with the reason; Rows.of takes any dims only with outer=True (the Triton
+    generator's walks)."""
     c = check(lambda x: ((x * 2.0).sum(0),), _rand((30, 8), 0), kernels=0)
     assert any("innermost" in s.reason for s in c.report.skipped), c.report.table()
     with short_blocks(min_rows=kernel_rows.LOOPED_MIN_ROWS):

@@ -118,8 +118,8 @@ class Rows:
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
         every reduction reduces the same dims of that shape (the trailing ones, unless ``outer``: any), the rows or
         a row are contiguous in memory, and every store lies inside the walk (a whole row, or one element per row:
-        anything else would be written out of its bounds). ``outer`` is the Triton generator's; the C lowering
-        (``fusion.compiler.lowering``) walks trailing dims only."""
+        anything else would be written out of its bounds). ``outer``: the Triton generator's walks over any dims,
+        with a GPU's rules (whole sectors, enough programs); the C lowering builds its own (``lower_reductions``)."""
         shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
 
