@@ -216,6 +216,27 @@ class _Writer:
         else:
             raise TypeError(f"not a statement of the kernel IR: {s!r}")
 
+    def fold_levels(self, v: str, size: int, folds: list, d: int, at: str, line) -> None:
+        """Close a block of a blocked sum and carry its partial ``<out>_p`` into the levels, a binary counter (level k
+        holds the sum of 2^k blocks), then, after the last block, add the levels into ``<out>``. ``at``: a column
+        walk's tile index (``[j]``, its lines written through ``line``: :meth:`_Columns.each`)."""
+        self.emit("}", d + 1)
+        self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
+        self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
+        for f in folds:
+            line(f"{f.out}_p{at} = {f.out}_l[{v}_k]{at} + {f.out}_p{at};", d + 2)
+        self.emit("}", d + 1)
+        for f in folds:
+            line(f"{f.out}_l[{v}_k]{at} = {f.out}_p{at};", d + 1)
+        self.emit("}", d)
+        self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
+                  f"{v}_c >>= 1) {{", d)  # fmt: skip
+        self.emit(f"if ({v}_c & 1) {{", d + 1)
+        for f in folds:
+            line(f"{f.out}{at} = {f.out}_l[{v}_k]{at} + {f.out}{at};", d + 2)
+        self.emit("}", d + 1)
+        self.emit("}", d)
+
     def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
         """The loop over a row's elements. A sum folds blocks of :data:`SUM_BLOCK` elements of the innermost dim in
         SIMD lanes of partial sums and adds the blocks' sums pairwise (a binary counter of levels): small terms
@@ -250,22 +271,7 @@ class _Writer:
             else:
                 self.statement(s, d + 2 * blocked)
         if blocked:
-            self.emit("}", d + 1)
-            self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
-            self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
-            for f in folds:
-                self.emit(f"{acc[f.out]} = {f.out}_l[{v}_k] + {acc[f.out]};", d + 2)
-            self.emit("}", d + 1)
-            for f in folds:
-                self.emit(f"{f.out}_l[{v}_k] = {acc[f.out]};", d + 1)
-            self.emit("}", d)
-            self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
-                      f"{v}_c >>= 1) {{", d)  # fmt: skip
-            self.emit(f"if ({v}_c & 1) {{", d + 1)
-            for f in folds:
-                self.emit(f"{f.out} = {f.out}_l[{v}_k] + {f.out};", d + 2)
-            self.emit("}", d + 1)
-            self.emit("}", d)
+            self.fold_levels(v, size, folds, d, "", self.emit)
         self.emit("}", d - 1)
         self.emit("}", depth)
 
@@ -363,22 +369,7 @@ class _Columns(_Writer):
         self.emit("}", d)
         if blocked:
             d -= 2
-            self.emit("}", d + 1)
-            self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
-            self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
-            for f in folds:
-                self.each(f"{f.out}_p[{TILE_VAR}] = {f.out}_l[{v}_k][{TILE_VAR}] + {f.out}_p[{TILE_VAR}];", d + 2)
-            self.emit("}", d + 1)
-            for f in folds:
-                self.each(f"{f.out}_l[{v}_k][{TILE_VAR}] = {f.out}_p[{TILE_VAR}];", d + 1)
-            self.emit("}", d)
-            self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
-                      f"{v}_c >>= 1) {{", d)  # fmt: skip
-            self.emit(f"if ({v}_c & 1) {{", d + 1)
-            for f in folds:
-                self.each(f"{f.out}[{TILE_VAR}] = {f.out}_l[{v}_k][{TILE_VAR}] + {f.out}[{TILE_VAR}];", d + 2)
-            self.emit("}", d + 1)
-            self.emit("}", d)
+            self.fold_levels(v, size, folds, d, f"[{TILE_VAR}]", self.each)
         for _ in rloops[:-1] if blocked else rloops:
             d -= 1
             self.emit("}", d)
