@@ -1357,8 +1357,8 @@ def test_a_column_walk_takes_whole_sectors_a_program_on_a_gpu():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_outer_reductions_on_each_device(dtype, device):
     """A bias gradient, a column mean with keepdim and a column amax on the device: eager's values (on a GPU larger
-    shapes: long columns looped, XBLOCK >= 16 neighbouring outputs a program)."""
-    n, h = (4096, 768) if device == "cuda" else (40, 48)
+    shapes: long columns looped, XBLOCK >= 16 neighbouring outputs a program, enough programs to fill the GPU)."""
+    n, h = (4096, 2048) if device == "cuda" else (40, 48)
     g, x = _rand((n, h), 0, dtype).to(device), _rand((n, h), 1, dtype).to(device)
     tol = OUTER_TOL.get(dtype, dict(rtol=1e-4, atol=1e-4))
     c = check(lambda g, x: ((g * x).sum(0), (g * 2.0).mean(0, keepdim=True), (x * 2.0).amax(0)), g, x, **tol)
