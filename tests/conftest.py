@@ -65,3 +65,10 @@ def _phase8_tests_run_triton(request):
             os.environ.pop("FUSION_RENDERER", None)
         else:
             os.environ["FUSION_RENDERER"] = old
+
+
+@pytest.fixture
+def triton_renderer(monkeypatch):
+    """A test of the Triton generator's own kernels (windows, depthwise sums) that runs on a CPU: its kernels run in
+    Triton's interpreter. Under the default C renderer a kernel C does not take runs as aten ops instead."""
+    monkeypatch.setenv("FUSION_RENDERER", "triton")

@@ -1809,6 +1809,7 @@ def test_a_channels_last_network_trains_through_its_1x1_convolutions_as_gemms(op
 
 
 @pytest.mark.parametrize("options,rewritten", CONV1X1_OPTIONS)
+@pytest.mark.usefixtures("triton_renderer")
 def test_an_inference_graph_keeps_its_1x1_convolutions_unless_asked(options, rewritten):
     """Inference: only the opt-in forward half rewrites a 1x1 convolution (the default keeps cuDNN's, measured
     faster in whole models); the values are eager's either way."""
@@ -1893,6 +1894,7 @@ def _compiled_inference(model: nn.Module, x: torch.Tensor, options: dict | None 
 @example(n=2, c=8, h=5, w=7, kernel=(3, 3), stride=2, padding=1, dilation=1, layout="channels_last", special=None)
 @example(n=2, c=24, h=5, w=7, kernel=(3, 3), stride=1, padding=1, dilation=1, layout="channels_last", special="nan")
 @example(n=1, c=3, h=5, w=17, kernel=(5, 5), stride=1, padding=2, dilation=1, layout="contiguous", special="inf")
+@pytest.mark.usefixtures("triton_renderer")
 def test_a_depthwise_convolution_is_a_window_sum_with_the_same_values(
     n, c, h, w, kernel, stride, padding, dilation, layout, special
 ):
@@ -1946,6 +1948,7 @@ def test_a_depthwise_window_of_negative_zeros_sums_to_positive_zero(padding):
 
 
 @pytest.mark.parametrize("options,convs,kernels", [({}, 2, 2), ({"depthwise": False}, 3, 3)])
+@pytest.mark.usefixtures("triton_renderer")
 def test_an_inverted_residual_block_is_two_convolutions_and_two_kernels(options, convs, kernels):
     """Inference of MobileNetV2's block: 1x1 expand (cuDNN) → [BN, ReLU6, depthwise 3x3, BN, ReLU6] one generated
     kernel → 1x1 project (cuDNN) → [bias, BN, residual] one kernel: 4 launches. Without the pass the depthwise
@@ -1988,6 +1991,7 @@ class _SqueezeExcite(nn.Module):
 
 
 @pytest.mark.parametrize("n,c,in_reduction", [(2, 8, False), (16, 256, True)])
+@pytest.mark.usefixtures("triton_renderer")
 def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in_reduction):
     """The window sum read by a mean (squeeze-excitation) and by a multiply after it: eager's values (float64). With
     16 rows of 8 channels the mean is an aten call (too few rows to share programs and read channels coalesced) and
@@ -2014,6 +2018,7 @@ def test_a_depthwise_convolution_feeding_a_reduction_gives_eager_values(n, c, in
 
 
 @pytest.mark.parametrize("act,taken", [(nn.ReLU6, True), (nn.Hardswish, True), (nn.SiLU, False), (nn.GELU, False)])
+@pytest.mark.usefixtures("triton_renderer")
 def test_a_window_over_a_costly_chain_is_left_to_its_library_call(act, taken):
     """A window computes what it reads again at each tap: worth it for BatchNorm+ReLU6 or hardswish (one kernel, the
     expanded tensor never written), not for a SiLU or GELU (an exp or erf at each of 9 taps): there the depthwise
@@ -2061,6 +2066,7 @@ def test_a_convolution_the_window_sum_does_not_take_stays_a_library_call(case):
     assert depthwise.MAX_TAPS == 25  # the 5x5 windows of EfficientNet and MobileNetV3 are taken
 
 
+@pytest.mark.usefixtures("triton_renderer")
 def test_two_windows_in_a_row_are_two_kernels():
     """A window (a depthwise convolution, a max-pool) reading another window's values would compute that window again
     at each of its taps: the generator splits the region there, the first window's output stored by a kernel."""
@@ -2094,6 +2100,7 @@ NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GP
     "device,k,stride",
     [("cpu", 3, 2), ("cpu", 5, 1), *(pytest.param("cuda", k, s, marks=NEEDS_GPU) for k in (3, 5) for s in (1, 2))],
 )
+@pytest.mark.usefixtures("triton_renderer")
 def test_depthwise_window_sums_in_bfloat16_in_the_interpreter_and_on_cuda(device, k, stride):
     """bf16 channels-last (the suite's setting), on the GPU and in the interpreter: an inverted-residual block with a
     k x k depthwise convolution of stride 1 or 2 is within bf16 rounding of a float32 reference, no further from it
@@ -2347,6 +2354,7 @@ def test_cse_never_merges_two_buffers_that_are_written():
 
 
 @pytest.mark.parametrize("c,in_reduction", [(8, True), (4, False)])
+@pytest.mark.usefixtures("triton_renderer")
 def test_a_depthwise_convolution_is_reported_once_as_what_ran(c, in_reduction):
     """A depthwise convolution read by a reduction kernel (ConvBNNet's BN → + residual → ReLU → mean) is torch.convolution,
     not a window sum: one row says so (pass depthwise's note, with the generator's reason), no fallback row repeats it,

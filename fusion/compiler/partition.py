@@ -169,9 +169,9 @@ class Worklist:
         self.plans: list[KernelPlan] = []
         self.report = FusionReport("compile_graph")
         self.runs, self.why = rt.triton_status()
-        # Without Triton, CPU kernels still run where the C renderer is chosen and a compiler is found
-        self.c_only = not self.runs and c_runtime.chosen() == "c" and c_runtime.available()[0]
-        self.runs = self.runs or self.c_only
+        # CPU kernels run from C where the C renderer is chosen and a compiler is found, with or without Triton
+        self.c_cpu = c_runtime.chosen() == "c" and c_runtime.available()[0]
+        self.triton, self.runs = self.runs, self.runs or self.c_cpu
 
     def __iter__(self) -> Iterator[Region]:
         while self.work:
@@ -182,7 +182,7 @@ class Worklist:
         if not self.runs:
             self.refuse(plan.kernel.region, Unsupported(self.why))
             return
-        if self.c_only and (why := c_runtime.refusal(plan)) is not None:  # no Triton to fall back on: aten runs it
+        if self.c_cpu and (why := c_runtime.refusal(plan, self.triton)) is not None:  # C does not take it: aten
             self.refuse(plan.kernel.region, why)
             return
         self.plans.append(plan)

@@ -275,17 +275,22 @@ def kernel_for(plan) -> tuple[CKernel | None, str]:
         return None, "C renderer failed: " + fallback_reason(e, "the C renderer")
 
 
-def refusal(plan):
-    """Why the C renderer cannot run ``plan`` (an ``Unsupported``: not on the CPU, or not lowered to the kernel IR;
-    its node, where it names one, is where the partition cuts the region), or None. Asked where Triton is missing."""
+def refusal(plan, triton: bool = False):
+    """Why the C renderer cannot run ``plan`` (an ``Unsupported``: not lowered to the kernel IR, or, without Triton,
+    not on the CPU; its node, where it names one, is where the partition cuts the region), or None. A kernel on
+    another device is Triton's where Triton runs (``triton``). A CPU kernel C does not take runs as aten ops, never in
+    Triton's interpreter behind the user's back: the interpreter is a correctness tool, one option away
+    (``FUSION_RENDERER=triton``)."""
     from fusion.compiler.ir import Unsupported
     from fusion.compiler.lowering import lower_plan
 
     if any(n.meta["val"].device.type != "cpu" for n in (*plan.inputs, *plan.stored)):
-        return Unsupported("Triton is not installed and the kernel is not on the CPU (the C renderer's device)")
+        return None if triton else Unsupported("Triton is not installed and the kernel is not on the CPU (C's device)")
     try:
         lower_plan(plan)
     except Unsupported as e:
-        e.args = (f"{e} (Triton is not installed: CPU kernels run from C, and C does not take this one)",)
+        why = "the C renderer runs CPU kernels" if triton else "Triton is not installed: CPU kernels run from C"
+        e.args = (f"{e} ({why}, and C does not take this one: aten runs it; FUSION_RENDERER=triton for the "
+                  "interpreter)" if triton else f"{e} ({why}, and C does not take this one)",)  # fmt: skip
         return e
     return None
