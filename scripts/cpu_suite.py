@@ -41,6 +41,10 @@ def explain(name: str, sizes: str, full: bool) -> None:
     print(f"== {name} ({sizes}): {len(backend.reports)} graph(s), {sum(len(p.kernels) for p in parts)} kernels")
     print(f"   kernels ran by: {dict(ran) or '-'}")
     print(f"   library calls (aten): {', '.join(f'{op}×{c}' for op, c in libs.most_common()) or '-'}")
+    for p in parts:  # a kernel the C lowering refused runs in Triton's interpreter: its name and why
+        for lch in p.launchers():
+            if getattr(lch.owner, "ran", "") == "triton-interpreter":
+                print(f"   interpreter: {lch.__name__[:60]}: {getattr(lch.owner, 'c_refused', '')[:200]}")
     for (what, why), c in falls.most_common(12):
         print(f"   fallback ×{c} {what}: {why}")
     if full:
