@@ -3,6 +3,7 @@
 Run it:   uv run python -m fusion.benchmark [--device cpu|cuda] [--quick] [--no-compile] [--json PATH] [--plot PATH]
           uv run --extra plot python -m fusion.benchmark --plot roofline.png     (the picture needs matplotlib)
           uv run python -m fusion.benchmark --suite [--models resnet18,bert] [--backends eager,fusion] [--json PATH]
+          uv run python -m fusion.benchmark --suite --device cpu --sizes cpu [--threads N]   (the CPU suite)
 Test it:  uv run pytest -m phase4
 
 What you learn
@@ -261,8 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--backends",
         default="",
         metavar="A[,B]",
-        help="--suite: eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead (default: all; CPU: first 3)",
+        help="--suite: eager,fusion,fusion+cudagraphs,inductor,inductor+reduce-overhead (default: all; CPU: "
+        "eager,fusion,inductor)",
     )
+    p.add_argument("--sizes", choices=("tiny", "cpu", "full"), help="--suite: model shapes (default: full on cuda, "
+                   "tiny on cpu; cpu: batch 1, 224x224 images, small text configs)")  # fmt: skip
     args = p.parse_args(argv)
     if args.plot and not have_matplotlib():
         print(PLOT_HINT, file=sys.stderr)
@@ -283,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 models=names,
                 backends=backends,
                 device=args.device,
-                sizes="tiny" if args.tiny else None,
+                sizes="tiny" if args.tiny else args.sizes,
+                threads=args.threads,
                 json_path=args.json,
             )
         )

@@ -10,6 +10,7 @@ eager and vs Inductor, compile time.
 
 Run it:   uv run python scripts/gpu_suite.py [--models a,b] [--backends ...] [--timeout S] [--budget S]
           uv run python scripts/gpu_suite.py --merge earlier/suite.json --models bert,gpt2   (a second call adds rows)
+On CPU:   uv run python scripts/gpu_suite.py --cpu --backends eager,fusion,inductor --budget 3000 --out DIR
 Dry run:  uv run python scripts/gpu_suite.py --dry-run --models gpt2 --backends eager,fusion   (CPU, tiny shapes)
 
 A device command may run 10 minutes: ``--budget`` (default 560 s) stops starting models past it, and no model's
@@ -37,11 +38,12 @@ from fusion.bench.suite import BACKENDS, HEADER, MODELS, row_lines, save, summar
 CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FUSION_CACHE_DIR")
 
 
-def run_one(model: str, backends: list[str], dry_run: bool, limit_s: float, log_dir: Path) -> tuple[dict, dict]:
+def run_one(model: str, backends: list[str], dry_run: bool, limit_s: float, log_dir: Path, cpu: bool = False):
     """(the model's row, the child's meta) from one child process; never raises."""
     out = log_dir / f"{model}.json"
     cmd = [sys.executable, "-m", "fusion.benchmark", "--suite", "--models", model, "--json", str(out)]
     cmd += ["--backends", ",".join(backends)] + (["--device", "cpu", "--tiny"] if dry_run else [])
+    cmd += ["--device", "cpu", "--sizes", "cpu"] if cpu and not dry_run else []
     log_path = log_dir / f"{model}.log"
     env = dict(os.environ)
     for var in CACHES:  # cold caches: every compiler's first call is a first run's, whatever ran on this host before
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "scripts/results"), help="the folder")
     p.add_argument("--merge", metavar="JSON", help="keep this earlier suite.json's rows for the models not run now")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: rehearse the script here")
+    p.add_argument("--cpu", action="store_true", help="issue 38's CPU suite: --device cpu --sizes cpu per model")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m] or list(MODELS)
     backends = [b for b in args.backends.split(",") if b]
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             if left < 30:
                 row = {"model": model, "backends": {}, "status": "skipped", "reason": "over the --budget"}
             else:
-                row, meta = run_one(model, backends, args.dry_run, min(args.timeout, left), Path(tmp))
+                row, meta = run_one(model, backends, args.dry_run, min(args.timeout, left), Path(tmp), args.cpu)
                 result["meta"] = meta or result["meta"]
             result["models"].append(row)
             for line in row_lines(row):

@@ -32,6 +32,8 @@ def tiny_suite():
 
 
 def test_tiny_suite_rows_have_pass_and_accuracy(tiny_suite):
+    from fusion.bench import suite as S
+
     result, printed = tiny_suite
     assert result["schema"] == "suite-1" and result["meta"]["sizes"] == "tiny"
     assert [r["model"] for r in result["models"]] == ["vit_b_16", "gpt2"]
@@ -48,7 +50,11 @@ def test_tiny_suite_rows_have_pass_and_accuracy(tiny_suite):
         )  # blocks kept to 1 ns
         assert 0 <= b["eager"]["iqr_s"] <= max(blocks) - min(blocks) + 1e-12
         assert b["fusion"]["status"] == "pass" and b["fusion"]["accuracy"] == "pass", b["fusion"]
-        assert b["fusion"]["first_call_s"] > 0 and "interpreter" in b["fusion"]["note"]  # on CPU: not timed
+        assert b["fusion"]["first_call_s"] > 0
+        if S.fusion_timed("cpu"):  # compiled C kernels: timed like eager
+            assert b["fusion"]["median_s"] > 0 and "note" not in b["fusion"], b["fusion"]
+        else:  # Triton's interpreter would run them: checked, never timed
+            assert "interpreter" in b["fusion"]["note"] and "median_s" not in b["fusion"]
         cg = b["fusion+cudagraphs"]  # an option the backend may not have yet: a row either way, never a crash
         assert cg["status"] in ("pass", "fail_to_run") and (cg["status"] == "pass" or cg["reason"])
     s = result["summary"]["fusion"]
@@ -70,3 +76,30 @@ def test_suite_warms_each_compiler_once_before_timing_a_first_call(tiny_suite, m
     S.warm_compilers(every, S.SuiteConfig(device="cpu"))
     S.warm_compilers(every, S.SuiteConfig(device="cpu"))
     assert calls == ["inductor"], calls  # once, and never for eager or a variant of a warmed compiler
+
+
+def _c_compiler() -> bool:
+    from fusion.kernels import c_runtime
+
+    return c_runtime.available()[0]
+
+
+@pytest.mark.skipif(not _c_compiler(), reason="no C compiler: CPU kernels would run in Triton's interpreter")
+def test_cpu_fusion_row_is_timed_when_the_c_renderer_runs_its_kernels(tiny_suite, monkeypatch):
+    """With the C renderer (the CPU default where a compiler is found) a CPU ``fusion`` row is timed against eager in
+    the same process, and the meta states the threads, the CPU and the renderer; with Triton's interpreter chosen it
+    would not be (checked, not timed)."""
+    from fusion.bench import suite as S
+
+    monkeypatch.delenv("FUSION_RENDERER", raising=False)
+    assert S.fusion_timed("cpu") and S.fusion_timed("cuda")
+    result, printed = tiny_suite
+    meta = result["meta"]
+    assert meta["threads"] >= 1 and meta["cpu_model"] and meta["fusion_renderer"] == "c" and meta["c_compiler"]
+    assert f"{meta['threads']} threads" in printed
+    ran = [r for r in result["models"] if r["status"] == "ok"]
+    for row in ran:
+        f = row["backends"]["fusion"]
+        assert f["median_s"] > 0 and f["speedup_vs_eager"] > 0 and f["times_s"], f
+    monkeypatch.setenv("FUSION_RENDERER", "triton")
+    assert not S.fusion_timed("cpu") and S.fusion_timed("cuda")

@@ -9,7 +9,12 @@ missing is a ``skipped`` row with the fix, and one model's failure never stops t
 
 The accuracy rule is Inductor's: :mod:`fusion.bench.accuracy`.
 
+On CPU, ``fusion``'s kernels are compiled C (:mod:`fusion.kernels.c_runtime`) and its rows are timed like every other;
+where they would run in Triton's interpreter (``FUSION_RENDERER=triton``, or no C compiler) they are checked, never
+timed (:data:`INTERPRETER`). ``inductor`` on CPU is Inductor's C++ backend. The meta records the threads and the CPU.
+
 Run it:   uv run python -m fusion.benchmark --suite [--models resnet18,bert] [--backends eager,fusion] [--json PATH]
+          uv run python -m fusion.benchmark --suite --device cpu --sizes cpu [--threads N]   (issue 38's CPU suite)
 """
 
 from __future__ import annotations
@@ -18,10 +23,8 @@ import copy
 import datetime
 import gc
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +37,8 @@ from fusion.bench.accuracy import accuracy, tolerance
 from fusion.bench.counting import flat_tensors
 from fusion.bench.profile import device_name, sync_for
 from fusion.bench.rows import summarize as summarize_times
-from fusion.bench.suite_models import MODELS, SUITE, ModelSkipped, SuiteModel, scalar_loss
+from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteModel, scalar_loss
+from fusion.bench.suite_print import HEADER, geomean, row_lines, summarize, summary_lines  # noqa: F401
 from fusion.bench.workloads import VariantUnavailable, load_phase
 from fusion.common import is_todo
 
@@ -48,7 +52,7 @@ BACKENDS = (
     "inductor",
     "inductor+reduce-overhead",
 )
-CPU_DEFAULT_BACKENDS = ("eager", "fusion", "fusion+cudagraphs")  # Inductor on CPU builds C++: ~10 s per graph
+CPU_DEFAULT_BACKENDS = ("eager", "fusion", "inductor")  # on CPU: our C kernels against Inductor's C++ backend
 INTERPRETER = "not timed: on CPU its kernels run in Triton's interpreter (correctness only)"
 CUDAGRAPHS = (
     "fusion+cudagraphs",
@@ -264,12 +268,46 @@ def run_model(
             if not acc.ok:
                 r["status"], r["reason"] = "fail_accuracy", acc.reason
         r["accuracy"] = "pass" if r["status"] == "pass" else "fail"
-        if name.startswith("fusion") and cfg.device != "cuda":
+        if name.startswith("fusion") and not fusion_timed(cfg.device):
             r["note"] = INTERPRETER  # timing it would time the interpreter
         else:
             fns[name] = _timed(fn, name, cfg)
     _measure(row, fns, cfg, lesson, sync)
     return row
+
+
+def fusion_timed(device: str) -> bool:
+    """Whether ``fusion``'s kernels on ``device`` are compiled code worth timing: always on CUDA; on CPU where the C
+    renderer runs them (it is chosen and a compiler is found), not where Triton's interpreter would."""
+    if device == "cuda":
+        return True
+    from fusion.kernels import c_runtime
+
+    return c_runtime.chosen() == "c" and c_runtime.available()[0]
+
+
+def cpu_meta() -> dict:
+    """What a CPU measurement depends on: the CPU's model, its cores, torch's threads, the renderer and compiler."""
+    from fusion.kernels import c_runtime
+
+    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor())
+    ok, compiler = c_runtime.available()
+    return {
+        "cpu_model": name or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "fusion_renderer": c_runtime.chosen(),
+        "fusion_timed": fusion_timed("cpu"),
+        "c_compiler": compiler if ok else None,
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
 
 
 def _timed(fn: Callable, name: str, cfg: SuiteConfig) -> Callable:
@@ -314,77 +352,6 @@ def _measure(row: dict, fns: dict, cfg: SuiteConfig, lesson, sync) -> None:
 # The suite
 
 
-def geomean(xs: Sequence[float]) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
-
-
-def summarize(rows: Sequence[dict], backends: Sequence[str]) -> dict:
-    """Per backend: pass rate over the models that ran, geomean speed-ups over its passing rows, mean compile time."""
-    out = {}
-    ran = [r for r in rows if r["status"] not in ("skipped",)]
-    for name in backends:
-        if name == "eager":
-            continue
-        # a model that crashed or timed out (scripts/gpu_suite.py) counts as a failure of every backend
-        failed = {"status": "fail_to_run"}
-        mine = [r["backends"].get(name) or (failed if r["status"] != "ok" else None) for r in ran]
-        mine = [m for m in mine if m and m["status"] != "unavailable"]
-        passed = [m for m in mine if m["status"] == "pass"]
-        out[name] = {
-            "models": len(mine),
-            "passed": len(passed),
-            "pass_rate": len(passed) / len(mine) if mine else None,
-            "geomean_vs_eager": geomean([m.get("speedup_vs_eager") for m in passed]),
-            "geomean_vs_inductor": geomean([m.get("speedup_vs_inductor") for m in passed]),
-            "geomean_vs_reduce_overhead": geomean([m.get("speedup_vs_reduce_overhead") for m in passed]),
-            "mean_compile_s": statistics.fmean([m["first_call_s"] for m in passed]) if passed else None,
-        }
-    return out
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}×"
-
-
-def summary_lines(summary: dict) -> list[str]:
-    lines = []
-    for name, s in summary.items():
-        rate = "-" if s["pass_rate"] is None else f"{100 * s['pass_rate']:.0f}%"
-        comp = "-" if s["mean_compile_s"] is None else f"{s['mean_compile_s']:.1f} s"
-        lines.append(
-            f"  {name}: pass {s['passed']}/{s['models']} ({rate}), geomean {_x(s['geomean_vs_eager'])} eager, "
-            f"{_x(s['geomean_vs_inductor'])} inductor, {_x(s['geomean_vs_reduce_overhead'])} reduce-overhead, "
-            f"compile {comp} (mean first call)"
-        )
-    return lines
-
-
-def row_lines(row: dict) -> list[str]:
-    """The table rows of one model, as they are printed while the suite runs (each fits in 120 columns)."""
-    if row["status"] != "ok" or not row.get("backends"):  # skipped, eager_fail_to_run, timeout, crashed
-        return [f"  {row['model']:<16} {row['status']}: {row['reason']}"[:120]]
-    out = []
-    for name, r in row["backends"].items():
-        t = r.get("median_s")
-        mem = r.get("peak_memory_bytes")
-        cells = (
-            f"  {row['model']:<16} {name:<24} {r['status']:<13} {'-' if t is None else f'{t * 1e3:9.3f} ms':>12} "
-            f"{_x(r.get('speedup_vs_eager')):>7} {_x(r.get('speedup_vs_inductor')):>7} "
-            f"{_x(r.get('speedup_vs_reduce_overhead')):>7} {r.get('first_call_s', 0):7.1f} s "
-            f"{'-' if mem is None else f'{mem / 1e6:.3g}':>7}"
-        )
-        why = r["reason"] or r.get("note", "")
-        out.append((cells + (f"  {why}" if why else ""))[:120])
-    return out
-
-
-HEADER = (
-    f"  {'model':<16} {'backend':<24} {'status':<13} {'median':>12} {'eager':>7} {'ind.':>7} {'r-o':>7} "
-    f"{'compile':>9} {'peak MB':>7}"
-)
-
-
 def run_suite(
     lesson,
     *,
@@ -393,11 +360,17 @@ def run_suite(
     device: str | None = None,
     sizes: str | None = None,
     rounds: int | None = None,
+    threads: int = 0,
     json_path: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Run the suite (default: every model, every backend; on CPU tiny shapes without the Inductor backends)."""
+    """Run the suite (default: every model, every backend; on CPU tiny shapes, eager, fusion and Inductor's C++).
+    ``threads``: torch's threads for the run (0: as they are)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if sizes is not None and sizes not in SIZES:
+        raise ValueError(f"unknown sizes {sizes!r}. Fix: one of {', '.join(SIZES)}")
+    if threads:
+        torch.set_num_threads(threads)
     unknown = [m for m in models if m not in MODELS] + [b for b in backends if b not in BACKENDS and not is_ablation(b)]
     if unknown:
         raise ValueError(
@@ -409,7 +382,7 @@ def run_suite(
     # On the GPU many short rounds: a CPU-bound row's host speed drifts by ±25 % over seconds (the calling thread's
     # own CPU time moves with it), and finer interleaving lets every backend see the same drift.
     default_rounds, block_s = (25, 0.04) if device == "cuda" else (3, 0.02)
-    cfg = SuiteConfig(device, sizes, default_rounds if rounds is None else rounds, block_s)
+    cfg = SuiteConfig(device, sizes, default_rounds if rounds is None else rounds, block_s, torch.get_num_threads())
     result = {
         "schema": SCHEMA,
         "meta": {
@@ -422,13 +395,20 @@ def run_suite(
             "dtype": str(cfg.dtype).removeprefix("torch."),
             "sizes": sizes,
             "backends": list(backends),
+            "threads": torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "models": [],
     }
+    if device == "cpu":
+        result["meta"].update(cpu_meta())
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
-    log(f"model suite on {device} ({result['meta']['dtype']}, {sizes} shapes): {', '.join(backends)}")
+    where = f"{device}, {torch.get_num_threads()} threads" if device == "cpu" else device
+    log(f"model suite on {where} ({result['meta']['dtype']}, {sizes} shapes): {', '.join(backends)}")
+    if device == "cpu":
+        m = result["meta"]
+        log(f"  {m['cpu_model']}; fusion renderer {m['fusion_renderer']}, {m['c_compiler'] or 'no C compiler'}"[:120])
     log(HEADER)
     for spec in [MODELS[m] for m in models] if models else SUITE:
         row = run_model(spec, backends, cfg, lesson, log)

@@ -1,6 +1,7 @@
 """The models of Phase 4's model suite: torchvision architectures and HuggingFace transformers built from configs
-with random weights (nothing is downloaded), at two sizes: ``tiny`` (CPU, correctness, seconds) and ``full`` (the
-GPU shapes of issue 23: batch 32×3×224×224 for vision, 8×512 tokens for text).
+with random weights (nothing is downloaded), at three sizes: ``tiny`` (CPU, correctness, seconds), ``cpu`` (the CPU
+suite of issue 38: the real vision architectures at batch 1×3×224×224, text models from small configs, d 256, 4 layers,
+1×128 tokens) and ``full`` (the GPU shapes of issue 23: batch 32×3×224×224 for vision, 8×512 tokens for text).
 
 Every builder returns a float32 CPU model and its CPU inputs; :mod:`fusion.bench.suite` moves them to the device and
 dtype. A model whose package is not installed raises :class:`ModelSkipped` with the fix; the suite records the reason.
@@ -19,6 +20,8 @@ from fusion import models
 from fusion.bench.counting import flat_tensors
 
 SEED = 0
+SIZES = ("tiny", "cpu", "full")
+CPU_BATCH = 1  # the CPU suite's batch (vision and text)
 
 
 class ModelSkipped(Exception):
@@ -52,7 +55,7 @@ def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
 
 
 def _vision_inputs(sizes: str) -> tuple[torch.Tensor]:
-    batch, size = (32, 224) if sizes == "full" else (2, 32)
+    batch, size = {"full": (32, 224), "cpu": (CPU_BATCH, 224)}.get(sizes, (2, 32))
     return models.conv_inputs(batch, 3, size, seed=SEED + 1)  # x: (batch, 3, size, size)
 
 
@@ -70,7 +73,7 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
             "maxvit_t": lambda: tv.MaxVit((32, 32), 8, 2, [16, 32], [1, 1], head_dim=8, stochastic_depth_prob=0.0),
             "densenet121": lambda: tv.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16),
         }
-        if sizes != "full" and arch in tiny:
+        if sizes == "tiny" and arch in tiny:
             make = tiny[arch]
         else:
             make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
@@ -100,10 +103,15 @@ class TensorOutputs(nn.Module):
 
 
 TINY_TEXT = dict(hidden=32, layers=2, heads=4, intermediate=64, vocab=128, positions=64)
+CPU_TEXT = dict(hidden=256, layers=4, heads=4, intermediate=1024, vocab=8192, positions=512)  # sizes == "cpu"
+
+
+def _small(sizes: str) -> dict:
+    return CPU_TEXT if sizes == "cpu" else TINY_TEXT
 
 
 def _text_inputs(sizes: str, vocab: int) -> tuple[torch.Tensor]:
-    batch, seq = (8, 512) if sizes == "full" else (2, 8)
+    batch, seq = {"full": (8, 512), "cpu": (CPU_BATCH, 128)}.get(sizes, (2, 8))
     g = torch.Generator().manual_seed(SEED + 1)
     return (torch.randint(0, vocab, (batch, seq), generator=g),)
 
@@ -114,7 +122,7 @@ def _bert_config(sizes: str):
     common = dict(attn_implementation="sdpa", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if sizes == "full":
         return BertConfig(**common)  # bert-base: d 768, 12 layers, 12 heads
-    t = TINY_TEXT
+    t = _small(sizes)
     return BertConfig(
         hidden_size=t["hidden"],
         num_hidden_layers=t["layers"],
@@ -132,7 +140,7 @@ def _gpt2_config(sizes: str):
     common = dict(attn_implementation="sdpa", use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     if sizes == "full":
         return GPT2Config(**common)  # gpt2 (124M): d 768, 12 layers, 12 heads
-    t = TINY_TEXT
+    t = _small(sizes)
     return GPT2Config(
         n_embd=t["hidden"],
         n_layer=t["layers"],
@@ -160,7 +168,7 @@ def _llama_config(sizes: str):
             max_position_embeddings=2048,
             **common,
         )
-    t = TINY_TEXT
+    t = _small(sizes)
     return LlamaConfig(
         hidden_size=t["hidden"],
         intermediate_size=t["intermediate"],
@@ -178,7 +186,7 @@ def _t5_config(sizes: str):  # relative-position attention bias (T5's encoder)
 
     if sizes == "full":  # t5-base's encoder: d 768, 12 layers, 12 heads
         return T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, dropout_rate=0.0)
-    t = TINY_TEXT
+    t = _small(sizes)
     return T5Config(
         d_model=t["hidden"], d_kv=8, d_ff=t["intermediate"], num_layers=t["layers"], num_heads=t["heads"],
         vocab_size=t["vocab"], dropout_rate=0.0, relative_attention_num_buckets=8,
@@ -194,7 +202,7 @@ def _mistral_config(sizes: str):  # grouped-query attention with a sliding windo
             hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, sliding_window=256, **common,
         )  # fmt: skip
-    t = TINY_TEXT
+    t = _small(sizes)
     return MistralConfig(
         hidden_size=t["hidden"], intermediate_size=t["intermediate"], num_hidden_layers=t["layers"],
         num_attention_heads=t["heads"], num_key_value_heads=1, vocab_size=t["vocab"],
@@ -208,7 +216,7 @@ def _opt_config(sizes: str):  # learned positions (OPT: an offset of 2 into its 
     common = dict(attn_implementation="sdpa", use_cache=False, dropout=0.0, attention_dropout=0.0)
     if sizes == "full":  # opt-125m: d 768, 12 layers, 12 heads
         return OPTConfig(**common)
-    t = TINY_TEXT
+    t = _small(sizes)
     return OPTConfig(
         hidden_size=t["hidden"], num_hidden_layers=t["layers"], ffn_dim=t["intermediate"],
         num_attention_heads=t["heads"], vocab_size=t["vocab"], max_position_embeddings=t["positions"],
