@@ -39,7 +39,7 @@ from fusion.compiler.index_algebra import broadcast, const, offset, var, view_in
 from fusion.compiler.ir import Unsupported
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
 from fusion.kernels import triton_lang as tlang
-from fusion.kernels.rows import row_permutation
+from fusion.kernels.rows import cat_parts, row_permutation
 
 aten, prims = torch.ops.aten, torch.ops.prims
 UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
@@ -220,12 +220,7 @@ class Lowering(Reductions):
         ``index[dim] - lo`` with its loads masked to that range (never outside its bounds); ``where`` picks."""
         val = node.meta["val"]
         dim, dtype = tlang.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
-        parts, lo = [], 0
-        for t in node.args[0]:
-            size = t.meta["val"].shape[dim]
-            if size:
-                parts.append((t, lo, lo + size))
-            lo += size
+        parts = cat_parts(node, dim)
         i = index[dim]
 
         def shifted(lo: int) -> list[ir.Affine]:

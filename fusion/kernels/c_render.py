@@ -275,14 +275,18 @@ class _Writer:
         self.emit("}", d - 1)
         self.emit("}", depth)
 
-    def source(self) -> str:
+    def signature(self) -> int:
+        """Open ``void <name>(buffers..., int nthreads) {``; the kernel's work (elements of all its loops)."""
         k = self.k
         params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in k.buffers]
         self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
-        work = math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
+        self.emit("(void)nthreads;", 1)
+        return math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
+
+    def source(self) -> str:
+        k, work = self.k, self.signature()
         omp = f"num_threads(nthreads) if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static)"
         loops, depth = list(k.loops), 1
-        self.emit("(void)nthreads;", 1)
         if k.kind == "pointwise" and len(loops) == 1:  # one loop: blocks of BLOCK elements shared by the threads
             (lp,) = loops
             self.emit(f"#pragma omp parallel for {omp}", 1)
@@ -376,11 +380,7 @@ class _Columns(_Writer):
         self.emit("}", depth)
 
     def source(self) -> str:
-        k = self.k
-        params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in k.buffers]
-        self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
-        work = math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
-        self.emit("(void)nthreads;", 1)
+        k, work = self.k, self.signature()
         *outer, last = k.loops
         self.c = c = last.var
         self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "

@@ -177,6 +177,17 @@ class Rows:
         return cls(shape, nred, rnumel, max(step, 1), looped=True, order=order, column=column)
 
 
+def cat_parts(node: fx.Node, dim: int) -> list[tuple[fx.Node, int, int]]:
+    """``(input, lo, hi)`` of ``cat(tensors, dim)``: the range of indices along ``dim`` each non-empty input owns."""
+    parts, lo = [], 0
+    for t in node.args[0]:
+        size = t.meta["val"].shape[dim]
+        if size:
+            parts.append((t, lo, lo + size))
+        lo += size
+    return parts
+
+
 def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], ...]:
     """The shapes of one element per row of ``shape`` (rows of its last ``nred`` dims): keepdim or not."""
     nrow = len(shape) - nred

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from fusion.compiler.ir import SplitRegion, Unsupported
-from fusion.kernels.rows import CAT, bind_args, is_depthwise, pooled_values
+from fusion.kernels.rows import CAT, bind_args, cat_parts, is_depthwise, pooled_values
 from fusion.kernels.triton_lang import Line, compute_dtype, tl_dtype
 
 aten = torch.ops.aten
@@ -92,12 +92,7 @@ def concatenation(writer, node: fx.Node, index: list[str]) -> tuple[str, torch.d
     val = node.meta["val"]
     dim = bind_args(node).get("dim", 0) % val.dim()
     dtype, i = compute_dtype(val.dtype), index[dim]
-    parts, lo = [], 0
-    for t in node.args[0]:
-        size = t.meta["val"].shape[dim]
-        if size:
-            parts.append((t, lo, lo + size))
-        lo += size
+    parts = cat_parts(node, dim)
     if i.isdigit():  # a constant index (a select of the cat): the input it falls in, no select
         t, lo, _ = next(p for p in parts if p[1] <= int(i) < p[2])
         return writer.operand(
