@@ -48,8 +48,9 @@ import torch.fx as fx
 from fusion import models
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
-from fusion.compiler.ir import GeneratedKernel, KernelPlan, Unsupported, row_warps
+from fusion.compiler.lowering import lower_region
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
+from fusion.ir.plan import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.kernels import rows as krows
 from fusion.kernels import timing
 from fusion.kernels import triton_blocks as blocks
@@ -410,7 +411,7 @@ def run(quick: bool = False) -> None:
     chain = generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0]
     demo.show_region(chain)
     heading("The same region as C: one kernel IR, two renderers", "-")
-    demo.show_c(chain)
+    demo.show_c(chain, lower_region(chain.region, name=chain.name))  # the device-neutral lowering's record
     heading("Indexing: flat index, broadcast by // and %, the mask", "-")
     demo.show_indexing(split_index, broadcast_index, offset_expr)  # prints what these three functions give
     heading("Reductions: softmax and LayerNorm + GELU + residual, one kernel each", "-")

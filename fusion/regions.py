@@ -56,7 +56,7 @@ from fusion.aten.nodes import (
 )
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
-from fusion.compiler.ir import Region
+from fusion.ir.plan import Region
 
 __all__ = [  # the lesson's API, and what it re-exports from its machinery in fusion/aten/
     "BANDWIDTH_PROFILES_GBPS", "REGION_PREFIX", "MissingMetaError", "aten_inputs", "bandwidth_gbps", "capture_aten",
@@ -208,7 +208,7 @@ def node_bytes(node: fx.Node) -> int:
 
 
 class FusionRegion(Region):
-    """A :class:`~fusion.compiler.ir.Region` (nodes in graph order, members, external inputs and outputs: the
+    """A :class:`~fusion.ir.plan.Region` (nodes in graph order, members, external inputs and outputs: the
     compiler's type, in machinery) with what this phase adds: its DRAM traffic, fused and unfused."""
 
     def bytes_of(self, node: fx.Node) -> int:

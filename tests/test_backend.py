@@ -1703,7 +1703,7 @@ def test_a_1x1_convolution_and_its_backward_are_gemms_with_the_same_values(n, c,
 
 
 def rt_same_layout(t: torch.Tensor, stride) -> bool:
-    from fusion.kernels.triton_runtime import _same_layout
+    from fusion.aten.nodes import same_layout as _same_layout
 
     return _same_layout(t, tuple(stride))
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusion.codegen import compile_regions
-from fusion.compiler import kernel_ir as ir
 from fusion.compiler.lowering import Lowering
+from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
 from fusion.kernels.c_render import render
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
@@ -340,10 +340,11 @@ def test_the_lesson_shows_one_region_rendered_as_triton_and_as_c(capsys):
     """Phase 8's lesson prints a region's Triton kernel, then the same region's kernel IR and its C: one IR."""
     from fusion import models
     from fusion.codegen import generated_sources
+    from fusion.compiler.lowering import lower_region
     from fusion.kernels import triton_demo
 
     chain = generated_sources(models.ElementwiseChain(), models.elementwise_inputs(batch=8, d=64))[0]
-    triton_demo.show_c(chain)
+    triton_demo.show_c(chain, lower_region(chain.region, name=chain.name))
     out = capsys.readouterr().out
     assert f"kernel {chain.name} (pointwise)" in out and f"void {chain.name}(" in out and "#pragma omp" in out
     assert "@triton.jit" in chain.source and "tl.load" in chain.source

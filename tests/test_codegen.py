@@ -381,7 +381,7 @@ def test_reductions_sum_mean_amax_var_keepdim_or_not():
 
 
 def test_rows_per_program_fills_blocks_but_keeps_the_gpu_busy():
-    from fusion.compiler.ir import ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, row_warps, rows_per_program
+    from fusion.ir.plan import ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, row_warps, rows_per_program
 
     for rows, rblock in itertools.product((1, 7, 64, 4096, 100352), (1, 2, 128, 1024, 16384)):
         xblock = rows_per_program(rows, rblock)
@@ -1342,7 +1342,7 @@ def test_outer_reductions_the_generator_leaves_to_aten_say_why():
 def test_a_column_walk_takes_whole_sectors_a_program_on_a_gpu():
     """XBLOCK of a column walk never drops below COALESCED_ROWS to fill the GPU (a bias gradient over 768 channels
     would otherwise take 2 a program: 8-byte reads); a row walk's table is unchanged."""
-    from fusion.compiler.ir import rows_per_program
+    from fusion.ir.plan import rows_per_program
     from fusion.regions import build_fusion_regions, unique_regions
 
     gm = capture_aten(Fn(lambda x: (x * 2.0).sum(0)), [_rand((64, 768), 0)])

@@ -536,7 +536,7 @@ def test_several_rows_per_program_write_nothing_past_a_partial_last_block(monkey
     """A reduction kernel takes XBLOCK rows per program: per-row loads and stores masked by xmask (or they land in the
     guard zone), row-invariant loads (a weight) by rmask, a 0-d input in every lane. CPU: 37 rows in blocks of 4 (the
     last program has one real row); CUDA: 1027 rows in blocks of 4, 257 programs (at least 256 to fill the GPU)."""
-    from fusion.compiler import ir
+    from fusion.ir import plan as ir
 
     monkeypatch.setattr(ir, "INTERPRETER_ELEMENTS", 64)  # RBLOCK 16 -> XBLOCK 4 in the interpreter
     rows_, gen = (37 if device == "cpu" else 1027), torch.Generator().manual_seed(0)

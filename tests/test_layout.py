@@ -114,6 +114,30 @@ def test_no_import_cycle_inside_fusion():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between fusion's subpackages (``fusion.kernels`` -> ``fusion.ir``), lessons left out."""
+
+    def folder(mod: str) -> str | None:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 1 and (FUSION / parts[1] / "__init__.py").exists() else None
+
+    out: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        if (src := folder(mod)) is not None:
+            out.setdefault(src, set()).update(f for d in deps if (f := folder(d)) not in (None, src))
+    return out
+
+
+def test_no_import_cycle_between_folders():
+    """A folder is a layer: ir (the hand-off records) <- kernels (renderers, runtimes) <- compiler (the pipeline).
+    A cycle between folders (compiler -> kernels -> compiler) means the layers are not layers."""
+    graph = folder_graph(import_graph())
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between folders: " + " -> ".join(cycle)
+    assert graph["kernels"] - {"ir", "aten"} == set(), "fusion.kernels depends on the IR (and aten helpers) alone"
+    assert "compiler" not in graph["ir"] | graph["kernels"]
+
+
 @pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.module)
 def test_each_lesson_file_reads_in_one_sitting(phase):
     path = FUSION / f"{phase.module}.py"

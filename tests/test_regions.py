@@ -704,7 +704,7 @@ def test_collapse_refuses_regions_of_another_graph():
 
 def _plan(name, nodes, inputs, outputs):
     """A hand-made KernelPlan (never launched): enough for build_compiled_graph to place its call."""
-    from fusion.compiler.ir import Kernel, KernelPlan, Region
+    from fusion.ir.plan import Kernel, KernelPlan, Region
 
     return KernelPlan(Kernel(name, "", Region(list(nodes))), list(inputs), [], list(outputs), list(outputs), 0, {})
 

@@ -119,3 +119,16 @@ try:  # Inductor's own (no autograd bookkeeping); torch.as_strided where this to
     _reinterpret = torch._C._dynamo.guards._reinterpret_tensor
 except AttributeError:  # pragma: no cover - older/newer torch
     _reinterpret = _as_strided
+
+
+def same_layout(t: torch.Tensor, stride: tuple[int, ...]) -> bool:
+    """Strides differ only where they do not matter: a dimension of size 1 is never stepped along (its index is 0)."""
+    return all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), stride, strict=True))
+
+
+def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """A library call's output in the layout the graph was traced with (a copy only where ATen's kernel chose
+    another layout than its meta function: one stride comparison per call otherwise)."""
+    if t.stride() == stride or same_layout(t, stride):
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -1,6 +1,6 @@
 """The compiler's stages, each one module with one job and a named type handed on (Phases 6, 8 and 9).
 
-* :mod:`fusion.compiler.ir` — the types between stages: ``Region``, ``Kernel``, ``KernelPlan``, ``Unsupported``.
+* :mod:`fusion.ir.plan` — the types between stages: ``Region``, ``Kernel``, ``KernelPlan``, ``Unsupported``.
 * :mod:`fusion.compiler.aot` — the AOTAutograd glue: lowering a Dynamo graph to aten (with
   ``fusion.aten.capture.decomposition_table``, the one table of Phases 6, 8 and 9), the boxed calling convention,
   re-decomposing a rewritten graph.

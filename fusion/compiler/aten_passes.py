@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
-from fusion.compiler.partition import as_traced
+from fusion.aten.nodes import as_traced, is_view_node
 from fusion.fxutils.meta import call_with_meta
 
 aten = torch.ops.aten

@@ -19,8 +19,8 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import same_layout as _same  # strides equal but for dims of size 1
 from fusion.fxutils.meta import call_with_meta, refresh_meta
-from fusion.kernels.triton_runtime import _same_layout as _same  # strides equal but for dims of size 1
 
 aten = torch.ops.aten
 

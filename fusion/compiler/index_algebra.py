@@ -1,10 +1,10 @@
-"""Index arithmetic of the kernel IR (``fusion.compiler.kernel_ir``): exact integer algebra on
-:class:`~fusion.compiler.kernel_ir.Affine` expressions, and where a view's element lives in the tensor it views.
+"""Index arithmetic of the kernel IR (``fusion.ir.kernel_ir``): exact integer algebra on
+:class:`~fusion.ir.kernel_ir.Affine` expressions, and where a view's element lives in the tensor it views.
 
 Every index is >= 0 and every loop variable has a known range (``sizes``), so a reshape's ``//`` and ``%`` cancel
 wherever the ranges prove it: ``(60*x0 + 10*x1 + x2) // 10`` is ``6*x0 + x1``; ``(6*x0 + x1) // 60`` with
-``x1 < 6`` is ``x0 // 10``. What cannot be proven stays a :class:`~fusion.compiler.kernel_ir.FloorDiv` or
-:class:`~fusion.compiler.kernel_ir.Mod` atom. Used by ``fusion.compiler.lowering``.
+``x1 < 6`` is ``x0 // 10``. What cannot be proven stays a :class:`~fusion.ir.kernel_ir.FloorDiv` or
+:class:`~fusion.ir.kernel_ir.Mod` atom. Used by ``fusion.compiler.lowering``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
-from fusion.compiler import kernel_ir as ir
-from fusion.compiler.ir import Unsupported
+from fusion.ir import kernel_ir as ir
+from fusion.ir.plan import Unsupported
 from fusion.kernels.triton_lang import bind_args
 
 aten = torch.ops.aten

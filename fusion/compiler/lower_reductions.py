@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
-from fusion.compiler import kernel_ir as ir
-from fusion.compiler.ir import Unsupported
+from fusion.ir import kernel_ir as ir
+from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.rows import Rows, bind_args, row_permutation
 

@@ -18,7 +18,7 @@ The numerics are Phase 8's rules:
 * sums start at +0.0 and accumulate half types in float32; max/min propagate NaN (the renderer's ``Reduce``);
 * a Python scalar operand is used at the op's compute dtype (compared at the promoted dtype, rounded to it).
 
-Index arithmetic is exact integer algebra on :class:`~fusion.compiler.kernel_ir.Affine` expressions
+Index arithmetic is exact integer algebra on :class:`~fusion.ir.kernel_ir.Affine` expressions
 (``fusion.compiler.index_algebra``): a reshape splits a flat position with ``//`` and ``%``, cancelled wherever the
 loop ranges prove it (a contiguous reshape costs nothing).
 """
@@ -34,10 +34,10 @@ import torch.fx as fx
 
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
-from fusion.compiler import kernel_ir as ir
 from fusion.compiler.index_algebra import broadcast, const, offset, var, view_index
-from fusion.compiler.ir import Unsupported
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
+from fusion.ir import kernel_ir as ir
+from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.rows import cat_parts, row_permutation
 
@@ -57,7 +57,7 @@ LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "a
 
 
 class Lowering(Reductions):
-    """Builds one :class:`~fusion.compiler.kernel_ir.Kernel` from a region (see the module's docstring)."""
+    """Builds one :class:`~fusion.ir.kernel_ir.Kernel` from a region (see the module's docstring)."""
 
     def __init__(self, region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None):
         self.region, self.members = region, region.members
@@ -355,7 +355,7 @@ class Lowering(Reductions):
 
 def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None,
                  name: str = "kernel") -> ir.Kernel:  # fmt: skip
-    """One region -> one :class:`~fusion.compiler.kernel_ir.Kernel`, or :class:`Unsupported` with the reason.
+    """One region -> one :class:`~fusion.ir.kernel_ir.Kernel`, or :class:`Unsupported` with the reason.
     ``inputs``/``stored``: the argument order a launcher passes (a ``KernelPlan``'s); by default the order of first
     use and ``stored_members(region)``."""
     return Lowering(region, inputs, stored).kernel(name)

@@ -10,7 +10,7 @@
               work.refuse(region, e)
       compiled = work.compiled()
 
-  A region the generator refuses (:class:`~fusion.compiler.ir.Unsupported`) at one of its nodes is cut there: that
+  A region the generator refuses (:class:`~fusion.ir.plan.Unsupported`) at one of its nodes is cut there: that
   node runs as an aten call and the pieces around it come back into the loop. Any other exception is a generator
   bug: raised in tests and practice workspaces (``fusion.common.fallback_reason``), a fallback reason otherwise.
 * :func:`build_compiled_graph` — the original graph with every kernel's region replaced by one call of its
@@ -34,12 +34,13 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, is_view_node, reinterpret, strided_view
+from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, as_traced, is_view_node, reinterpret, same_layout, strided_view
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.bindings import python_bindings
-from fusion.compiler.ir import Kernel, KernelPlan, Region, SplitRegion, Unsupported
+from fusion.compiler.lowering import lower_plan
 from fusion.fxutils.pieces import connected_pieces
 from fusion.fxutils.rebuild import Group, rebuild
+from fusion.ir.plan import Kernel, KernelPlan, Region, SplitRegion, Unsupported
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile
@@ -97,7 +98,7 @@ class CompiledGraph(torch.nn.Module):
             if spec is None or not isinstance(t, torch.Tensor):
                 continue
             name, shape, stride, dtype = spec
-            if t.shape != shape or t.dtype != dtype or (t.stride() != stride and not rt._same_layout(t, stride)):
+            if t.shape != shape or t.dtype != dtype or (t.stride() != stride and not same_layout(t, stride)):
                 raise rt.ShapeMismatchError(
                     f"compiled graph input {name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, but its kernels "
                     f"were generated for {shape} stride {stride} {dtype}. Fix: compile again with example inputs of the "
@@ -170,7 +171,8 @@ class Worklist:
         self.report = FusionReport("compile_graph")
         self.runs, self.why = rt.triton_status()
         # CPU kernels run from C where the C renderer is chosen and a compiler is found, with or without Triton
-        self.c_cpu = c_runtime.chosen() == "c" and c_runtime.available()[0]
+        self.c_chosen = c_runtime.chosen() == "c"
+        self.c_cpu = self.c_chosen and c_runtime.available()[0]
         self.triton, self.runs = self.runs, self.runs or self.c_cpu
 
     def __iter__(self) -> Iterator[Region]:
@@ -182,6 +184,11 @@ class Worklist:
         if not self.runs:
             self.refuse(plan.kernel.region, Unsupported(self.why))
             return
+        if self.c_chosen and all(n.meta["val"].device.type == "cpu" for n in (*plan.inputs, *plan.stored)):
+            try:  # the pure-data kernel IR the C renderer renders (fusion.kernels.c_runtime.kernel_for)
+                plan.ir = lower_plan(plan)
+            except Unsupported as e:
+                plan.ir_refused = e
         if self.c_cpu and (why := c_runtime.refusal(plan, self.triton)) is not None:  # C does not take it: aten
             self.refuse(plan.kernel.region, why)
             return
@@ -322,7 +329,7 @@ def _same_strides_as_input(node: fx.Node) -> bool:
     xv = x.meta.get("val") if isinstance(x, fx.Node) else None
     if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    return _dense(xv) and rt._same_layout(xv, tuple(out.stride()))
+    return _dense(xv) and same_layout(xv, tuple(out.stride()))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -386,14 +393,6 @@ def prims_to_aten(gm: fx.GraphModule) -> list[str]:
     if changed:
         gm.recompile()
     return changed
-
-
-def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """A library call's output in the layout the graph was traced with (a copy only where ATen's kernel chose
-    another layout than its meta function: one stride comparison per call otherwise)."""
-    if t.stride() == stride or rt._same_layout(t, stride):
-        return t
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 # Library ops whose ATen kernels always return a new contiguous tensor (cuBLAS and the CPU BLAS path alike allocate

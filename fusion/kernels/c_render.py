@@ -1,4 +1,4 @@
-"""The C renderer: a kernel IR record (``fusion.compiler.kernel_ir``) -> one C function, compiled by the system
+"""The C renderer: a kernel IR record (``fusion.ir.kernel_ir``) -> one C function, compiled by the system
 compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors.
 
 * One table, :data:`CODE_FOR_OP`: an IR op -> a C expression of its operands (tinygrad's ``code_for_op``). Adding a
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from fusion.compiler import kernel_ir as ir
+from fusion.ir import kernel_ir as ir
 from fusion.kernels.c_prelude import PRELUDE
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk

@@ -6,8 +6,8 @@
 * :func:`load` — compile once per (source, flags, compiler version): ``<cache_dir>/c/<name>_<hash>.so``, built under
   a file lock (``fcntl``) into a temporary file and renamed into place, so parallel compiles and test workers never
   load half a library; loaded with ``ctypes``.
-* :func:`kernel_for` — a Phase 8 ``KernelPlan`` lowered to the kernel IR (``fusion.compiler.lowering``), rendered
-  to C (``fusion.kernels.c_render``), compiled, loaded: a :class:`CKernel` called with the launch's tensors.
+* :func:`kernel_for` — a Phase 8 ``KernelPlan``'s kernel IR (``plan.ir``, which ``fusion.compiler.lowering`` fills
+  when the graph is compiled: this folder reads the IR, never the lowering), rendered to C (``fusion.kernels.c_render``), compiled, loaded: a :class:`CKernel` called with the launch's tensors.
 * :func:`chosen` / :func:`use` — the renderer of CPU kernels: ``options={"renderer": "c" | "triton"}`` on the backend
   (:func:`use` around its code generation), else ``$FUSION_RENDERER``, else :data:`DEFAULT`.
 """
@@ -258,14 +258,11 @@ def kernel_for(plan) -> tuple[CKernel | None, str]:
     """(the C kernel of a Phase 8 ``KernelPlan``, "") or (None, why not: a region the IR does not take, no
     compiler). A compile error is a renderer bug: raised in tests, a reason otherwise."""
     from fusion.common import fallback_reason
-    from fusion.compiler.ir import Unsupported
-    from fusion.compiler.lowering import lower_plan
     from fusion.kernels.c_render import render
 
-    try:
-        kernel = lower_plan(plan)
-    except Unsupported as e:
-        return None, f"not lowered to the kernel IR: {e}"
+    kernel = plan.ir
+    if kernel is None:
+        return None, f"not lowered to the kernel IR: {plan.ir_refused or 'the compiler did not lower it'}"
     try:
         source = render(kernel)
         return CKernel(load(source, kernel.name), kernel.name, source, len(kernel.buffers)), ""
@@ -281,14 +278,12 @@ def refusal(plan, triton: bool = False):
     another device is Triton's where Triton runs (``triton``). A CPU kernel C does not take runs as aten ops, never in
     Triton's interpreter behind the user's back: the interpreter is a correctness tool, one option away
     (``FUSION_RENDERER=triton``)."""
-    from fusion.compiler.ir import Unsupported
-    from fusion.compiler.lowering import lower_plan
+    from fusion.ir.plan import Unsupported
 
     if any(n.meta["val"].device.type != "cpu" for n in (*plan.inputs, *plan.stored)):
         return None if triton else Unsupported("Triton is not installed and the kernel is not on the CPU (C's device)")
-    try:
-        lower_plan(plan)
-    except Unsupported as e:
+    if (e := plan.ir_refused) is not None:
+        e = Unsupported(str(e), e.node)
         why = "the C renderer runs CPU kernels" if triton else "Triton is not installed: CPU kernels run from C"
         e.args = (f"{e} ({why}, and C does not take this one: aten runs it; FUSION_RENDERER=triton for the "
                   "interpreter)" if triton else f"{e} ({why}, and C does not take this one)",)  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
-from fusion.compiler.ir import SplitRegion, Unsupported, next_power_of_2
+from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fusion.compiler.partition import CompiledGraph, CompiledModel
 from fusion.kernels.triton_runtime import Launcher, RegionKernel
 
 
@@ -21,7 +20,7 @@ def wall_us(fn: Callable[..., object], *args: object) -> float:
         return timer.blocked_autorange(min_run_time=0.3).median * 1e6
 
 
-def kernel_gpu_us(compiled: CompiledGraph, flat_inputs: Sequence[torch.Tensor], launches: int = 50) -> list[tuple]:
+def kernel_gpu_us(compiled, flat_inputs: Sequence[torch.Tensor], launches: int = 50) -> list[tuple]:
     """(kernel, GPU µs per launch) for every generated kernel of one call: CUDA events around ``launches``
     back-to-back launches of that kernel alone, on the inputs it received in that call (outputs preallocated)."""
     captured: dict[RegionKernel, tuple] = {}
@@ -95,7 +94,7 @@ def gpu_cases(quick: bool) -> list[tuple[str, torch.nn.Module, tuple]]:
     return [(title, m.cuda().bfloat16(), tuple(t.cuda().bfloat16() for t in inp)) for title, m, inp in cases]
 
 
-def gpu_numbers(cases: Sequence[tuple[str, torch.nn.Module, tuple, CompiledModel]]) -> None:
+def gpu_numbers(cases: Sequence[tuple[str, torch.nn.Module, tuple, object]]) -> None:
     """On a GPU: each generated kernel's GPU time beside Phase 6's prediction (external bytes ÷ copy bandwidth).
     ``cases``: (title, model, inputs, the model compiled by Phase 8's ``compile_regions``)."""
     from fusion.aten.bandwidth import measure_bandwidth_gbps

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 import torch.fx as fx
 
-from fusion.compiler.ir import SplitRegion, Unsupported
+from fusion.ir.plan import SplitRegion, Unsupported
 from fusion.kernels.rows import CAT, bind_args, cat_parts, is_depthwise, pooled_values
 from fusion.kernels.triton_lang import Line, compute_dtype, tl_dtype
 

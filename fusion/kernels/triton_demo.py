@@ -22,12 +22,11 @@ def show_region(kernel: GeneratedKernel) -> None:
     print(kernel.source)
 
 
-def show_c(kernel: GeneratedKernel) -> None:
-    """The same region lowered to the pure-data kernel IR, then rendered as C: a second renderer of one IR."""
-    from fusion.compiler.lowering import lower_region
+def show_c(kernel: GeneratedKernel, ir) -> None:
+    """The same region lowered to the pure-data kernel IR (``ir``: ``fusion.compiler.lowering.lower_region``'s
+    record), then rendered as C: a second renderer of one IR."""
     from fusion.kernels import c_render
 
-    ir = lower_region(kernel.region, name=kernel.name)
     print(
         "Lowered to the kernel IR (frozen records: buffers, index expressions, loads, ops, stores; no torch object):\n"
     )

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.compiler.ir import Unsupported
+from fusion.ir.plan import Unsupported
 
 # Re-exported: the C lowering (fusion/compiler/lowering.py) and older readers name these ``triton_lang.<name>``; they
 # live in ``fusion.kernels.rows`` (what a kernel takes and how it walks its region).

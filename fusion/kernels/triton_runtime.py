@@ -5,7 +5,7 @@
   source with ``inspect``, so a kernel must live in a real file (Inductor's ``PyCodeCache`` does the same). Kernels
   for CPU tensors are defined with ``TRITON_INTERPRET=1`` set (only while their module is imported), so they run in
   Triton's interpreter; kernels for CUDA tensors are compiled by Triton.
-* :class:`RegionKernel` — one :class:`~fusion.compiler.ir.KernelPlan` as a module: check the inputs against what
+* :class:`RegionKernel` — one :class:`~fusion.ir.plan.KernelPlan` as a module: check the inputs against what
   the source was specialised for, allocate the outputs, launch on the grid, rebuild escaping views.
   ``_launcher(inputs)`` returns the bare launch (the timing module launches it alone).
 * :class:`Launcher` — the call a compiled graph makes per kernel: inputs checked on the first call only, outputs
@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node, reinterpret, strided_view, view_root
-from fusion.compiler.ir import GeneratedKernel, Kernel, KernelPlan
+from fusion.aten.nodes import is_view_node, reinterpret, same_layout, strided_view, view_root
+from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan
 from fusion.kernels import c_runtime, interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
@@ -205,11 +205,6 @@ class _Interpreted:
 # One generated kernel and its launch
 
 
-def _same_layout(t: torch.Tensor, stride: tuple[int, ...]) -> bool:
-    """Strides differ only where they do not matter: a dimension of size 1 is never stepped along (its index is 0)."""
-    return all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), stride, strict=True))
-
-
 class ShapeMismatchError(ValueError):
     """A compiled kernel was called with tensors of another shape/stride/dtype than it was generated for."""
 
@@ -255,7 +250,7 @@ class RegionKernel(torch.nn.Module):
     def check(self, inputs: Sequence[torch.Tensor]) -> None:
         """Raise :class:`ShapeMismatchError` unless every input has the shape, strides and dtype generated for."""
         for node, t, want in zip(self.plan.inputs, inputs, self.plan.input_meta, strict=True):
-            if t.shape != want[0] or t.dtype != want[2] or (t.stride() != want[1] and not _same_layout(t, want[1])):
+            if t.shape != want[0] or t.dtype != want[2] or (t.stride() != want[1] and not same_layout(t, want[1])):
                 raise ShapeMismatchError(
                     f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
                     f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "

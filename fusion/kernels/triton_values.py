@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
-from fusion.compiler.ir import Unsupported
+from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_blocks as blocks
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.triton_lang import const_source

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fusion.compiler.ir import Unsupported
+from fusion.ir.plan import Unsupported
 from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten

@@ -73,7 +73,7 @@ def launches(part) -> list[tuple[str, str, str]]:
             continue
         t = n.target
         name = t.overloadpacket.__name__ if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
-        if name == "as_traced":  # a stride check, not a launch (fusion.compiler.partition)
+        if name == "as_traced":  # a stride check, not a launch (fusion.aten.nodes)
             continue
         rows.append(("aten", _op(name), why[n.name]) if n.name in why else ("library", _op(name), ""))
     return rows

@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 from fusion import backend
-from fusion.compiler import ir
+from fusion.ir import plan as ir
 from fusion.kernels import triton_blocks
 
 # (channels, height = width, stride) of MobileNetV2's depthwise stages (batch 32, 224x224 input)

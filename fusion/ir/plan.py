@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.ir import kernel_ir
 
 
 class Unsupported(Exception):
@@ -121,6 +122,10 @@ class KernelPlan:
     xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
     xblock: int = 1024  # a pointwise kernel's elements a program on a GPU (fewer for a window's many loads)
     min_xblock: int = 1  # a reduction's fewest rows a program on a GPU (a column walk's: whole sectors a warp)
+    # A CPU kernel's pure-data kernel IR (``fusion.compiler.lowering`` fills it), which the C renderer renders, or why
+    # the region does not lower to it (its node, where it names one, is where the partition cuts the region).
+    ir: kernel_ir.Kernel | None = None
+    ir_refused: Unsupported | None = None
 
     def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
         """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many

@@ -1,0 +1,11 @@
+"""The records the compiler's stages hand each other: data, no behaviour beyond describing itself.
+
+* :mod:`fusion.ir.plan` — between the stages: ``Region`` (Phase 6's group of nodes), ``Kernel`` (a generated
+  kernel's name and source), ``KernelPlan`` (what a launch needs besides the tensors), ``Unsupported`` (a refusal
+  with its reason and node).
+* :mod:`fusion.ir.kernel_ir` — one fused kernel as pure data (buffers, loops, index expressions, loads, ops,
+  reductions, stores): what the device-neutral lowering builds and every renderer renders.
+
+This folder is the bottom layer: ``fusion.kernels`` (renderers, runtimes) reads it, ``fusion.compiler`` (the
+pipeline) builds it; neither is imported from here (``tests/test_layout.py`` checks).
+"""
