@@ -264,6 +264,17 @@ SUITE: tuple[SuiteModel, ...] = (
     SuiteModel("opt", "HF OPTModel (opt-125m config)", "transformers", hf("OPTModel", _opt_config)),
     SuiteModel("resnet50_train", "torchvision resnet50, training step", "torchvision", vision("resnet50"), True, True),
     SuiteModel("bert_train", "HF BertModel, training step", "transformers", hf("BertModel", _bert_config), True),
+    SuiteModel("gpt2_train", "HF GPT2Model, training step", "transformers", hf("GPT2Model", _gpt2_config), True),
+    SuiteModel("llama_train", "HF LlamaModel, training step", "transformers", hf("LlamaModel", _llama_config), True),
+    SuiteModel("vit_b_16_train", "torchvision vit_b_16, training step", "torchvision", vision("vit_b_16"), True, True),
+    SuiteModel(
+        "mobilenet_v2_train",
+        "torchvision mobilenet_v2, training step",
+        "torchvision",
+        vision("mobilenet_v2"),
+        True,
+        True,
+    ),
 )
 MODELS = {m.name: m for m in SUITE}
 
