@@ -140,3 +140,15 @@ def test_stage_passes_follow_the_active_options_and_their_defaults_outside_a_com
         names = [p.name for p in enabled_passes(stage)]
         assert "opt_in" in names and "traced_layouts" not in names
     assert current() is None
+
+
+def test_a_graph_without_kernels_still_runs_its_max_pool_as_aten():
+    """``options={"codegen": False}``: the graph runs as it is, its prims (the max-pool prim too) mapped to aten ops
+    (``wrapper_passes.map_prims``)."""
+    (x,) = _args("pool")
+    backend.reset()
+    with torch.no_grad():
+        got = torch.compile(_pool, backend="fusion", options={"codegen": False})(x)
+    torch.testing.assert_close(got, _pool(x))
+    noted = [p for r in backend.reports for part in r.parts for p in part.passes if p[0] == "prims to aten"]
+    assert noted and noted[0][1] == "1 prims call(s)", backend.reports[0].table()

@@ -38,7 +38,7 @@ from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
 from fusion.compiler.lowering import lower_plan
 from fusion.compiler.pass_base import run_stage
-from fusion.compiler.wrapper_passes import WRAPPER_PASSES, prims_to_aten
+from fusion.compiler.wrapper_passes import WRAPPER_PASSES, map_prims
 from fusion.fxutils.finish import relint
 from fusion.fxutils.pieces import connected_pieces
 from fusion.fxutils.rebuild import Group, rebuild
@@ -46,6 +46,8 @@ from fusion.ir.plan import KernelPlan, Region, SplitRegion, Unsupported
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile
+
+prims_to_aten = map_prims  # the backend's name for it: wrapper_passes.map_prims (prims and max pools as aten ops)
 
 __all__ = [  # CompiledGraph, CompiledModel and prims_to_aten live elsewhere: re-exported for their importers
     "CompiledGraph",

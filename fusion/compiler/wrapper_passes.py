@@ -7,7 +7,7 @@ switched off by its name (``options={"views_as_strides": False}``):
 
 * ``prims_to_aten`` (:func:`prims_to_aten`) — a ``prims`` op outside kernels as the aten op that does the same;
 * ``max_pool_as_aten`` (:func:`max_pools_as_aten`) — Inductor's low-memory max-pool prim as one aten max-pool call;
-* ``traced_layouts`` (:func:`traced_layouts`) — a library output read at its traced strides goes through ``as_traced``;
+* ``traced_layouts`` (:func:`traced_layouts`) — a library output read at its traced strides: through ``as_traced``;
 * ``views_as_strides`` (:func:`views_as_strides`) — a view outside the kernels as one ``reinterpret`` of its base;
 * ``python_bindings`` (:func:`~fusion.compiler.bindings.python_bindings`) — library calls through torch's bindings.
 
@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, as_traced, is_view_node, reinterpret, same_layout, strided_view
 from fusion.compiler.bindings import python_bindings
-from fusion.compiler.pass_base import Pass
+from fusion.compiler.pass_base import Pass, run_stage
 from fusion.fxutils.finish import relint
 from fusion.kernels import triton_runtime as rt
 
@@ -263,3 +263,13 @@ WRAPPER_PASSES = [
     Pass("python_bindings", _kept("python_bindings", python_bindings), stage="wrapper",
          doc="library calls through torch's Python bindings (torch.convolution): less CPU a call"),
 ]  # fmt: skip
+
+PRIMS_PASSES = ("prims_to_aten", "max_pool_as_aten")  # the wrapper passes that map prims ops to aten ops
+
+
+def map_prims(gm: fx.GraphModule) -> list[str]:
+    """For a graph that runs without generated kernels (``options={"codegen": False}``, a whole-graph fallback): the
+    :data:`PRIMS_PASSES` that are on, in place. Returns the nodes changed."""
+    gm.meta["prims_to_aten"] = []
+    run_stage([p for p in WRAPPER_PASSES if p.name in PRIMS_PASSES], gm)
+    return gm.meta.pop("prims_to_aten")
