@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from fusion import backend, models
 from fusion.common import is_todo
-from fusion.compiler import aot, aten_passes, gemm_passes
+from fusion.compiler import aten_passes, gemm_passes, graph_passes
 from fusion.kernels import c_runtime
 
 pytestmark = pytest.mark.phase9
@@ -843,7 +843,7 @@ def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(m
     monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))  # the rewrite runs on CUDA; checked here on a CPU
     rewritten = []
     original = attention.fused_attention_masks
-    monkeypatch.setattr(aot, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
+    monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
 
     class Attention(nn.Module):
         def forward(self, q, k, v, mask):
@@ -2283,7 +2283,7 @@ def test_a_select_on_a_constant_all_true_condition_is_dropped(monkeypatch, hole)
 
 
 def test_a_constant_over_the_limit_is_neither_folded_nor_computed_at_compile_time(monkeypatch):
-    monkeypatch.setattr(aten_passes, "FOLD_LIMIT_BYTES", 64)  # 16 float32 values
+    monkeypatch.setattr(graph_passes, "FOLD_LIMIT_BYTES", 64)  # 16 float32 values
 
     def f(x):
         big = torch.arange(32.0).view(4, 8)  # 128 bytes: over the limit, stays in the graph

@@ -826,3 +826,35 @@ def test_cudnn_epilogue_leaves_grouped_convs_alone():
     x = torch.randn(2, 3, 6, 6)
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_one_cudnn_epilogue_runs_the_module_and_the_compiled_graph(monkeypatch, add):
+    """ConvBiasReLU2d and the compiled graph's epilogue calls are one implementation (cudnn.conv_bias_relu): where
+    cuDNN refuses a configuration, both run the unfused ops for it from then on, and say why."""
+    from fusion.compiler import epilogue
+    from fusion.kernels import cudnn
+
+    def no_engine(*args):
+        raise RuntimeError("no cuDNN engine for this configuration\nmore")
+
+    monkeypatch.setattr(torch, "cudnn_convolution_relu", no_engine)
+    monkeypatch.setattr(torch, "cudnn_convolution_add_relu", no_engine)
+    monkeypatch.setattr(cudnn, "_refused", {})
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x, z = torch.randn(2, 3, 5, 5), torch.randn(2, 4, 5, 5)
+    args = (conv.weight.detach(), conv.bias.detach(), [1, 1], [1, 1], [1, 1], 1)
+    with torch.no_grad():
+        want = torch.relu(conv(x) + z) if add else torch.relu(conv(x))
+        if add:
+            got = epilogue.cudnn_conv_bias_add_relu(x, args[0], args[1], z, *args[2:])
+        else:
+            got = epilogue.cudnn_conv_bias_relu(x, *args)
+    torch.testing.assert_close(got, want)
+    assert cudnn.refusal(x, conv.weight, z if add else None) == "no cuDNN engine for this configuration"
+    module = ConvBiasReLU2d(conv, add=add)
+    monkeypatch.setattr(module, "_cudnn_ok", lambda x, z: not module.cudnn_error)  # as on CUDA, here on a CPU
+    with torch.no_grad():
+        torch.testing.assert_close(module(x, z) if add else module(x), want)
+    assert module.cudnn_error == "no cuDNN engine for this configuration"
+    assert module.kernel_path(x, explain=True).endswith("cuDNN refused it: no cuDNN engine for this configuration")

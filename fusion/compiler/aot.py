@@ -21,7 +21,8 @@ import torch
 import torch.fx as fx
 
 from fusion.common import is_todo
-from fusion.compiler.attention import fused_attention_masks
+from fusion.compiler.attention import CAPTURE_PASSES
+from fusion.compiler.pass_base import run_stage
 from fusion.kernels.precompile import warm_pool
 
 aten = torch.ops.aten
@@ -42,12 +43,14 @@ def lower_with_aot(
     fw_compiler: Callable,
     bw_compiler: Callable,
     decompositions: dict,
+    options: object = None,
 ) -> Callable:
-    """AOTAutograd with our compilers: returns the callable Dynamo runs in place of ``gm``."""
+    """AOTAutograd with our compilers: returns the callable Dynamo runs in place of ``gm``. The capture passes on in
+    ``options`` (default: those of the compile in progress, ``pass_base.current()``) rewrite ``gm`` first."""
     from torch._dynamo.backends.common import aot_autograd
 
     warm_pool(example_inputs)  # CUDA: the kernel compile workers start while AOTAutograd traces
-    fused_attention_masks(gm)  # before the trace picks attention's kernel: a boolean mask would get the math path
+    run_stage(CAPTURE_PASSES, gm, options=options)  # before the trace picks attention's kernel (a boolean mask: math)
     if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
         from fusion.aten.capture import TRAINING_KEEP  # a training graph: the library's kernels where they win
 

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from fusion.compiler.depthwise import DEPTHWISE
+from fusion.fxutils.finish import relint
 
 aten = torch.ops.aten
 
@@ -101,5 +102,5 @@ def python_bindings(gm: fx.GraphModule) -> list[str]:
         else:
             node.target, node.args, node.kwargs = method, tuple(args), {}
     if changed:
-        gm.recompile()
+        relint(gm)
     return changed

@@ -34,6 +34,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV
+from fusion.fxutils.finish import relint
 
 aten = torch.ops.aten
 MAX_TAPS = 25  # a window of at most 5x5: each output element loads this many inputs (and as many weights)
@@ -103,6 +104,5 @@ def depthwise_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
         note("depthwise conv", [conv.name], "window sum", "computed by the generated kernel around it")
         count += 1
     if count:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return count

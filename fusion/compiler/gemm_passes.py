@@ -20,6 +20,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
 from fusion.aten.nodes import same_layout as _same  # strides equal but for dims of size 1
+from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta, refresh_meta
 
 aten = torch.ops.aten
@@ -56,8 +57,7 @@ def bmm_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         note("bmm as mm", [bmm.name, out.name], "rewritten", f"one ({batch * m}, {k}) x ({k}, {n}) GEMM, not {batch}")
         count += 1
     if count:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return count
 
 
@@ -98,8 +98,7 @@ def gemm_per_head(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         note("gemm per head", [clone.name], "rewritten", f"{len(selects)} GEMMs write the heads: the copy is gone")
         count += 1
     if count:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return count
 
 
@@ -244,8 +243,7 @@ def conv1x1_as_mm(gm: fx.GraphModule, note: Callable[..., None], *, forward: boo
         note("conv1x1 as mm", [conv.name], "rewritten", f"({n * h * wd}, {c}) x ({c}, {k}), {what}")
         count += 1
     if count:
-        g.lint()
-        gm.recompile()
+        relint(gm)
     return count
 
 

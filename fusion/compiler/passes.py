@@ -3,34 +3,29 @@
 A pass rewrites the aten graph in place and notes what it did in the :class:`~fusion.compiler.report.PartReport`
 (``part.note_pass(name, nodes, action, why)``). Its name is its option: ``torch.compile(model, backend="fusion",
 options={"fold_bn": False})`` switches the pass ``fold_bn`` off. Adding a pass is one function, one entry in the
-lesson's ``PASSES`` list (``fusion/backend.py``) and its test: :class:`Options` learns the name from the list. A pass
-written as ``f(gm, note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", lambda gm, part: f(gm,
-part.note_pass), default=False)``: opt-in, ``options={"name": True}``.
+driver's ``PASSES`` list and its test: :class:`Options` learns the name from the list. A pass written as ``f(gm,
+note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", noted(f))``; an opt-in one says ``default=False``.
+
+The passes of the two other stages (:mod:`fusion.compiler.pass_base`: Dynamo's graph before AOTAutograd, the
+wrapper around the kernels) come in their modules' lists, :data:`STAGE_PASSES`; :class:`Options` knows their names
+too, listed or not, and the stages read them while ``Options.active()`` (the compile in progress) holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch.fx as fx
 
+from fusion.compiler.attention import CAPTURE_PASSES
+from fusion.compiler.pass_base import _CURRENT, KINDS, Pass, current, enabled_passes, run_stage
+from fusion.compiler.wrapper_passes import WRAPPER_PASSES
 from fusion.kernels import c_runtime
 
-KINDS = ("inference", "forward", "backward")  # the aten graphs AOTAutograd hands a backend
+__all__ = ["KINDS", "STAGE_PASSES", "Options", "Pass", "current", "enabled_passes", "noted", "run_passes", "run_stage"]
 
-
-@dataclass(frozen=True)
-class Pass:
-    """One backend pass: ``run(gm, part)`` on every aten graph of a kind in ``kinds``, when its option is on."""
-
-    name: str  # the option's key
-    run: Callable[[fx.GraphModule, object], None]
-    kinds: tuple[str, ...] = KINDS
-    default: bool = True  # on unless options={name: False}; an opt-in pass says default=False
-    doc: str = ""
-    requires: tuple[str, ...] = ()  # other switches it is pointless without (e.g. "codegen")
-    unless: tuple[str, ...] = ()  # switches that turn its default off (e.g. "cudagraphs"); an explicit option wins
+STAGE_PASSES = [*CAPTURE_PASSES, *WRAPPER_PASSES]  # the passes outside the aten stage, in their stages' order
 
 
 class Options:
@@ -41,7 +36,8 @@ class Options:
     STAGES = {"codegen": True, "cudagraphs": False}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
-        self.passes = list(passes)
+        listed = {p.name for p in passes}  # the stages' passes, where the driver's list does not name them
+        self.passes = [*passes, *(p for p in STAGE_PASSES if p.name not in listed)]
         options = dict(options or {})
         # Not a switch: which renderer runs CPU kernels, "c" or "triton" (None: $FUSION_RENDERER, else the default)
         self.renderer = options.pop("renderer", None)
@@ -62,18 +58,36 @@ class Options:
             return enabled[name]
         raise AttributeError(name)
 
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Options]:
+        """These are the options of the compile in progress inside this block (``pass_base.current()``): the capture
+        and wrapper stages run the passes they switch on."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
     def in_renderer(self, generate: Callable, *args):
-        """``generate(*args)`` (code generation) with this call's renderer of CPU kernels (``options["renderer"]``)."""
-        with c_runtime.use(self.renderer):
+        """``generate(*args)`` (code generation) with this call's renderer of CPU kernels (``options["renderer"]``),
+        these options active (the wrapper passes read them)."""
+        with self.active(), c_runtime.use(self.renderer):
             return generate(*args)
 
-    def passes_for(self, kind: str) -> list[Pass]:
-        """The passes to run on an aten graph of ``kind``, in list order."""
+    def passes_for(self, kind: str, stage: str = "aten") -> list[Pass]:
+        """The passes to run on a graph of ``kind`` at ``stage`` (the aten graphs: the driver's loop), in list order."""
         return [
             p
             for p in self.passes
-            if self.enabled[p.name] and kind in p.kinds and all(self.enabled[r] for r in p.requires)
+            if p.stage == stage
+            and self.enabled[p.name]
+            and kind in p.kinds
+            and all(self.enabled[r] for r in p.requires)
         ]
+
+    def describe(self) -> list[tuple[str, str, bool, str]]:
+        """(name, stage, on, doc) per pass, in list order: what ``options={...}`` can switch."""
+        return [(p.name, p.stage, self.enabled[p.name], p.doc) for p in self.passes]
 
     def __repr__(self) -> str:
         return f"Options({self.enabled})"

@@ -75,7 +75,8 @@ class PartReport:
         self.fallbacks.append((what, why))
 
     def note_prims(self, changed: list[str]) -> None:
-        """Record the prims calls outside kernels that were mapped to aten ops (``partition.prims_to_aten``)."""
+        """Record the prims calls outside kernels that were mapped to aten ops (``wrapper_passes.map_prims``: passes
+        ``prims_to_aten`` and ``max_pool_as_aten``)."""
         if changed:  # a prims op run eagerly is a Python reference implementation: ~10-20 µs of CPU each
             self.note_pass("prims to aten", [f"{len(changed)} prims call(s)"], "mapped", "outside kernels: aten ops")
 

@@ -47,7 +47,7 @@ CONV_PATHS = {
     CONV_THEN_ADD_RELU: "the unfused fallback: conv (bias add), then the residual add, then ReLU",
 }
 
-_CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what cuDNN's runtime fusion takes
 GROUPED_REFUSAL = (
     "grouped/depthwise conv: cuDNN's runtime-fusion engine for it is a slow generic kernel (H100, torch 2.11, "
     "bf16 channels_last 64x128x56x56: 1.55 ms fused vs 52 µs for the plain depthwise conv + 79 µs bias add)"
@@ -62,9 +62,52 @@ def cudnn_epilogue_unavailable(device: str, dtype: torch.dtype) -> str | None:
         return f"torch {torch.__version__} has no torch.cudnn_convolution_relu / cudnn_convolution_add_relu"
     if not (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled):
         return "cuDNN is not available or torch.backends.cudnn.enabled is False"
-    if dtype not in _CUDNN_DTYPES:
+    if dtype not in CUDNN_DTYPES:
         return f"cuDNN runtime fusion takes float16, bfloat16 or float32, not {dtype}"
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The one implementation: ConvBiasReLU2d (Phase 4's module) and the compiled graph's epilogue calls
+# (fusion.compiler.epilogue) both run conv_bias_relu.
+
+# What cuDNN refused at run time (no engine for that configuration): {call key: cuDNN's error}. Such a call runs the
+# unfused ops, then and from then on: one dict lookup, nothing else on the hot path.
+_refused: dict[tuple, str] = {}
+
+
+def _key(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor | None) -> tuple:
+    return (x.shape, x.stride(), w.shape, x.dtype, None if z is None else z.stride())
+
+
+def refusal(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor | None = None) -> str:
+    """cuDNN's error for a call of these tensors' configuration, if it refused one ("": none refused)."""
+    return _refused.get(_key(x, w, z), "")
+
+
+def conv_bias_relu(x, w, b, stride, padding, dilation, groups, z=None):
+    """``relu(conv(x, w) + b)``, or ``relu(conv(x, w) + b + z)``, in cuDNN's epilogue; the unfused ops where cuDNN
+    has no engine for the call. The caller checked device, rank, dtypes, zero padding and that no gradient is needed."""
+    key = _key(x, w, z)
+    if key not in _refused:
+        try:
+            if z is None:
+                return torch.cudnn_convolution_relu(x, w, b, stride, padding, dilation, groups)
+            return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, stride, padding, dilation, groups)
+        except RuntimeError as e:  # correct anyway: this configuration runs unfused from now on
+            _refused[key] = str(e).splitlines()[0][:200]
+    y = torch.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
+    return torch.relu(y if z is None else y + z)
+
+
+def cudnn_conv_bias_relu(x, w, b, stride, padding, dilation, groups):
+    """``relu(conv(x, w) + b)`` (:func:`conv_bias_relu`): the call a compiled graph's epilogue makes."""
+    return conv_bias_relu(x, w, b, stride, padding, dilation, groups)
+
+
+def cudnn_conv_bias_add_relu(x, w, b, z, stride, padding, dilation, groups):
+    """``relu(conv(x, w) + b + z)`` (:func:`conv_bias_relu`): a residual block's last conv in a compiled graph."""
+    return conv_bias_relu(x, w, b, stride, padding, dilation, groups, z)
 
 
 class ConvBiasReLU2d(nn.Conv2d):
@@ -98,7 +141,9 @@ class ConvBiasReLU2d(nn.Conv2d):
 
     def _cudnn_ok(self, x: torch.Tensor, z: torch.Tensor | None) -> bool:
         w, b = self.weight, self.bias
-        if self.cudnn_error or not x.is_cuda or x.dim() != 4 or x.dtype not in _CUDNN_DTYPES or w.dtype != x.dtype:
+        if self.cudnn_error or not x.is_cuda or x.dim() != 4 or x.dtype not in CUDNN_DTYPES or w.dtype != x.dtype:
+            return False
+        if self.padding_mode != "zeros" or isinstance(self.padding, str):  # the fused op pads with zeros, by numbers
             return False
         if (b is not None and b.dtype != x.dtype) or not torch.backends.cudnn.enabled or any_autocast():
             return False
@@ -124,13 +169,9 @@ class ConvBiasReLU2d(nn.Conv2d):
         self, x: torch.Tensor, z: torch.Tensor | None = None
     ) -> torch.Tensor:  # (B, C, H, W) -> (B, C', H', W')
         if self._cudnn_ok(x, z):
-            args = (self.stride, self.padding, self.dilation, self.groups)
-            try:
-                if z is None:
-                    return torch.cudnn_convolution_relu(x, self.weight, self.bias, *args)
-                return torch.cudnn_convolution_add_relu(x, self.weight, z, 1.0, self.bias, *args)
-            except RuntimeError as e:  # e.g. no cuDNN engine for this configuration: fall back, and say so
-                self.cudnn_error = str(e).splitlines()[0][:200]
+            y = conv_bias_relu(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, z)
+            self.cudnn_error = refusal(x, self.weight, z)  # cuDNN had no engine for it: unfused from now on, said so
+            return y
         y = self._conv_forward(x, self.weight, self.bias)
         return torch.relu(y if z is None else y + z)
 

@@ -1,0 +1,154 @@
+"""Every rewrite is a pass with an option (issue 37): the wrapper passes around the generated kernels and the
+attention-mask rewrite on Dynamo's graph switch off by name, change what runs when off, and keep eager's answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fusion import backend
+from fusion.compiler import attention, partition, passes
+from fusion.compiler.attention import CAPTURE_PASSES
+from fusion.compiler.pass_base import Pass, current, enabled_passes
+from fusion.compiler.wrapper_passes import WRAPPER_PASSES
+
+pytestmark = pytest.mark.phase9
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The code of every graph the partition stage builds (the wrapper a compiled call runs)."""
+    codes = []
+    original = partition.build_compiled_graph
+
+    def spy(gm, plans):
+        new = original(gm, plans)
+        codes.append(new.code)
+        return new
+
+    monkeypatch.setattr(partition, "build_compiled_graph", spy)
+    return codes
+
+
+def _conv(x, w):
+    return torch.relu(F.conv2d(x, w)) * 2.0  # the conv's output, read by a kernel: as_traced holds its strides
+
+
+def _linear(a, m):
+    return torch.relu(a @ m.t()) + 1.0  # the weight's t() before the mm: a view outside the kernels
+
+
+def _cast(a, m):
+    return torch.relu(a.to(torch.float64) @ m.t().to(torch.float64)) * 2.0  # prims.convert_element_type alone
+
+
+def _pool(x):
+    return F.max_pool2d(torch.relu(x * 2.0), 3, 2, 1) + 1.0  # inference: the low-memory prim, offsets unread
+
+
+def _args(name):
+    g = torch.Generator().manual_seed(0)
+    if name in ("conv", "pool"):
+        return (torch.randn(2, 3, 8, 8, generator=g), torch.randn(4, 3, 3, 3, generator=g))[
+            : 2 if name == "conv" else 1
+        ]
+    return torch.randn(5, 6, generator=g), torch.randn(7, 6, generator=g)
+
+
+# option: (function, its inputs, text the wrapper has with the pass on, text it has with the pass off)
+CASES = {
+    "traced_layouts": (_conv, "conv", "as_traced(", None),
+    "views_as_strides": (_linear, "linear", "reinterpret(", "aten.permute.default("),
+    "python_bindings": (_linear, "linear", "torch.mm(", "aten.mm.default("),
+    "prims_to_aten": (_cast, "linear", "torch_Tensor_to(", "prims.convert_element_type.default("),
+    "max_pool_as_aten": (_pool, "pool", "max_pool2d_with_indices_values(", "prims._low_memory_max_pool"),
+}
+
+
+def _wrapper_code(built, f, args, options) -> str:
+    built.clear()
+    backend.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend="fusion", dynamic=False, options=options)(*args)
+    torch.testing.assert_close(got, f(*args))  # on or off, eager's answer
+    assert built, "no graph was built around generated kernels"
+    return "\n".join(built)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_switching_a_wrapper_pass_off_changes_the_wrapper_and_keeps_the_answer(built, name):
+    f, inputs, when_on, when_off = CASES[name]
+    args = _args(inputs)
+    on = _wrapper_code(built, f, args, None)
+    off = _wrapper_code(built, f, args, {name: False})
+    assert when_on in on and when_on not in off, f"--- on:\n{on}\n--- off:\n{off}"
+    if when_off is not None:
+        assert when_off in off and when_off not in on, f"--- on:\n{on}\n--- off:\n{off}"
+
+
+class _Attention(nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_switching_the_attention_mask_rewrite_off_leaves_the_boolean_mask(monkeypatch, on):
+    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))  # the rewrite runs on CUDA; checked here on a CPU
+    seen = []
+    original = attention.fused_attention_masks
+    monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: seen.extend(original(gm)) or seen)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    options = {"attention_mask": on}
+    backend.reset()
+    # The compile reads the options of the compile in progress (pass_base.current()): the driver activates them
+    with passes.Options(backend.PASSES, options).active(), torch.no_grad():
+        got = torch.compile(_Attention(), backend="fusion", options=options)(q, k, v, mask)
+    torch.testing.assert_close(got, _Attention()(q, k, v, mask))
+    assert len(seen) == (1 if on else 0), seen
+
+
+def test_options_know_every_stage_pass_and_the_driver_loop_runs_only_aten_passes():
+    opts = passes.Options(backend.PASSES, {"views_as_strides": False})
+    described = {name: (stage, on, doc) for name, stage, on, doc in opts.describe()}
+    for p in (*CAPTURE_PASSES, *WRAPPER_PASSES):
+        stage, on, doc = described[p.name]
+        assert stage == p.stage and doc and on == (p.name != "views_as_strides")
+    assert {p.stage for p in opts.passes_for("inference")} == {"aten"}
+    assert [p.name for p in opts.passes_for("inference", stage="wrapper")] == [
+        p.name for p in WRAPPER_PASSES if p.name != "views_as_strides"
+    ]
+    again = passes.Options([*backend.PASSES, *CAPTURE_PASSES, *WRAPPER_PASSES])  # as the integrated list has them
+    assert len(again.passes) == len(opts.passes)
+    with pytest.raises(ValueError, match="unknown fusion backend option"):
+        passes.Options(backend.PASSES, {"views_as_stride": False})
+    with pytest.raises(ValueError, match="stage"):
+        Pass("x", lambda gm, part: None, stage="later")
+
+
+def test_stage_passes_follow_the_active_options_and_their_defaults_outside_a_compile():
+    off_by_default = Pass("opt_in", lambda gm, part: None, stage="wrapper", default=False)
+    stage = [*WRAPPER_PASSES, off_by_default]
+    assert current() is None
+    assert enabled_passes(stage) == list(WRAPPER_PASSES)
+    opts = passes.Options([*backend.PASSES, off_by_default], {"opt_in": True, "traced_layouts": False})
+    with opts.active():
+        assert current() is opts
+        names = [p.name for p in enabled_passes(stage)]
+        assert "opt_in" in names and "traced_layouts" not in names
+    assert current() is None
+
+
+def test_a_graph_without_kernels_still_runs_its_max_pool_as_aten():
+    """``options={"codegen": False}``: the graph runs as it is, its prims (the max-pool prim too) mapped to aten ops
+    (``wrapper_passes.map_prims``)."""
+    (x,) = _args("pool")
+    backend.reset()
+    with torch.no_grad():
+        got = torch.compile(_pool, backend="fusion", options={"codegen": False})(x)
+    torch.testing.assert_close(got, _pool(x))
+    noted = [p for r in backend.reports for part in r.parts for p in part.passes if p[0] == "prims to aten"]
+    assert noted and noted[0][1] == "1 prims call(s)", backend.reports[0].table()
