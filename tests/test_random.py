@@ -246,7 +246,9 @@ def test_a_half_dropout_and_softmax_backward_fma(with_random_pass):
     backend.reset()
     s = torch.randn(8, 40, requires_grad=True)
     w = torch.randn(8, 40)
-    (torch.compile(lambda t: torch.softmax(t * 1.5, -1), backend="fusion", options={"renderer": renderer})(s) * w).sum().backward()
+    (
+        torch.compile(lambda t: torch.softmax(t * 1.5, -1), backend="fusion", options={"renderer": renderer})(s) * w
+    ).sum().backward()
     sr = s.detach().clone().requires_grad_()
     (torch.softmax(sr * 1.5, -1) * w).sum().backward()
     torch.testing.assert_close(s.grad, sr.grad)

@@ -84,9 +84,7 @@ def _register() -> None:
     ns = torch.ops.fusion if hasattr(torch.ops, "fusion") else None
     if ns is not None and hasattr(ns, "philox_rand"):
         return
-    torch.library.define(
-        NAME, "(Tensor seeds, int index, SymInt[] size) -> Tensor", tags=(torch.Tag.pointwise,)
-    )
+    torch.library.define(NAME, "(Tensor seeds, int index, SymInt[] size) -> Tensor", tags=(torch.Tag.pointwise,))
     torch.library.impl("fusion::philox_rand", "CompositeExplicitAutograd")(philox_rand_reference)
 
     @torch.library.register_fake("fusion::philox_rand")
