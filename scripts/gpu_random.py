@@ -73,7 +73,10 @@ def bits(dev: str, n: int) -> None:
 
         out = torch.empty(n * 257, device=dev)
         k[(triton.cdiv(out.numel(), 1024),)](seeds, out, out.numel(), XBLOCK=1024)
-        check(torch.equal(out.view(n, 257), want), f"tl.rand == torch reference, bit for bit (Triton {triton.__version__})")
+        check(
+            torch.equal(out.view(n, 257), want),
+            f"tl.rand == torch reference, bit for bit (Triton {triton.__version__})",
+        )
 
 
 class TwoDropouts(nn.Module):

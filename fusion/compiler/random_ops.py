@@ -164,4 +164,5 @@ RANDOM = passes.Pass(
     "random",
     passes.noted(seed_random),
     doc="dropout's rand generated in the kernel that reads it (Philox from one seed draw per call)",
+    requires=("codegen",),  # without kernels the torch Philox would run op by op: slower than aten's rand
 )

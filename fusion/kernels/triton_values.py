@@ -150,8 +150,5 @@ def fma(w: ValueWriter, node: fx.Node, index: list[str]) -> tuple[str, torch.dty
     ct = tlang.compute_dtype(val.dtype)
     if not ct.is_floating_point:
         raise Unsupported(f"{node.name}: fma of {val.dtype} is not generated", node)
-    ops = []
-    for a in node.args[:3]:
-        src = w.operand(a, index, ct, op_dtype=val.dtype)
-        ops.append(src if isinstance(a, fx.Node) else f"tl.full([1], {src}, {tlang.tl_dtype(ct)})")
+    ops = [w.operand(a, index, ct, op_dtype=val.dtype) for a in node.args[:3]]  # three tensors (its schema)
     return w.emit(f"tl.fma({', '.join(ops)})", ct, node)
