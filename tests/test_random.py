@@ -273,3 +273,21 @@ def test_the_pass_is_a_switch_and_says_what_it_did(with_random_pass):
         assert ("aten.rand.default" in code) is not on, code
         notes = [p for p in part.passes if p[0] == "random"]
         assert bool(notes) is on and (not on or notes[0][2] == "rewritten"), part.passes
+
+
+@pytest.mark.phase9
+def test_channel_dropout_bernoulli_is_generated_too(with_random_pass):
+    """nn.Dropout2d's bernoulli(empty(N, C, 1, 1), 1 - p) becomes philox_rand < 1 - p: one draw per channel, kept
+    ~1-p, eager's scale, and the backward reads the same channel mask."""
+    backend = with_random_pass
+    x = (torch.rand(64, 64, 2, 2) + 0.5).requires_grad_()
+    y = torch.compile(torch.nn.Dropout2d(P), backend="fusion", options={"renderer": RENDERERS[-1]})(x)
+    y.sum().backward()
+    (part,) = _forward_parts(backend)
+    assert "bernoulli" not in part.graph.graph_module.code and "philox" in str([k.ops for k in part.kernels])
+    kept = (y != 0).flatten(2)
+    assert torch.equal(kept.all(-1), kept.any(-1))  # whole channels kept or dropped
+    assert binomial_ok(kept.all(-1).float().mean().item(), 1 - P, 64 * 64)
+    scale = F.dropout(torch.ones(8), P, training=True).max()
+    torch.testing.assert_close(y, x.detach() * (y != 0) * scale)
+    torch.testing.assert_close(x.grad, (y != 0).float() * scale)

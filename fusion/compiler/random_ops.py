@@ -4,7 +4,8 @@
 What AOTAutograd gives a training graph for ``nn.Dropout(p)`` (with ``fusion.aten.capture.decomposition_table``):
 ``rand = aten.rand.default(shape, dtype, device)``, ``gt = rand > p``, ``mul = gt * x * (1 / (1 - p))``; the
 partitioner saves the boolean ``gt`` for the backward (``grad * gt * scale``), it never recomputes ``rand``. p = 0 and
-p = 1 leave no ``rand`` at all (the decomposition returns ``x`` or zeros).
+p = 1 leave no ``rand`` at all (the decomposition returns ``x`` or zeros). ``nn.Dropout2d`` and ``nn.AlphaDropout``
+give ``aten.bernoulli.p(empty(N, C, 1, 1), 1 - p)``: rewritten too, as ``philox_rand < p``.
 
 Eager runs ``rand`` as a kernel of its own that writes 4 bytes per element, read back by the next kernel. The pass
 :data:`RANDOM` rewrites every ``aten.rand`` / ``aten.rand_like`` of a graph into
@@ -32,6 +33,8 @@ from fusion.compiler import passes
 
 aten = torch.ops.aten
 RAND_OPS = (aten.rand.default, aten.rand_like.default)
+BERNOULLI = aten.bernoulli.p  # Dropout1d/2d/3d, AlphaDropout: one draw per channel, bernoulli(empty, 1 - p)
+EMPTY_OPS = (aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default)
 SEED_HIGH = 2**63 - 1  # seeds are drawn in [0, 2**63 - 1), as Inductor's inductor_seeds
 NAME = "fusion::philox_rand"
 
@@ -106,13 +109,19 @@ def _fake_mode(vals):
     return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
+def _bernoulli_p(node: fx.Node) -> object:
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    return float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else p
+
+
 def seed_random(gm: fx.GraphModule, note) -> int:
     """Rewrite every ``aten.rand``/``rand_like`` of ``gm`` (default generator, floating, contiguous) into
-    ``fusion.philox_rand`` over one seeds tensor per device drawn per call. Returns how many were rewritten."""
+    ``fusion.philox_rand`` over one seeds tensor per device drawn per call, and every ``bernoulli.p(x, p)`` into
+    ``philox_rand < p`` at ``x``'s dtype. Returns how many were rewritten."""
     graph = gm.graph
     by_device: dict[torch.device, list[fx.Node]] = {}
     for n in graph.nodes:
-        if n.op != "call_function" or n.target not in RAND_OPS:
+        if n.op != "call_function" or n.target not in (*RAND_OPS, BERNOULLI):
             continue
         val = n.meta.get("val")
         why = ""
@@ -120,6 +129,8 @@ def seed_random(gm: fx.GraphModule, note) -> int:
             why = "no meta['val'] (capture the graph on fake tensors)"
         elif n.kwargs.get("generator") is not None:
             why = "an explicit generator: its stream is the caller's"
+        elif n.target is BERNOULLI and not (isinstance(p := _bernoulli_p(n), float) and 0 <= p <= 1):
+            why = "bernoulli's p is not a number in [0, 1]"
         elif val.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             why = f"rand of {val.dtype}"
         elif not val.is_contiguous() or not all(type(s) is int for s in val.shape):
@@ -146,14 +157,20 @@ def seed_random(gm: fx.GraphModule, note) -> int:
                 new = graph.call_function(philox_rand, (seeds, i, list(val.shape)))
                 with fake:
                     new.meta["val"] = philox_rand(seeds.meta["val"], i, list(val.shape))
-                if val.dtype != torch.float32:  # a half rand: the float32 draw rounded, as eager's
+                    if r.target is BERNOULLI:  # 1 with probability p: u < p, as torch's decomposition of it
+                        new = graph.call_function(aten.lt.Scalar, (new, _bernoulli_p(r)))
+                        new.meta["val"] = torch.empty(val.shape, dtype=torch.bool, device=device)
+                if val.dtype != new.meta["val"].dtype:  # a half rand: the float32 draw rounded, as eager's
                     new = graph.call_function(torch.ops.prims.convert_element_type.default, (new, val.dtype))
                     new.meta["val"] = val
             r.replace_all_uses_with(new)
+            shape_of = r.args[0] if r.target is BERNOULLI else None  # bernoulli's input gives its shape alone
             graph.erase_node(r)
+            if isinstance(shape_of, fx.Node) and not shape_of.users and shape_of.target in EMPTY_OPS:
+                graph.erase_node(shape_of)
             count += 1
         note("random", [r.name for r in rands], "rewritten",
-             f"{len(rands)} rand -> philox_rand in the kernels that read them; one seeds draw per call on {device}")  # fmt: skip
+             f"{len(rands)} random op(s) -> philox_rand in the kernels that read them; one seeds draw per call on {device}")  # fmt: skip
     if count:
         graph.lint()
         gm.recompile()
