@@ -1,6 +1,6 @@
 """Randomness inside generated kernels (issue 39): dropout's mask computed in the kernel that reads it, and fma.
 
-``fusion.compiler.random_ops`` rewrites ``aten.rand`` into ``fusion.philox_rand(seeds, i, shape)`` over one seeds
+``fusion.compiler.random_ops`` rewrites ``aten.rand`` into ``fusion.philox_rand(seeds[i], shape)`` over one seeds
 draw per call; Phase 8's generator computes it in the kernel (Triton: ``_philox_rand``, ``tl.rand``'s bits; C: the
 same Philox). Against eager the tests are statistical (eager's CPU generator is another algorithm): the mask's mean,
 independence of two masks, new masks per call, the same masks after ``torch.manual_seed``, eager's scale, and
@@ -88,23 +88,25 @@ def test_philox_reference_is_triton_rand_bit_for_bit():
     done = subprocess.run([sys.executable, "-c", TL_RAND], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     got = torch.tensor([float.fromhex(v) for v in done.stdout.split()])
-    assert torch.equal(got, random_ops.philox_rand_reference(SEEDS, 1, [300]))
+    assert torch.equal(got, random_ops.philox_rand_reference(SEEDS[1:2], [300]))
 
 
 @pytest.mark.phase8
 @pytest.mark.parametrize("renderer", RENDERERS)
-def test_generated_rand_is_the_reference_bit_for_bit(renderer):
-    """The kernel's rand at every position (a pointwise walk, and a column sum's permuted walk) is the reference's."""
+@pytest.mark.parametrize("sliced", [True, False])
+def test_generated_rand_is_the_reference_bit_for_bit(renderer, sliced):
+    """The kernel's rand at every position (a pointwise walk, and a column sum's permuted walk) is the reference's,
+    its seed an input of the kernel (one element) or a slice of the seeds inside the region."""
     shape = (6, 37)
 
     def fn(seeds, x):
-        r = torch.ops.fusion.philox_rand(seeds, 1, list(shape))
+        r = torch.ops.fusion.philox_rand(seeds[1:2] if sliced else seeds, list(shape))
         return r + x, (r + x).sum(0)
 
     x = torch.zeros(shape)
-    (got, col), model = run_in(renderer, fn, SEEDS, x)
+    (got, col), model = run_in(renderer, fn, SEEDS if sliced else SEEDS[1:2].clone(), x)
     assert model.compiled.num_kernels >= 1 and not model.compiled.report.skipped, model.compiled.report.table()
-    want = random_ops.philox_rand_reference(SEEDS, 1, list(shape))
+    want = random_ops.philox_rand_reference(SEEDS[1:2], list(shape))
     assert torch.equal(got, want)
     torch.testing.assert_close(col, want.sum(0))
     assert 0 <= got.min() and got.max() < 1
@@ -173,6 +175,7 @@ def test_dropout_mask_in_kernel_statistics_and_seeding(with_random_pass, rendere
     assert "aten.rand.default" not in code and "randint" in code, code  # one seeds draw, no rand call
     assert any("philox_rand" in op for k in part.kernels for op in k.ops), [k.ops for k in part.kernels]
     assert not [f for f in part.fallbacks if "philox" in f[0]], part.fallbacks
+    assert len({k.name for k in part.kernels}) == 1, [k.name for k in part.kernels]  # one source for both
     n, keep = x.numel(), 1 - P
     scale = F.dropout(torch.ones(8), P, training=True).max()  # eager's 1/(1-p), as a float32
     for y in (y1, y2):

@@ -303,12 +303,10 @@ class Lowering(Reductions):
         raise Unsupported(f"no kernel-IR op for {node.target}", node)
 
     def philox_rand(self, node: fx.Node, index: list[ir.Affine]) -> str:
-        """``rand(seeds[i], position)``: the seed a load of the seeds input, the position the element's flat index in
-        the contiguous tensor (the counter the Triton path and the eager op use)."""
-        seeds, i, size = node.args
-        if not isinstance(seeds, fx.Node) or seeds in self.members:
-            raise Unsupported(f"{node.name}: its seeds must be an input of the kernel", node)
-        seed = self.value(seeds, [const(int(i))])[0]
+        """``rand(seed, position)``: the seed the one int64 element of its input, the position the element's flat
+        index in the contiguous tensor (the counter the Triton path and the eager op use)."""
+        seed_node, size = node.args
+        seed = self.value(seed_node, [const(0)] * seed_node.meta["val"].dim())[0]
         shape = tuple(int(s) for s in size)
         at = self.new()
         self.block.append(ir.Index(at, offset(broadcast(index, shape), tlang.contiguous_strides(shape))))

@@ -12,7 +12,9 @@ Eager runs ``rand`` as a kernel of its own that writes 4 bytes per element, read
 
 * one ``aten.randint(2**63 - 1, [count], dtype=int64)`` per device and graph call (``seeds``): drawn from torch's
   default generator, so ``torch.manual_seed(s)`` makes a run reproducible and two calls draw different masks;
-* per rand node ``fusion.philox_rand(seeds, i, shape)``: element ``k`` (its position in the contiguous tensor) is
+* per rand node ``fusion.philox_rand(seed_i, shape)`` with ``seed_i = reinterpret(seeds, (1,), (1,), i)`` (a view,
+  no kernel; not fusible, so the kernel reads its seed at its own pointer and two dropouts of the same shape share
+  one kernel source): element ``k`` (its position in the contiguous tensor) is
   ``uniform(philox4x32_10(key=seeds[i], counter=(k, 0, 0, 0))[0])``, bit for bit Triton's ``tl.rand(seed, k)``. Each
   rand node of a graph has its own seed ``seeds[i]``: two masks of one graph are independent streams. The op is
   tagged pointwise, so Phase 6's regions take it into the kernel around it (``triton_values`` / ``lowering`` generate
@@ -29,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import reinterpret
 from fusion.compiler import passes
 
 aten = torch.ops.aten
@@ -74,25 +77,27 @@ def uniform(bits: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32) * torch.tensor(SCALE, dtype=torch.float32, device=bits.device)
 
 
-def philox_rand_reference(seeds: torch.Tensor, index: int, size) -> torch.Tensor:
-    """``fusion.philox_rand``'s eager implementation: the same bits as the generated kernels."""
+def philox_rand_reference(seed: torch.Tensor, size) -> torch.Tensor:
+    """``fusion.philox_rand``'s eager implementation (``seed``: one int64 element): the generated kernels' bits."""
+    if seed.numel() != 1 or seed.dtype != torch.int64:
+        raise ValueError(f"philox_rand takes one int64 seed, got {seed.dtype} {tuple(seed.shape)}")
     n = 1
     for s in size:
         n *= int(s)
-    counter = torch.arange(n, dtype=torch.int64, device=seeds.device)
-    return uniform(philox_bits(seeds[index], counter)).reshape(tuple(size))
+    counter = torch.arange(n, dtype=torch.int64, device=seed.device)
+    return uniform(philox_bits(seed.reshape(()), counter)).reshape(tuple(size))
 
 
 def _register() -> None:
     ns = torch.ops.fusion if hasattr(torch.ops, "fusion") else None
     if ns is not None and hasattr(ns, "philox_rand"):
         return
-    torch.library.define(NAME, "(Tensor seeds, int index, SymInt[] size) -> Tensor", tags=(torch.Tag.pointwise,))
+    torch.library.define(NAME, "(Tensor seed, SymInt[] size) -> Tensor", tags=(torch.Tag.pointwise,))
     torch.library.impl("fusion::philox_rand", "CompositeExplicitAutograd")(philox_rand_reference)
 
     @torch.library.register_fake("fusion::philox_rand")
-    def _fake(seeds, index, size):
-        return seeds.new_empty(tuple(size), dtype=torch.float32)
+    def _fake(seed, size):
+        return seed.new_empty(tuple(size), dtype=torch.float32)
 
 
 _register()
@@ -151,12 +156,18 @@ def seed_random(gm: fx.GraphModule, note) -> int:
             )
         with fake:
             seeds.meta["val"] = torch.empty([len(rands)], dtype=torch.int64, device=device)
-        for i, r in enumerate(rands):
+        picks = []
+        with graph.inserting_after(seeds):  # each rand's seed: a view at the top, read by the kernel as an input
+            for i in range(len(rands)):
+                picks.append(graph.call_function(reinterpret, (seeds, (1,), (1,), i)))
+                with fake:
+                    picks[-1].meta["val"] = seeds.meta["val"].as_strided((1,), (1,), i)
+        for r, seed in zip(rands, picks, strict=True):
             val = r.meta["val"]
             with graph.inserting_before(r):
-                new = graph.call_function(philox_rand, (seeds, i, list(val.shape)))
+                new = graph.call_function(philox_rand, (seed, list(val.shape)))
                 with fake:
-                    new.meta["val"] = philox_rand(seeds.meta["val"], i, list(val.shape))
+                    new.meta["val"] = philox_rand(seed.meta["val"], list(val.shape))
                     if r.target is BERNOULLI:  # 1 with probability p: u < p, as torch's decomposition of it
                         new = graph.call_function(aten.lt.Scalar, (new, _bernoulli_p(r)))
                         new.meta["val"] = torch.empty(val.shape, dtype=torch.bool, device=device)

@@ -130,13 +130,16 @@ def machinery_rule(node: fx.Node, members) -> object:
 
 
 def philox_rand(w: ValueWriter, node: fx.Node, index: list[str]) -> tuple[str, torch.dtype]:
-    """``tl.rand(seeds[i], position)`` (as ``_philox_rand``): Philox4x32-10 keyed by the seed this call drew (``fusion.compiler.random_ops``),
-    counter the element's position in the contiguous tensor, whatever order the kernel walks it in."""
-    seeds, i, size = node.args
-    if not isinstance(seeds, fx.Node) or seeds in w.members:
-        raise Unsupported(f"{node.name}: its seeds must be an input of the kernel", node)
-    ptr = w.inputs.setdefault(seeds, f"in_ptr{len(w.inputs)}")
-    seed = w.emit(f"tl.load({ptr} + {int(i) * seeds.meta['val'].stride()[0]})", torch.int64)[0]  # one scalar
+    """``tl.rand(seed, position)`` (as ``_philox_rand``): Philox4x32-10 keyed by the seed this call drew
+    (``fusion.compiler.random_ops``), counter the element's position in the contiguous tensor, whatever order the
+    kernel walks it in. The seed is one int64 element: an input read as one scalar (``reinterpret`` of the seeds:
+    the same source for every dropout of a shape), or a member (a slice of seeds in the region) read at index 0."""
+    seed_node, size = node.args
+    if isinstance(seed_node, fx.Node) and seed_node not in w.members:
+        ptr = w.inputs.setdefault(seed_node, f"in_ptr{len(w.inputs)}")
+        seed = w.emit(f"tl.load({ptr})", torch.int64)[0]  # one scalar
+    else:
+        seed = w.value(seed_node, ["0"] * seed_node.meta["val"].dim())[0]
     shape = tuple(int(s) for s in size)
     at = w.offset_expr(w.broadcast_index(index, shape), tlang.contiguous_strides(shape))
     if at.isdigit():  # one position for every lane (a size-1 tensor): a block of it
