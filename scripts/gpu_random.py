@@ -184,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, small sizes: check that the script runs")
     args = ap.parse_args(argv)
-    if "random" not in {p.name for p in fb.PASSES}:  # before the integrator lists the pass: appended here
-        fb.PASSES.append(random_ops.RANDOM)
-        print("(the pass 'random' is not in fusion.backend.PASSES: appended for this run)")
+    names = [p.name for p in fb.PASSES]
+    if "random" not in names:  # before the integrator lists the pass: inserted before "reorder" here
+        fb.PASSES.insert(names.index("reorder") if "reorder" in names else len(names), random_ops.RANDOM)
+        print("(the pass 'random' is not in fusion.backend.PASSES: inserted for this run)")
     dev = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
     if dev == "cuda":
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")

@@ -49,11 +49,13 @@ def binomial_ok(mean: float, p_keep: float, n: int, sds: float = 6.0) -> bool:
 
 @pytest.fixture
 def with_random_pass(monkeypatch):
-    """``backend="fusion"`` with the pass ``random`` (appended here until the integrator lists it in PASSES)."""
+    """``backend="fusion"`` with the pass ``random`` (inserted here until the integrator lists it in PASSES)."""
     from fusion import backend
 
-    if not any(p.name == "random" for p in backend.PASSES):
-        monkeypatch.setattr(backend, "PASSES", [*backend.PASSES, random_ops.RANDOM])
+    names = [p.name for p in backend.PASSES]
+    if "random" not in names:  # where it belongs: before "reorder" (an aten.rand is impure: nothing sinks past it)
+        at = names.index("reorder") if "reorder" in names else len(names)
+        monkeypatch.setattr(backend, "PASSES", [*backend.PASSES[:at], random_ops.RANDOM, *backend.PASSES[at:]])
     backend.reset()
     torch._dynamo.reset()
     yield backend
