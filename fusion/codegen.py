@@ -190,6 +190,7 @@ class KernelWriter(ValueWriter):
     ``emit``/``operand``/``address`` are machinery: ``fusion.kernels.triton_values``)."""
 
     broadcast_index = staticmethod(broadcast_index)  # what ValueWriter.operand reads an operand's index with
+    offset_expr = staticmethod(offset_expr)  # a position in a tensor (triton_values.philox_rand: rand's counter)
 
     def __init__(self, region: FusionRegion, rounded: frozenset[fx.Node] = frozenset()) -> None:
         self.region, self.members = region, region.members

@@ -12,6 +12,8 @@
   copied head-major (MultiheadAttention's packed q, k, v) as one GEMM per head.
 * :mod:`fusion.compiler.depthwise` — pass ``depthwise``: a depthwise convolution renamed ``fusion::depthwise_conv2d``,
   a window sum the generator computes inside the kernel around it (``fusion.kernels.triton_blocks.window_sum``).
+* :mod:`fusion.compiler.random_ops` — pass ``random``: dropout's ``aten.rand``/``bernoulli`` as ``fusion::philox_rand``
+  over one seeds draw per call, generated inside the kernel that reads it (Philox4x32-10, ``tl.rand``'s bits).
 * :mod:`fusion.compiler.partition` — the cut-and-retry loop over regions and the graph rebuilt around the kernels.
 * :mod:`fusion.compiler.bindings` — library calls of a compiled graph through torch's Python bindings
   (``torch.convolution`` instead of the ``aten.convolution.default`` OpOverload: less CPU per call).

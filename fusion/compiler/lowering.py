@@ -262,6 +262,10 @@ class Lowering(Reductions):
         def x(i: int) -> str:
             return self.operand(args[i], index, cast_to, op_dtype=out_dtype)
 
+        if tlang.is_philox_rand(node):  # fusion.compiler.random_ops: Philox at the element's position
+            return self.philox_rand(node, index)
+        if tlang.is_fma(node) and cast_to.is_floating_point:  # prims.fma: rounded once
+            return self.op("fma", [x(0), x(1), x(2)], cast_to)
         if packet is aten.where:
             cond = self.value(args[0], broadcast(index, args[0].meta["val"].shape))[0]
             return self.op("where", [cond, x(1), x(2)], cast_to)
@@ -297,6 +301,16 @@ class Lowering(Reductions):
         if packet in BINARY:
             return self.op(BINARY[packet], [x(0), x(1)], cast_to)
         raise Unsupported(f"no kernel-IR op for {node.target}", node)
+
+    def philox_rand(self, node: fx.Node, index: list[ir.Affine]) -> str:
+        """``rand(seed, position)``: the seed the one int64 element of its input, the position the element's flat
+        index in the contiguous tensor (the counter the Triton path and the eager op use)."""
+        seed_node, size = node.args
+        seed = self.value(seed_node, [const(0)] * seed_node.meta["val"].dim())[0]
+        shape = tuple(int(s) for s in size)
+        at = self.new()
+        self.block.append(ir.Index(at, offset(broadcast(index, shape), tlang.contiguous_strides(shape))))
+        return self.op("rand", [seed, at], torch.float32)
 
     def power(self, x: str, e: object, dtype: torch.dtype, node: fx.Node) -> str:
         """``x ** e`` as torch computes it: an integer exponent by repeated squaring, 0.5 a square root."""

@@ -34,7 +34,10 @@ UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "erf", "tanh", 
 UNARY += ("to", "round_float16", "round_bfloat16", "identity", "ceil", "floor", "trunc", "sign")
 BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "maximum", "minimum", "pow")
 BINARY += ("eq", "ne", "lt", "le", "gt", "ge", "and", "or")
-TERNARY = ("where",)
+# ``rand(seed, position)``: an int64 seed and an int64 position -> float32 in [0, 1): Philox4x32-10 keyed by the seed,
+# counter (position, 0, 0, 0), Triton's uniform of the first word (bit for bit ``tl.rand``: fusion.compiler.random_ops)
+BINARY += ("rand",)
+TERNARY = ("where", "fma")  # fma(a, b, c): a * b + c rounded once
 OPS = frozenset(UNARY + BINARY + TERNARY)
 REDUCE_OPS = ("sum", "max", "min")  # sum starts at +0.0; max/min propagate NaN
 

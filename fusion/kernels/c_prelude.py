@@ -142,4 +142,20 @@ static inline float fusion_remainder_f(float a, float b) {
     float m = fmodf(a, b);
     return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
 }
+/* Philox4x32-10 keyed by seed (low word, high word), counter (offset, 0, 0, 0); the first word as Triton's
+   uint_to_uniform_float: bit for bit tl.rand(seed, offset) (fusion.compiler.random_ops has the same in torch). */
+static inline uint32_t fusion_mulhi32(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+static inline float fusion_rand(int64_t seed, int64_t offset) {
+    uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+    for (int i = 0; i < 10; i++) {
+        const uint32_t hb = fusion_mulhi32(0xCD9E8D57u, c2), ha = fusion_mulhi32(0xD2511F53u, c0);
+        const uint32_t lb = 0xCD9E8D57u * c2, la = 0xD2511F53u * c0;
+        c0 = hb ^ c1 ^ k0; c2 = ha ^ c3 ^ k1; c1 = lb; c3 = la;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    int32_t x = (int32_t)c0;
+    x = x < 0 ? ~x : x;
+    return (float)x * 4.6566127342e-10f;
+}
 """

@@ -77,6 +77,29 @@ def const_source(value: object) -> str:
     raise Unsupported(f"argument {value!r} of type {type(value).__name__} is not a scalar")
 
 
+# Ops the generators take outside the learner's op table (``triton_values.machinery_rule``, ``compiler.lowering``):
+# ``prims.fma`` (Inductor's prim: one rounding, ``tl.fma``, C's ``fma``) and ``fusion.philox_rand``
+# (``fusion.compiler.random_ops``: Philox from a seed tensor and the element's position, ``tl.rand``), each
+# recognised by its schema name: kernels/ imports neither torch._inductor nor the compiler that defines them.
+FMA, PHILOX_RAND = "prims::fma", "fusion::philox_rand"
+
+
+def schema_name(node: fx.Node) -> str:
+    return getattr(getattr(node.target, "_schema", None), "name", "") if node.op == "call_function" else ""
+
+
+def is_philox_rand(node: fx.Node) -> bool:
+    return schema_name(node) == PHILOX_RAND
+
+
+def is_fma(node: fx.Node) -> bool:
+    return schema_name(node) == FMA
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+
+
 def tl_dtype(dtype: torch.dtype) -> str:
     names = {torch.bool: "int1", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     return "tl." + names.get(dtype, str(dtype).removeprefix("torch."))
@@ -213,6 +236,32 @@ COMBINE_FUNCTIONS = [
 ]  # fmt: skip
 
 
+# Philox4x32-10, counter (offset, 0, 0, 0), key (seed low, seed high), then Triton's uint_to_uniform_float: bit for
+# bit ``tl.rand(seed, offset)`` (triton/language/random.py), written out because the interpreter cannot call
+# Triton's own @jit helpers; ``fusion.compiler.random_ops`` has the same in torch, ``c_prelude`` in C.
+RAND_FUNCTION = [
+    "@triton.jit", "def _philox_rand(seed, offset):",
+    "    seed = seed.to(tl.uint64)",
+    "    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)",
+    "    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)",
+    "    c0 = offset.to(tl.uint32)",
+    "    c1 = c0 * 0",
+    "    c2 = c1",
+    "    c3 = c1",
+    "    for _ in tl.static_range(10):",
+    "        _c0, _c2 = c0, c2",
+    "        c0 = tl.umulhi(0xCD9E8D57, _c2) ^ c1 ^ k0",
+    "        c2 = tl.umulhi(0xD2511F53, _c0) ^ c3 ^ k1",
+    "        c1 = _c2 * 0xCD9E8D57",
+    "        c3 = _c0 * 0xD2511F53",
+    "        k0 = k0 + 0x9E3779B9",
+    "        k1 = k1 + 0xBB67AE85",
+    "    x = c0.to(tl.int32, bitcast=True)",
+    "    x = tl.where(x < 0, ~x, x)",
+    "    return x * 4.6566127342e-10", "", "",
+]  # fmt: skip
+
+
 def ops(body: Sequence[Line], members) -> list[str]:
     """The aten ops a kernel computes, in body order, read off its lines (loads and helpers left out)."""
     return list(dict.fromkeys(f"{ln.node.name} = {ln.node.target}" for ln in body if ln.node in members))
@@ -240,6 +289,7 @@ def module_source(head: str, body: list[str], reduction: bool) -> str:
     and min; a sum where Triton lacks its own), then ``@triton.jit``, the signature ``head`` and the ``body``
     indented under it."""
     lines = ["import triton", "import triton.language as tl", "", ""] + ([*COMBINE_FUNCTIONS, ""] if reduction else [])
+    lines += RAND_FUNCTION if any("_philox_rand(" in b for b in body) else []
     return "\n".join([*lines, "@triton.jit", head] + ["    " + b for b in body]) + "\n"
 
 
