@@ -3,9 +3,9 @@
 A pass rewrites the aten graph in place and notes what it did in the :class:`~fusion.compiler.report.PartReport`
 (``part.note_pass(name, nodes, action, why)``). Its name is its option: ``torch.compile(model, backend="fusion",
 options={"fold_bn": False})`` switches the pass ``fold_bn`` off. Adding a pass is one function, one entry in the
-lesson's ``PASSES`` list (``fusion/backend.py``) and its test: :class:`Options` learns the name from the list. A pass
-written as ``f(gm, note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", lambda gm, part: f(gm,
-part.note_pass), default=False)``: opt-in, ``options={"name": True}``.
+driver's ``PASSES`` list (``fusion/compiler/driver.py``) and its test: :class:`Options` learns the name from the
+list. A pass written as ``f(gm, note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", noted(f),
+default=False)``: opt-in, ``options={"name": True}``.
 """
 
 from __future__ import annotations
@@ -87,9 +87,3 @@ def noted(rewrite: Callable[[fx.GraphModule, Callable[..., None]], object]) -> C
 
     run.__name__ = run.__qualname__ = getattr(rewrite, "__name__", "rewrite")
     return run
-
-
-def run_passes(gm: fx.GraphModule, part, opts: Options) -> None:
-    """Every enabled pass for ``part.kind``, in order, each noting its decisions in ``part``."""
-    for p in opts.passes_for(part.kind):
-        p.run(gm, part)
