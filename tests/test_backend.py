@@ -597,6 +597,23 @@ def test_a_pass_is_one_function_and_one_list_entry(monkeypatch):
     assert backend.Options.parse({"count_relus": True}).count_relus
 
 
+def test_the_driver_calls_the_lessons_functions_through_the_registry(monkeypatch):
+    """fusion/compiler/driver.py runs what Phases 8 and 9 registered (fusion/compiler/registry.py); a lesson not
+    imported is one fallback naming the import that registers it, never an import of the lesson by name."""
+    from fusion.compiler import registry
+
+    assert registry.get("lower") is backend.lower and registry.get("fold_bn") is backend.fold_batch_norm
+    assert backend.PASSES is driver.PASSES and backend.Options is driver.Options
+    monkeypatch.delitem(registry._functions, "compile_graph")  # as if fusion.codegen were never imported
+    f = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    (report,) = backend.reports
+    assert not report.kernels and [why for _, why in report.parts[0].fallbacks] == [
+        "Phase 8's compile_graph is not registered: import fusion.codegen"
+    ]
+
+
 def test_reset_clears_reports():
     torch.compile(lambda x: x.sin() * 2 + 1, backend="fusion")(torch.randn(4))
     assert backend.reports
