@@ -122,7 +122,8 @@ def fold_batch_norm(gm: fx.GraphModule, part: PartReport) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 2. One aten graph: passes, then code generation
+# 2. One aten graph: passes, then code generation. Both live in fusion/compiler/driver.py: PASSES (fold_bn above, then
+# the machinery's rewrites, each switched by its name in options) and generate (Phase 8's compile_graph, CUDA graphs)
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):
