@@ -16,6 +16,10 @@ What you learn
   1. **fold eval-mode BatchNorm into the convolution before it** (Phase 5's algebra, now on aten nodes);
   2. **conv + bias (+ residual) + ReLU → one cuDNN epilogue kernel** on CUDA (Phase 4's measurement);
   3. **regions → generated Triton kernels** (Phases 6 and 8); matmul, conv and the rest stay library calls.
+* You write the fold, the per-graph compiler and the lowering below. The pipeline around them is
+  :mod:`fusion.compiler.driver`: its stages in order, ``PASSES`` (each pass's name is its option), ``Options``,
+  code generation and ``fusion_backend``, the function Dynamo calls. The end of this file hands your functions to
+  it through :mod:`fusion.compiler.registry`, as Phase 8 hands it ``compile_graph``.
 * Legality of the fold: it bakes parameter *values* into new weights, yet parameters are graph inputs that may
   change. So the fold is **opt-in**, like Inductor's ``freezing``: ``options={"fold_bn": True}`` (inference graphs
   only) refolds when a source's version counter or address moves, and promises no write through ``p.data``, which
@@ -43,28 +47,19 @@ import operator
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch._dynamo.utils import counters
 
+import fusion.codegen  # noqa: F401  (Phase 8: importing it registers compile_graph, which the driver calls)
 from fusion import models
 from fusion.aten.capture import decomposition_table
-from fusion.common import fallback_reason, heading, lesson_cli, max_abs_diff, table
-from fusion.compiler import aot, aten_passes, cudagraphs, depthwise, gemm_passes, partition, passes
-from fusion.compiler.report import GraphReport, PartReport, fallbacks_from, summary
+from fusion.common import heading, lesson_cli, max_abs_diff, table
+from fusion.compiler import aot, driver, fold_weights, registry
+from fusion.compiler.driver import PASSES, Options, reports, reset  # noqa: F401  (the pipeline: fusion/compiler/)
+from fusion.compiler.report import GraphReport, PartReport, summary
 from fusion.conv_bn_fusion import fold_conv_bn_weights
 from fusion.kernels.cublaslt import launched_kernels
-from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
 
 aten = torch.ops.aten
-BN_EVAL = aten._native_batch_norm_legit_no_training.default  # eval-mode batch_norm, as AOTAutograd emits it
-
-reports: list[GraphReport] = []  # one per graph compiled since reset()
-
-
-def reset() -> None:
-    """Forget every compiled graph: clear :data:`reports`, Dynamo's caches and its counters."""
-    reports.clear()
-    torch._dynamo.reset()
-    counters.clear()
+BN_EVAL = driver.BN_EVAL  # aten._native_batch_norm_legit_no_training: eval-mode batch_norm, as AOTAutograd emits it
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -113,134 +108,33 @@ def fold_batch_norm(gm: fx.GraphModule, part: PartReport) -> None:
     The folded weight and bias are new graph inputs, computed from the live parameters at each call (cached while
     no source tensor changes): the function computing them goes to ``part.extra_inputs``.
     """
-    # TODO(human): fold every legal conv+BN pair of the graph and hand on the folded weights; report every decision with part.note_pass: each refused pair with the action 'skipped' and its reason, each fold with the action 'folded' and the names of its convolution and batch norm. Hint: find_conv_bn_folds sorts the pairs for you, and aten_passes.install_folds does the rewrite of the graph. More: the folded weights become new inputs of the graph, computed from the live parameters at each call: read install_folds' docstring for what it returns (and when it returns nothing), and PartReport.extra_inputs for where such a function goes
+    # TODO(human): fold every legal conv+BN pair of the graph and hand on the folded weights; report every decision with part.note_pass: each refused pair with the action 'skipped' and its reason, each fold with the action 'folded' and the names of its convolution and batch norm. Hint: find_conv_bn_folds sorts the pairs for you, and fold_weights.install_folds does the rewrite of the graph. More: the folded weights become new inputs of the graph, computed from the live parameters at each call: read install_folds' docstring for what it returns (and when it returns nothing), and PartReport.extra_inputs for where such a function goes
     # BEGIN SOLUTION
     folds, skipped = find_conv_bn_folds(gm)
     for names, why in skipped:
         part.note_pass("fold batch norm", names, "skipped", why)
     for conv, bn, _ in folds:
         part.note_pass("fold batch norm", [conv.name, bn.name], "folded", "weights refreshed when params change")
-    refresh = aten_passes.install_folds(gm, folds, fold_conv_bn_weights)
+    refresh = fold_weights.install_folds(gm, folds, fold_conv_bn_weights)
     if refresh is not None:
         part.extra_inputs.append(refresh)
     # END SOLUTION
 
 
-def decompose_kept(gm: fx.GraphModule, part: PartReport) -> None:
-    """Decompose what was kept whole for a pass (a batch norm the fold refused): the full table, in place."""
-    if any(n.target is BN_EVAL for n in gm.graph.nodes):
-        aot.decompose_in_place(gm, decomposition_table())
-
-
-def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
-    """The pass ``epilogue``: conv + bias (+ residual) + ReLU as one cuDNN kernel, where cuDNN has one (CUDA)."""
-    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
-    if not convs:
-        return
-    val = convs[0].meta["val"]
-    why = cudnn_epilogue_unavailable(val.device.type, val.dtype)
-    if why:
-        part.note_pass("cudnn epilogue", [f"{len(convs)} convolution(s)"], "skipped", why)
-    else:
-        aten_passes.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
-
-
-noted = passes.noted  # f(gm, note) as a pass run(gm, part). In run order; adding one: a function, an entry, a test
-PASSES = [
-    passes.Pass("fold_bn", fold_batch_norm, kinds=("inference",), default=False,
-                doc="fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
-    passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
-    passes.Pass("cse", noted(aten_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
-    passes.Pass("constants", noted(aten_passes.fold_constants), doc="values computed from no input: at compile time"),
-    passes.Pass("reinplace", noted(aten_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
-    passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
-    passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
-    passes.Pass("reorder", noted(aten_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
-    passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
-    passes.Pass("conv_bias", noted(aten_passes.split_conv_bias), kinds=("inference",),
-                doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
-    passes.Pass("depthwise", noted(depthwise.depthwise_as_window_sums), kinds=("inference",), requires=("codegen",),
-                unless=("cudagraphs",),  # replayed, a launch costs no CPU: cuDNN's faster kernel wins (measured)
-                doc="a depthwise conv (<= 5x5) as a window sum in the generated kernel around it: fewer launches"),
-    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
-    passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
-                doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
-    passes.Pass("overlap", lambda gm, part: _overlap(gm, part), default=False,
-                doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
-]  # fmt: skip
-
-
-def _overlap(gm: fx.GraphModule, part: PartReport) -> None:
-    from fusion.overlap import overlap_pass  # Phase 10's scheduler (imported only when the option is on)
-
-    overlap_pass(gm, part.note_pass)
-
-
-class Options(passes.Options):
-    """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
-    ``codegen`` (regions -> generated kernels; False runs the aten graph as it is), ``cudagraphs`` (off by default:
-    inference graphs replayed as CUDA graphs) and ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``)."""
-
-    @classmethod
-    def parse(cls, options: dict | None) -> Options:
-        return cls(PASSES, options)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
-# 2. One aten graph: passes, then code generation
-
-
-def _generate(gm: fx.GraphModule, part: PartReport, opts: Options):
-    """:func:`_kernels`, replayed as one CUDA graph under ``options={"cudagraphs": True}``."""
-    run = _kernels(gm, part, opts)
-    if opts.cudagraphs:
-        run = cudagraphs.maybe_wrap(run, gm, part.kind, part.note_pass)
-    return run
-
-
-def _kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
-    """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
-    part.count_folds(gm)
-    why = ""
-    if not opts.codegen:
-        why = "options={'codegen': False}"
-    elif aot.has_dynamic_shapes(gm):
-        why = "dynamic shapes: generated kernels are specialised to static sizes (torch.compile(dynamic=False))"
-    else:
-        try:
-            from fusion.codegen import compile_graph
-        except ImportError as e:
-            compile_graph, why = None, f"Phase 8's fusion.codegen.compile_graph is not available ({e})"
-        if compile_graph is not None:
-            try:
-                compiled = opts.in_renderer(compile_graph, gm, aot.input_values(gm))  # options={"renderer": "c"}
-            except Exception as e:  # never a crash for a user; raised in tests and practice workspaces
-                why = "compile_graph failed: " + fallback_reason(e, "Phase 8's compile_graph")
-            else:
-                part.regions = compiled.regions
-                part.kernels = list(compiled.kernels)
-                part.fallbacks += fallbacks_from(compiled.report)
-                part.count_library_calls(gm, part.kernels)
-                part.graph = compiled
-                compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
-                part.note_prims(compiled.graph_module.meta.get("prims_to_aten", []))
-                return compiled.forward
-    part.compiled = False
-    part.fallback("the whole graph", why)
-    part.count_library_calls(gm, [])
-    part.note_prims(partition.prims_to_aten(gm))
-    return gm.forward
+# 2. One aten graph: passes, then code generation. Both live in fusion/compiler/driver.py: PASSES (fold_bn above, then
+# the machinery's rewrites, each switched by its name in options) and generate (Phase 8's compile_graph, CUDA graphs)
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: GraphReport, opts: Options):
     """AOTAutograd's compiler for one aten graph (``kind``: inference, forward or backward): a boxed callable."""
     part = PartReport(kind)
     entry.parts.append(part)
-    # TODO(human): run the enabled passes on the aten graph, generate its kernels, and return a boxed callable that gives the runner the call's args followed by the extra inputs the passes asked for (the folded weights). Hint: opts.passes_for(kind) lists the passes to run, in order, each with run(gm, part); _generate turns the graph into its runner. More: each function in part.extra_inputs maps the call's args to a list of tensors, which the runner expects after the args, in list order; AOTAutograd calls a compiled graph with one list of args (the boxed convention): read aot.make_boxed
+    # TODO(human): run the enabled passes on the aten graph, generate its kernels, and return a boxed callable that gives the runner the call's args followed by the extra inputs the passes asked for (the folded weights). Hint: opts.passes_for(kind) lists the passes to run, in order, each with run(gm, part); driver.generate turns the graph into its runner. More: each function in part.extra_inputs maps the call's args to a list of tensors, which the runner expects after the args, in list order; AOTAutograd calls a compiled graph with one list of args (the boxed convention): read aot.make_boxed
     # BEGIN SOLUTION
     for p in opts.passes_for(kind):
         p.run(gm, part)
-    run = _generate(gm, part, opts)
+    run = driver.generate(gm, part, opts)
     extra = list(part.extra_inputs)
     if not extra:
         return aot.make_boxed(run)
@@ -249,7 +143,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs, kind: str, entry: Gra
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 3. The backend Dynamo calls
+# 3. Dynamo's graph to aten graphs: what driver.fusion_backend, the function Dynamo calls, runs
 
 
 def lower(gm: fx.GraphModule, example_inputs: list[torch.Tensor], entry: GraphReport, opts: Options):
@@ -271,21 +165,9 @@ def lower(gm: fx.GraphModule, example_inputs: list[torch.Tensor], entry: GraphRe
     # END SOLUTION
 
 
-def fusion_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], options: dict | None = None):
-    """Dynamo's graph in, a callable out: :func:`lower`, or Dynamo's graph itself when that fails (with the reason).
-    In tests and practice workspaces a failure is raised instead, naming where it came from."""
-    opts = Options.parse(options)
-    ops = sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
-    entry = GraphReport(len(reports), str(gm.meta.get("dynamo_compile_id", "?")), ops)
-    reports.append(entry)
-    try:
-        return lower(gm, example_inputs, entry, opts)
-    except Exception as e:
-        entry.error = fallback_reason(e, "the fusion backend")
-        return gm.forward
-
-
-aot.register_once("fusion", __name__, "fusion_backend")
+# What you wrote, handed to the compiler (fusion/compiler/registry.py): PASSES runs fold_bn, fusion_backend runs lower
+registry.register(9, fold_bn=fold_batch_norm, compile_aten_graph=compile_aten_graph, lower=lower)
+driver.register_backend("fusion")  # torch.compile(..., backend="fusion") calls driver.fusion_backend
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import torch.fx as fx
 from fusion import models
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
+from fusion.compiler import registry
 from fusion.compiler.lowering import lower_region
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
 from fusion.ir.plan import GeneratedKernel, KernelPlan, Unsupported, row_warps
@@ -436,5 +437,6 @@ def main(argv: list[str] | None = None) -> int:
     return lesson_cli(run, __doc__, argv)
 
 
+registry.register(8, compile_graph=compile_graph, compile_regions=compile_regions)  # the backend's code generator
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -69,6 +69,7 @@ from fusion.common import (
     table,
     target_name,
 )
+from fusion.compiler import registry
 from fusion.kernels.cublaslt import KERNEL_PATHS, addmm_relu, predict_kernel_path, show_kernel_paths  # noqa: F401
 
 PATTERN = "Linear+ReLU"
@@ -354,5 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     return lesson_cli(run, __doc__, argv)
 
 
+registry.register(2, fuse_linear_relu=fuse_linear_relu)  # what Phase 4 measures (fusion/compiler/registry.py)
 if __name__ == "__main__":
     raise SystemExit(main())

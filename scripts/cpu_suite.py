@@ -19,15 +19,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from fusion import backend  # noqa: E402  (a script may import a lesson: this one registers backend="fusion")
 from fusion.bench.suite import MODELS, SuiteConfig, _runner  # noqa: E402
-from fusion.bench.workloads import load_phase  # noqa: E402
 from fusion.compiler.report import summary  # noqa: E402
 
 CPU_MODELS = ("resnet18", "mobilenet_v2", "efficientnet_b0", "vit_b_16", "bert", "gpt2", "llama")
 
 
 def explain(name: str, sizes: str, full: bool) -> None:
-    backend = load_phase("backend", 9)
     backend.reset()
     spec = MODELS[name]
     model32, inputs32 = spec.build(sizes)

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from fusion import backend, models
 from fusion.common import is_todo
-from fusion.compiler import aten_passes, gemm_passes, graph_passes
-from fusion.kernels import c_runtime
+from fusion.compiler import aot, driver, epilogue, gemm_passes, graph_passes
+from fusion.kernels import c_runtime, cudnn
 
 pytestmark = pytest.mark.phase9
 
@@ -539,7 +539,7 @@ def test_hoist_constants_shares_each_constant_once_at_the_top():
 
     x = torch.randn(7)
     gm = make_fx(f, tracing_mode="fake")(x)
-    aten_passes.hoist_constants(gm.graph)
+    graph_passes.hoist_constants(gm.graph)
     gm.graph.lint()
     gm.recompile()
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
@@ -585,7 +585,7 @@ def test_a_pass_is_one_function_and_one_list_entry(monkeypatch):
         note("count relus", relus, "counted", f"{len(relus)} relu(s)")
 
     entry = Pass("count_relus", lambda gm, part: count_relus(gm, part.note_pass), default=False)
-    monkeypatch.setattr(backend, "PASSES", [*backend.PASSES, entry])
+    monkeypatch.setattr(driver, "PASSES", [*driver.PASSES, entry])  # the pass list lives in the driver
     f = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
     x = torch.randn(3, 4)
     torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
@@ -595,6 +595,23 @@ def test_a_pass_is_one_function_and_one_list_entry(monkeypatch):
     assert seen == [1]
     assert [p[0] for p in backend.reports[0].parts[0].passes] == ["count relus"]
     assert backend.Options.parse({"count_relus": True}).count_relus
+
+
+def test_the_driver_calls_the_lessons_functions_through_the_registry(monkeypatch):
+    """fusion/compiler/driver.py runs what Phases 8 and 9 registered (fusion/compiler/registry.py); a lesson not
+    imported is one fallback naming the import that registers it, never an import of the lesson by name."""
+    from fusion.compiler import registry
+
+    assert registry.get("lower") is backend.lower and registry.get("fold_bn") is backend.fold_batch_norm
+    assert backend.PASSES is driver.PASSES and backend.Options is driver.Options
+    monkeypatch.delitem(registry._functions, "compile_graph")  # as if fusion.codegen were never imported
+    f = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    (report,) = backend.reports
+    assert not report.kernels and [why for _, why in report.parts[0].fallbacks] == [
+        "Phase 8's compile_graph is not registered: import fusion.codegen"
+    ]
 
 
 def test_reset_clears_reports():
@@ -638,10 +655,10 @@ def _conv(x, w, b, groups=1):
 def test_epilogue_rewrite_legality(fn, shapes, fused):
     gm = _fake_cuda_graph(fn, *shapes)
     notes = []
-    count = aten_passes.install_epilogues(gm, "grouped: slow", lambda *a: notes.append(a))
+    count = epilogue.install_epilogues(gm, "grouped: slow", lambda *a: notes.append(a))
     assert count == fused, (gm.code, notes)
     targets = {n.target for n in gm.graph.nodes}
-    epilogues = {aten_passes.cudnn_conv_bias_relu, aten_passes.cudnn_conv_bias_add_relu}
+    epilogues = {cudnn.cudnn_conv_bias_relu, cudnn.cudnn_conv_bias_add_relu}
     assert bool(targets & epilogues) == bool(fused)
     if "groups=4" in gm.code or shapes[1] == (4, 1, 3, 3):
         assert any(n[2] == "skipped" and "grouped" in n[3] for n in notes)
@@ -1198,8 +1215,6 @@ def test_compile_workers_start_while_a_cuda_graph_is_traced(monkeypatch):
     assert PC.warm_pool([torch.ones(2), on_gpu]) and submitted == [PC._import_in_worker] * 3
     assert not PC.warm_pool([on_gpu]) and len(submitted) == 3  # once per process
     assert PC._import_in_worker() == ""  # what a worker runs: the imports a compile needs, here too
-
-    from fusion.compiler import aot
 
     seen = []
     monkeypatch.setattr(aot, "warm_pool", lambda inputs: seen.append(list(inputs)))
@@ -2308,7 +2323,7 @@ def test_cse_never_merges_two_reads_across_a_write():
     g.output(g.call_function(aten.add.Tensor, (g.call_function(aten.add.Tensor, (a, b)), c)))
     gm = fx.GraphModule(torch.nn.Module(), g)
     notes = []
-    removed = aten_passes.eliminate_common_subexpressions(gm, lambda *a: notes.append(a))
+    removed = graph_passes.eliminate_common_subexpressions(gm, lambda *a: notes.append(a))
     assert removed == 1 and notes, gm.code
     assert len(gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)) == 2, gm.code
     gen = torch.Generator().manual_seed(0)
@@ -2344,7 +2359,7 @@ def test_cse_never_merges_two_buffers_that_are_written():
     c1, c2 = g.call_function(aten.copy_.default, (b1, x)), g.call_function(aten.copy_.default, (b2, y))
     g.output(g.call_function(aten.add.Tensor, (c1, c2)))
     gm = fx.GraphModule(torch.nn.Module(), g)
-    assert aten_passes.eliminate_common_subexpressions(gm, lambda *a: None) == 0, gm.code
+    assert graph_passes.eliminate_common_subexpressions(gm, lambda *a: None) == 0, gm.code
     gen = torch.Generator().manual_seed(0)
     x0, y0 = torch.randn(5, dtype=torch.float64, generator=gen), torch.randn(5, dtype=torch.float64, generator=gen)
     torch.testing.assert_close(gm(x0, y0), x0 + y0)

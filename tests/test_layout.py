@@ -149,20 +149,145 @@ def test_each_lesson_file_reads_in_one_sitting(phase):
     )
 
 
+def is_machinery(mod: str) -> bool:
+    """A module of a subpackage of fusion/ (kernels, bench, aten, fxutils, compiler, ...), not a top-level file."""
+    return mod.count(".") >= 2 or (mod.count(".") == 1 and (FUSION / mod.split(".")[1] / "__init__.py").exists())
+
+
+# A loader: a call whose function's name says it imports or loads a module (importlib.import_module, find_spec,
+# __import__, runpy.run_module, a helper such as the former bench.workloads.load_phase(module, phase) or
+# compiler.aot.register_once(name, module, attr))
+LOADER = ("import", "load", "spec", "run_module", "register_once")
+# Machinery whose job is to run the lessons as `python -m fusion.<lesson>` does, from fusion.main's list of phases
+RUNNERS = {"fusion.practice.progress": "`practice check` runs each lesson's run() to find where it stops"}
+
+
+def by_name_imports(source: str, lessons: set[str]) -> list[str]:
+    """The calls of a loader in ``source`` that name a lesson: a string naming one (``"fusion.codegen"``,
+    ``"codegen"``, ``"fusion/codegen.py"``), an f-string ``f"fusion.{name}"`` that can name any, or ``__name__``
+    (a lesson asking the machinery to import it back by name)."""
+    stems = {m.removeprefix("fusion.") for m in lessons}
+    names = lessons | stems | {f"fusion/{m}.py" for m in stems}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if not any(word in fn for word in LOADER):
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(arg, ast.Name) and arg.id == "__name__":  # a lesson handing its own name to a loader
+                found.append((node.lineno, f"line {node.lineno}: {fn}(__name__)"))
+            elif isinstance(arg, ast.Constant) and arg.value in names:
+                found.append((node.lineno, f"line {node.lineno}: {fn}({arg.value!r})"))
+            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+                if arg.values[0].value in ("fusion.", "fusion/") and len(arg.values) > 1:
+                    found.append((node.lineno, f"line {node.lineno}: {fn}({ast.unparse(arg)})"))
+    return [text for _, text in sorted(found)]
+
+
+def test_the_by_name_reader_sees_every_spelling():
+    lessons = {"fusion.codegen", "fusion.backend"}
+    source = (
+        "import importlib, importlib.util\n"
+        "importlib.import_module('fusion.codegen')\n"
+        "importlib.util.find_spec('fusion.backend')\n"
+        "load_phase('backend', 9)\n"
+        "def f(m):\n    return __import__(f'fusion.{m}')\n"
+        "register_once('fusion', __name__, 'fusion_backend')\n"
+        "importlib.import_module('fusion.viz.regions')\n"  # machinery: fine
+        "PICTURES = {'fusion.codegen': 'fusion.viz.kernels'}\n"  # a lesson's name as data, loaded by no one: fine
+        "importlib.util.find_spec('matplotlib')\n"
+    )
+    assert [f.split(":")[0] for f in by_name_imports(source, lessons)] == [f"line {n}" for n in (2, 3, 4, 6, 7)]
+
+
 def test_machinery_never_imports_a_lesson():
     """Dependencies point from lessons to machinery: nothing in a subpackage of fusion/ (kernels, bench, aten,
-    fxutils, compiler, demo_models, practice) imports a lesson module, lazily or not. (fusion.bench runs the lessons'
-    passes as benchmark variants through importlib, by name, so that an unsolved phase becomes a row with its
-    reason.)"""
+    fxutils, compiler, demo_models, practice) imports a lesson module, lazily or not, statically or by name
+    (importlib, find_spec, a helper taking a lesson's name). A lesson hands the machinery what the learner writes
+    through fusion.compiler.registry; the Phase 4 lesson and scripts import the lessons they measure."""
     lessons = {f"fusion.{p.module}" for p in PHASES}
     graph = import_graph()
-    backwards = sorted(
-        f"{mod} -> {dep}"
-        for mod, deps in graph.items()
-        if mod.count(".") >= 2 or (mod.count(".") == 1 and (FUSION / mod.split(".")[1] / "__init__.py").exists())
-        for dep in deps & lessons
-    )
+    backwards = sorted(f"{mod} -> {dep}" for mod, deps in graph.items() if is_machinery(mod) for dep in deps & lessons)
     assert not backwards, backwards
+    mods = modules()
+    by_name = sorted(
+        f"{mod}, {call}"
+        for mod, path in mods.items()
+        if is_machinery(mod) and mod not in RUNNERS
+        for call in by_name_imports(path.read_text(encoding="utf-8"), lessons)
+    )
+    by_name += sorted(  # a lesson may import lessons, but never hand the machinery its own name to import it back
+        f"{mod}, {call}"
+        for mod, path in mods.items()
+        if mod in lessons
+        for call in by_name_imports(path.read_text(encoding="utf-8"), lessons)
+        if call.endswith("(__name__)")
+    )
+    assert not by_name, (
+        f"machinery importing a lesson by name (register it instead: fusion.compiler.registry): {by_name}"
+    )
+    assert set(RUNNERS) <= set(mods), "a runner that no longer exists: drop it from RUNNERS"
+
+
+def test_each_lesson_registers_what_the_registry_says_it_provides():
+    """registry.PROVIDERS names, for every function the machinery asks for, the lesson that provides it; that lesson
+    calls registry.register(<its phase>, name=...) at module level, outside any TODO region, so importing it is enough."""
+    from fusion.compiler import registry
+
+    phases = {f"fusion.{p.module}": p.number for p in PHASES}
+    for name, (phase, module) in registry.PROVIDERS.items():
+        assert phases.get(module) == phase, f"{name}: {module} is not Phase {phase}'s lesson"
+        tree = ast.parse((FUSION.parent / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
+        calls = [
+            n.value
+            for n in tree.body
+            if isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and ast.unparse(n.value.func) == "registry.register"
+        ]
+        given = {k.arg for c in calls if ast.literal_eval(c.args[0]) == phase for k in c.keywords}
+        assert name in given, f"{module} does not call registry.register({phase}, {name}=...) at module level"
+
+
+def test_the_registry_names_the_import_that_registers_a_function(monkeypatch):
+    from fusion.compiler import registry
+
+    monkeypatch.setattr(registry, "_functions", {})
+    with pytest.raises(
+        registry.NotRegistered, match=r"^Phase 8's compile_graph is not registered: import fusion.codegen$"
+    ):
+        registry.get("compile_graph")
+    with pytest.raises(ValueError, match="compile_graph is Phase 8's"):
+        registry.register(9, compile_graph=len)
+    with pytest.raises(ValueError, match="unknown name 'compile_grpah'"):
+        registry.register(8, compile_grpah=len)
+    call = registry.lazy("compile_graph")  # looked up when called, not when defined
+    registry.register(8, compile_graph=len)
+    assert call([1, 2]) == 2 and registry.get("compile_graph") is len
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The README's "How a tensor flows" table is the driver's stage list
+
+
+def readme_stage_rows() -> list[tuple[str, str]]:
+    """(stage, module cell) of each row of the README's table under "How a tensor flows through the compiler"."""
+    text = (FUSION.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("## How a tensor flows through the compiler", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("|")]
+    return [(cells[0].strip(), cells[1]) for cells in rows[2:]]  # past the header and its |---| line
+
+
+def test_the_readme_table_is_the_drivers_stage_list():
+    from fusion.compiler.driver import STAGES
+
+    rows = readme_stage_rows()
+    assert [r[0] for r in rows] == [s.name for s in STAGES], "README's table rows must be the driver's STAGES, in order"
+    for stage, (_, cell) in zip(STAGES, rows, strict=True):
+        assert (FUSION.parent / stage.module).is_file(), f"stage {stage.name}: {stage.module} does not exist"
+        assert f"`{stage.module}`" in cell, f"README's row {stage.name!r} does not name `{stage.module}`"
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from fusion.bench.profile import device_name, sync_for
 from fusion.bench.rows import summarize as summarize_times
 from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteModel, scalar_loss
 from fusion.bench.suite_print import HEADER, geomean, row_lines, summarize, summary_lines  # noqa: F401
-from fusion.bench.workloads import VariantUnavailable, load_phase
+from fusion.bench.workloads import VariantUnavailable, lesson
 from fusion.common import is_todo
 
 SCHEMA = "suite-1"
@@ -81,11 +81,7 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
     if backend == "eager":
         return model
     if backend.startswith("fusion"):
-        load_phase("backend", 9)  # importing it registers "fusion" (machinery never imports a lesson statically)
-        from torch._dynamo.backends.registry import list_backends
-
-        if "fusion" not in list_backends(exclude_tags=()):
-            raise VariantUnavailable("phase 9 not available (importing fusion.backend registers no 'fusion' backend)")
+        lesson("lower")  # Phase 9 registered: "fusion" is a Dynamo backend (the Phase 4 lesson imports fusion.backend)
         # fusion+fold: the opt-in BatchNorm fold (Phase 9's freezing-like promise); +cudagraphs: one CUDA graph;
         # +no-<pass>: that pass off (an ablation: fusion+no-conv1x1 is fusion without pass conv1x1); +with-<pass>:
         # an opt-in pass on (fusion+with-conv1x1_forward)

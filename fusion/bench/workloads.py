@@ -4,13 +4,13 @@ Every workload is a float32 CPU model and its inputs (``build``) plus its varian
 course's passes (Phase 2/3/5's FX passes, Phase 7's horizontal fusion), Phase 8's generated Triton kernels, Phase
 9's ``torch.compile(backend="fusion")``, and torch.compile (Inductor) beside them. A variant whose phase is not
 written or not solved, or that cannot run on this device, is recorded with the reason (``VariantUnavailable``),
-never a crash. Phases are imported lazily, so the benchmark runs in a practice workspace at any stage.
+never a crash. The passes come from :mod:`fusion.compiler.registry` (the lessons register them when the Phase 4
+lesson imports them), so the benchmark runs in a practice workspace at any stage.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,10 +20,11 @@ import torch.nn as nn
 
 from fusion import models
 from fusion.bench.config import SIZES, Config, Sizes
+from fusion.compiler import registry
 from fusion.kernels.cudnn import cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The course's passes, loaded lazily
+# The course's passes, from the registry
 
 
 class VariantUnavailable(Exception):
@@ -37,17 +38,13 @@ class WorkloadSkipped(Exception):
 TRITON_INTERPRETER = "Triton interpreter: correctness only"  # the reason every CPU run of generated kernels gives
 
 
-def load_phase(module: str, phase: int, attr: str | None = None):
-    """``fusion.<module>`` (or its ``attr``) if written; otherwise VariantUnavailable('phase N not available ...')."""
-    name = f"fusion.{module}"
-    if importlib.util.find_spec(name) is None:
-        raise VariantUnavailable(f"phase {phase} not available ({name} is not written yet)")
-    mod = importlib.import_module(name)
-    if attr is None:
-        return mod
-    if not hasattr(mod, attr):
-        raise VariantUnavailable(f"phase {phase} not available ({name} has no {attr} yet)")
-    return getattr(mod, attr)
+def lesson(name: str):
+    """The lesson's function ``name`` (:mod:`fusion.compiler.registry`), or VariantUnavailable naming the import
+    that registers it (the Phase 4 lesson imports the lessons it measures; machinery never imports a lesson)."""
+    try:
+        return registry.get(name)
+    except registry.NotRegistered as e:
+        raise VariantUnavailable(f"phase {registry.phase_of(name)} not available ({e})") from e
 
 
 def call_pass(fn: Callable[..., object], phase: int, *args: object) -> object:
@@ -61,20 +58,20 @@ def call_pass(fn: Callable[..., object], phase: int, *args: object) -> object:
 
 
 def fuse_linear_relu(model: nn.Module, inputs=None, config=None) -> nn.Module:
-    return call_pass(load_phase("manual_fusion", 2, "fuse_linear_relu"), 2, model)
+    return call_pass(lesson("fuse_linear_relu"), 2, model)
 
 
 def fuse_matmul_add_relu(model: nn.Module, inputs=None, config=None) -> nn.Module:
-    return call_pass(load_phase("pattern_rewriter", 3, "fuse_matmul_add_relu"), 3, model)
+    return call_pass(lesson("fuse_matmul_add_relu"), 3, model)
 
 
 def fuse_conv_bn(model: nn.Module, inputs=None, config=None) -> nn.Module:
-    return call_pass(load_phase("conv_bn_fusion", 5, "fuse_conv_bn"), 5, model.eval())
+    return call_pass(lesson("fuse_conv_bn"), 5, model.eval())
 
 
 def fuse_horizontal(model: nn.Module, inputs=None, config=None) -> nn.Module:
     """Phase 7, the outputs left as slices (views) of the merged output: no copies, as attention reads them."""
-    fuse = load_phase("horizontal_fusion", 7, "fuse_horizontal")
+    fuse = lesson("fuse_horizontal")
     return call_pass(lambda m: fuse(m, clone_outputs=False), 7, model)
 
 
@@ -89,16 +86,12 @@ def cudnn_epilogue_after_fold(folded: nn.Module, inputs=None, config: Config | N
 
 def compile_regions(model: nn.Module, inputs: Sequence[torch.Tensor], config=None) -> nn.Module:
     """Phase 8: one generated Triton kernel per fusion region (built for these inputs' shapes, dtype, device)."""
-    return call_pass(load_phase("codegen", 8, "compile_regions"), 8, model, tuple(inputs))
+    return call_pass(lesson("compile_regions"), 8, model, tuple(inputs))
 
 
 def compile_fusion_backend(model: nn.Module, inputs=None, config=None) -> Callable:
     """Phase 9: ``torch.compile(model, backend="fusion")``; importing fusion.backend registers the backend."""
-    load_phase("backend", 9)
-    from torch._dynamo.backends.registry import list_backends
-
-    if "fusion" not in list_backends(exclude_tags=()):
-        raise VariantUnavailable("phase 9 not available (importing fusion.backend registers no 'fusion' backend)")
+    lesson("lower")  # Phase 9's lesson registers "fusion" with Dynamo when it registers lower
     return torch.compile(model, backend="fusion")
 
 

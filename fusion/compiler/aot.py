@@ -115,16 +115,13 @@ def decompose_in_place(gm: fx.GraphModule, table: dict) -> None:
     gm.graph = new.graph  # the setter makes gm own the graph and recompiles
 
 
-def register_once(name: str, module: str, attr: str) -> None:
-    """Register ``<module>.<attr>`` as the Dynamo backend ``name``, once per process.
+def register_once(name: str, fn: Callable) -> None:
+    """Register ``fn`` (``fusion.compiler.driver.fusion_backend``) as the Dynamo backend ``name``, once per process.
 
-    Dynamo's registry refuses a second registration under one name, and a re-imported module defines a new
-    function; so what is registered is a small trampoline that looks the function up when Dynamo calls it.
-    An unsolved exercise (``NotImplementedError("TODO(human) ...")``) comes out of the compiled call unwrapped,
-    so the practice tooling and ``fusion.main`` recognise it.
+    Dynamo's registry refuses a second registration under one name, so a second call is a no-op. An unsolved
+    exercise (``NotImplementedError("TODO(human) ...")``) comes out of the compiled call unwrapped, not wrapped in
+    Dynamo's ``BackendCompilerFailed``, so the practice tooling and ``fusion.main`` recognise it.
     """
-    import importlib
-
     from torch._dynamo import list_backends, register_backend
 
     if name in list_backends(exclude_tags=()):
@@ -132,7 +129,7 @@ def register_once(name: str, module: str, attr: str) -> None:
 
     def backend(gm, example_inputs, **kwargs):
         try:
-            return getattr(importlib.import_module(module), attr)(gm, example_inputs, **kwargs)
+            return fn(gm, example_inputs, **kwargs)
         except NotImplementedError as e:  # an unsolved TODO(human) in a practice workspace: raise it as it is when
             if not is_todo(e):  # the graph runs, not wrapped in Dynamo's BackendCompilerFailed
                 raise
@@ -143,5 +140,5 @@ def register_once(name: str, module: str, attr: str) -> None:
 
             return unsolved
 
-    backend.__name__ = attr
+    backend.__name__ = getattr(fn, "__name__", name)
     register_backend(backend, name=name)

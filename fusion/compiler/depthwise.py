@@ -18,7 +18,7 @@ input channel its own group with one output channel, a window of at most :data:`
 MobileNet, EfficientNet; ConvNeXt's 7x7 stays cuDNN's, 49 loads an output element and not measured), floating
 point. Inference graphs only: a training forward's BatchNorm reduces the convolution's output over (N, H, W), a
 reduction kernel that would compute each window again in each pass over its rows. Off by default under CUDA graphs
-(``backend.PASSES``): replayed, a launch costs no CPU, and cuDNN's kernel is the faster one on the GPU.
+(``fusion.compiler.driver.PASSES``): replayed, a launch costs no CPU, and cuDNN's kernel is the faster one on the GPU.
 
 The generator still leaves a renamed window to ``torch.convolution`` where it would cost more than it saves
 (``fusion.kernels.triton_blocks``): inside a reduction kernel, or over a chain it would have to compute again at

@@ -3,7 +3,7 @@
 A pass rewrites the aten graph in place and notes what it did in the :class:`~fusion.compiler.report.PartReport`
 (``part.note_pass(name, nodes, action, why)``). Its name is its option: ``torch.compile(model, backend="fusion",
 options={"fold_bn": False})`` switches the pass ``fold_bn`` off. Adding a pass is one function, one entry in the
-driver's ``PASSES`` list and its test: :class:`Options` learns the name from the list. A pass written as ``f(gm,
+driver's ``PASSES`` list (``fusion/compiler/driver.py``) and its test: :class:`Options` learns the name from the list. A pass written as ``f(gm,
 note)`` (``note`` = ``part.note_pass``) enters as ``Pass("name", noted(f))``; an opt-in one says ``default=False``.
 
 The passes of the two other stages (:mod:`fusion.compiler.pass_base`: Dynamo's graph before AOTAutograd, the
@@ -23,7 +23,7 @@ from fusion.compiler.pass_base import _CURRENT, KINDS, Pass, current, enabled_pa
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES
 from fusion.kernels import c_runtime
 
-__all__ = ["KINDS", "STAGE_PASSES", "Options", "Pass", "current", "enabled_passes", "noted", "run_passes", "run_stage"]
+__all__ = ["KINDS", "STAGE_PASSES", "Options", "Pass", "current", "enabled_passes", "noted", "run_stage"]
 
 STAGE_PASSES = [*CAPTURE_PASSES, *WRAPPER_PASSES]  # the passes outside the aten stage, in their stages' order
 
@@ -101,9 +101,3 @@ def noted(rewrite: Callable[[fx.GraphModule, Callable[..., None]], object]) -> C
 
     run.__name__ = run.__qualname__ = getattr(rewrite, "__name__", "rewrite")
     return run
-
-
-def run_passes(gm: fx.GraphModule, part, opts: Options) -> None:
-    """Every enabled pass for ``part.kind``, in order, each noting its decisions in ``part``."""
-    for p in opts.passes_for(part.kind):
-        p.run(gm, part)

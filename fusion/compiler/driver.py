@@ -1,0 +1,197 @@
+"""The compiler's driver: its stages in order, the pass list, the options, and the backend function Dynamo calls.
+
+``torch.compile(model, backend="fusion")`` calls :func:`fusion_backend` once per Dynamo graph. It hands the graph to
+Phase 9's ``lower`` (AOTAutograd, one ``compile_aten_graph`` per aten graph: the lesson ``fusion/backend.py``), which
+runs the enabled :data:`PASSES` and then :func:`generate`: Phase 8's ``compile_graph`` (regions, lowering, rendering,
+partition) and, under ``options={"cudagraphs": True}``, one CUDA graph. What the learner writes comes from the lessons
+through :mod:`fusion.compiler.registry`; nothing here imports a lesson. :data:`STAGES` names each stage, the module
+that does it and what it hands on: the README's "How a tensor flows" table, held true by ``tests/test_layout.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch._dynamo.utils import counters
+
+from fusion.aten.capture import decomposition_table
+from fusion.common import fallback_reason
+from fusion.compiler import (
+    aot,
+    attention,
+    cudagraphs,
+    depthwise,
+    epilogue,
+    gemm_passes,
+    graph_passes,
+    partition,
+    passes,
+    random_ops,
+    registry,
+    wrapper_passes,
+)
+from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
+from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the first cell of its row in the README's table
+    module: str  # the file that does it, relative to the project root
+    hands_on: str  # what it hands the next stage
+
+
+STAGES = [
+    Stage("capture", "fusion/compiler/aot.py", "an aten fx.GraphModule with meta['val'] on every node"),
+    Stage("passes", "fusion/compiler/driver.py", "the same graph, rewritten (PASSES); decisions in a PartReport"),
+    Stage("regions", "fusion/regions.py", "list[Region] (Phase 6)"),
+    Stage("lowering", "fusion/compiler/lowering.py", "the kernel IR: frozen records, no torch or fx object"),
+    Stage("rendering", "fusion/codegen.py", "a KernelPlan holding a kernel's source, or Unsupported (Phase 8)"),
+    Stage("partition", "fusion/compiler/partition.py", "a CompiledGraph: fx Python, one line per launch"),
+    Stage("runtime", "fusion/kernels/triton_runtime.py", "a launch (Launcher); the boxed callable Dynamo runs"),
+]
+
+reports: list[GraphReport] = []  # one per graph compiled since reset()
+
+
+def reset() -> None:
+    """Forget every compiled graph: clear :data:`reports`, Dynamo's caches and its counters."""
+    reports.clear()
+    torch._dynamo.reset()
+    counters.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Graph passes: in run order; adding one is a function, an entry here and its test (its name is its option)
+
+BN_EVAL = torch.ops.aten._native_batch_norm_legit_no_training.default
+
+
+def decompose_kept(gm: fx.GraphModule, part: PartReport) -> None:
+    """Decompose what was kept whole for a pass (a batch norm the fold refused): the full table, in place."""
+    if any(n.target is BN_EVAL for n in gm.graph.nodes):
+        aot.decompose_in_place(gm, decomposition_table())
+
+
+def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
+    """The pass ``epilogue``: conv + bias (+ residual) + ReLU as one cuDNN kernel, where cuDNN has one (CUDA)."""
+    convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    if not convs:
+        return
+    val = convs[0].meta["val"]
+    why = cudnn_epilogue_unavailable(val.device.type, val.dtype)
+    if why:
+        part.note_pass("cudnn epilogue", [f"{len(convs)} convolution(s)"], "skipped", why)
+    else:
+        epilogue.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
+
+
+noted, lesson = passes.noted, registry.lazy  # f(gm, note) as a pass run(gm, part); a lesson's function, looked up
+PASSES = [
+    passes.Pass("fold_bn", lesson("fold_bn"), kinds=("inference",), default=False,
+                doc="Phase 9: fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
+    passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
+    passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
+    passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
+    random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks
+    passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
+    passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
+    passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
+    passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
+    passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
+    passes.Pass("conv_bias", noted(epilogue.split_conv_bias), kinds=("inference",),
+                doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
+    passes.Pass("depthwise", noted(depthwise.depthwise_as_window_sums), kinds=("inference",), requires=("codegen",),
+                unless=("cudagraphs",),  # replayed, a launch costs no CPU: cuDNN's faster kernel wins (measured)
+                doc="a depthwise conv (<= 5x5) as a window sum in the generated kernel around it: fewer launches"),
+    passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
+    passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
+                doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
+    passes.Pass("overlap", noted(lesson("overlap_pass")), default=False,
+                doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
+    *attention.CAPTURE_PASSES,  # stage "capture": Dynamo's graph, before AOTAutograd
+    *wrapper_passes.WRAPPER_PASSES,  # stage "wrapper": the graph around the kernels (compiler/partition.py)
+]  # fmt: skip
+
+
+class Options(passes.Options):
+    """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
+    ``codegen`` (regions -> generated kernels; False runs the aten graph as it is), ``cudagraphs`` (off by default:
+    inference graphs replayed as CUDA graphs) and ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``)."""
+
+    @classmethod
+    def parse(cls, options: dict | None) -> Options:
+        return cls(PASSES, options)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Code generation: regions, lowering, rendering, partition (Phase 8's compile_graph), then the runtime's wrapper
+
+
+def generate(gm: fx.GraphModule, part: PartReport, opts: Options):
+    """The runner of one rewritten aten graph: :func:`kernels`, replayed as one CUDA graph under
+    ``options={"cudagraphs": True}``."""
+    run = kernels(gm, part, opts)
+    if opts.cudagraphs:
+        run = cudagraphs.maybe_wrap(run, gm, part.kind, part.note_pass)
+    return run
+
+
+def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
+    """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
+    part.count_folds(gm)
+    why = ""
+    if not opts.codegen:
+        why = "options={'codegen': False}"
+    elif aot.has_dynamic_shapes(gm):
+        why = "dynamic shapes: generated kernels are specialised to static sizes (torch.compile(dynamic=False))"
+    else:
+        try:
+            compile_graph = registry.get("compile_graph")
+        except registry.NotRegistered as e:
+            compile_graph, why = None, str(e)
+        if compile_graph is not None:
+            try:
+                compiled = opts.in_renderer(compile_graph, gm, aot.input_values(gm))  # options={"renderer": "c"}
+            except Exception as e:  # never a crash for a user; raised in tests and practice workspaces
+                why = "compile_graph failed: " + fallback_reason(e, "Phase 8's compile_graph")
+            else:
+                part.regions = compiled.regions
+                part.kernels = list(compiled.kernels)
+                part.fallbacks += fallbacks_from(compiled.report)
+                part.count_library_calls(gm, part.kernels)
+                part.graph = compiled
+                compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
+                part.note_prims(compiled.graph_module.meta.get("prims_to_aten", []))
+                return compiled.forward
+    part.compiled = False
+    part.fallback("the whole graph", why)
+    part.count_library_calls(gm, [])
+    part.note_prims(partition.prims_to_aten(gm))
+    return gm.forward
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The backend Dynamo calls
+
+
+def fusion_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], options: dict | None = None):
+    """Dynamo's graph in, a callable out: Phase 9's ``lower``, or Dynamo's graph itself when that fails (with the
+    reason). In tests and practice workspaces a failure is raised instead, naming where it came from."""
+    opts = Options.parse(options)
+    ops = sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+    entry = GraphReport(len(reports), str(gm.meta.get("dynamo_compile_id", "?")), ops)
+    reports.append(entry)
+    try:
+        with opts.active():  # the capture passes (inside Phase 9's lower) read the options of this compile
+            return registry.get("lower")(gm, example_inputs, entry, opts)
+    except Exception as e:
+        entry.error = fallback_reason(e, "the fusion backend")
+        return gm.forward
+
+
+def register_backend(name: str = "fusion") -> None:
+    """``torch.compile(..., backend=name)`` calls :func:`fusion_backend` (once per process; Phase 9 calls this)."""
+    aot.register_once(name, fusion_backend)
