@@ -305,7 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="PNG", help="draw the schedules as timelines (needs the 'plot' extra)")
     p.add_argument("--trace", metavar="TRACE", action="append", default=[],
                    help="with --plot: a kept torch.profiler trace (.json or .json.gz) drawn beside them")  # fmt: skip
+    p.add_argument("--explain", choices=("dp", "fsdp"), help="ours and Inductor's schedule of a step, collective by "
+                   "collective (8 layers of 8192², the measured cost model: fusion/comms/explain.py)")  # fmt: skip
+    p.add_argument("--world", type=int, default=2, help="with --explain: GPUs")
+    p.add_argument("--gloo", action="store_true", help="with --explain: also run the step for real, gloo, 2 processes")
     args = p.parse_args(argv)
+    if args.explain:
+        from fusion.comms.explain import explain
+
+        regions = build_fusion_regions if args.gloo else None
+        text = lambda: explain(args.explain, args.world, 8, schedule_overlap, build_graph, memory_budget, regions)  # noqa: E731
+        return run_lesson(lambda: print(text()))
     if args.plot:
         from fusion.comms.plot import PLOT_HINT, have_matplotlib
 

@@ -8,25 +8,17 @@ Inductor with and without its overlap scheduling; the collective cost model per 
 Per world size ``w`` (``w`` processes, ``torch.multiprocessing`` spawn, GPUs 0..w-1), every rank:
 
 * ``calibration``: matmul peak (an n³ bf16 matmul) and copy bandwidth: the compute figures of the cost model.
-* ``collectives``: all_reduce, all_gather and reduce_scatter of 1 MiB to 1 GiB (the full buffer), timed back to back
-  with CUDA events (nccl-tests' convention: the GPU's time, ``measured_ms``) and one call at a time with a host
-  sync (``synced_ms``); the default model's prediction beside each; a latency/bandwidth fit per collective that
-  minimises relative error (``fusion/comms/fit.py``). Rank 0's fit becomes every rank's cost model, the backend's
-  overlap pass included (``fusion.comms.passes.set_cost_model``), so all ranks schedule the same order.
-* ``steps``: the data-parallel and FSDP-style steps of Phase 10 (bf16, captured as aten graphs) compiled by
-  ``backend="fusion"`` without and with ``options={"overlap": True}``, and by Inductor as shipped, with its overlap
-  scheduling (``aten_distributed_optimizations.enable_overlap_scheduling``) and, where this torch overlaps by default
-  (``enable_simple_overlap``, torch >= 2.12 or so), with every overlap switch off. Per variant: first call (compile)
-  seconds, median step ms, peak memory above the step's inputs, and from one profiled call the NCCL kernels' time,
-  the part no compute (kernel, copy or memset on a compute stream) overlaps (exposed) and, per NCCL kernel, what
-  overlapped it; for ``fusion+overlap`` the pass's notes (what it hid, what it reduced in place). Every rank's
-  Chrome traces (Perfetto opens them) go into ONE archive per world size, ``<stamp>-overlap-x<w>-traces.tar.gz``:
-  the device tool returns a few files per call, not one per trace.
-
-The ranks meet at a barrier before each timed and each profiled call: a rank that arrives late would otherwise
-make the others' first collective look long (2026-11-26: 1.1 ms for a 0.5 ms all_reduce in a profiled step).
-Collectives: each size in 3 rounds (barrier, then back to back), the least round kept per rank, and the least over
-ranks written (``fusion/comms/fit.py``: the last rank to launch times the collective alone).
+* ``collectives``: all_reduce, all_gather and reduce_scatter of 1 MiB to 1 GiB (the full buffer), back to back with
+  CUDA events (``measured_ms``: 3 rounds after a barrier, the least kept) and one call at a time, host-synced
+  (``synced_ms``). The file keeps the least over ranks (the last rank to launch waits for no one) and its fit in
+  size bands (``fusion/comms/fit.py``); that fit is every rank's cost model, the backend's pass included.
+* ``steps``: Phase 10's data-parallel and FSDP-style steps (bf16 aten graphs) compiled by ``backend="fusion"``
+  without and with ``options={"overlap": True}`` and by Inductor, as shipped, with its overlap scheduling, and
+  (where a torch overlaps by default) with every overlap switch off. Per variant: compile seconds, median step ms,
+  peak memory, and from one profiled call (after a barrier: a late rank made a 0.5 ms all_reduce look 1.1 ms) the
+  NCCL time, the part no compute (kernel, or copy or memset on a compute stream) overlaps, what overlapped each
+  collective, the pass's notes. Every rank's Chrome traces (Perfetto) go into ONE ``-x<w>-traces.tar.gz`` per
+  world size: the device tool returns a few files per call, not one per trace.
 
 A time budget (``--budget-s``, default 500 s) is shared out between the world sizes; rank 0 decides before each
 variant whether it still fits and every rank follows. Rows are appended to ``*-overlap-steps.jsonl`` as they are
@@ -352,7 +344,7 @@ def run_world(args, world: int, deadline: float) -> dict:
 def summary(steps: Path, collectives: dict) -> str:
     """The run in two short tables (what the integrator reads in the output's tail): steps, then the fits."""
     from fusion.common import table
-    from fusion.comms.fit import SHORT
+    from fusion.comms.fit import fit_table
 
     rows = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
     f = lambda r, k, fmt=".2f": format(r[k], fmt) if isinstance(r.get(k), float) else "-"  # noqa: E731
@@ -360,13 +352,8 @@ def summary(steps: Path, collectives: dict) -> str:
                      f(r, "peak_mem_mib", ".0f"), f(r, "first_call_s", ".0f"),
                      (r.get("error") or r.get("skipped") or "")[:50]) for r in rows],
                    ["GPUs", "step", "variant", "step ms", "NCCL ms", "exposed ms", "peak MiB", "1st s", "note"])]  # fmt: skip
-    fits = []
-    for world, entry in collectives["worlds"].items():
-        for op, fit in entry["fit"].items():
-            errs = [p["error"] for p in entry.get("predicted_by_fit", []) if p["op"] == op]
-            worst = max(errs, key=abs) if errs else float("nan")
-            fits.append((world, SHORT[op], f(fit, "latency_us", ".1f"), f(fit, "busbw_gbps", ".0f"), f"{worst:+.0%}"))
-    lines.append(table(fits, ["GPUs", "collective", "latency µs", "bus GB/s", "worst error, 1 MiB up"]))
+    if collectives["worlds"]:  # the bands per collective, their worst error, one line's, the defaults'
+        lines.append(table(*fit_table(collectives)))
     return "\n".join(lines)
 
 

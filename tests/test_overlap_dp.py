@@ -205,3 +205,29 @@ def test_bands_are_the_fewest_within_ten_percent():
     switch = [(x, t * (2.0 if x == 2**22 else 1.0)) for x, t in line]  # one size twice as slow: a protocol switch
     bands = fit.fit_bands(switch)
     assert len(bands) == 3 and max(b["max_rel_err"] for b in bands) < 0.10
+
+
+def test_a_schedule_is_said_collective_by_collective():
+    """What issue 40 compared: where each all_reduce starts, where it is waited on, the work between, exposure."""
+    from fusion.comms.explain import HEADERS, collective_rows
+
+    gm = capture_step("dp", layers=3, dim=32, batch=16)
+    graph, _ = overlap.build_graph(gm)
+    order = overlap.schedule_overlap(graph)
+    rows = collective_rows(graph, order)
+    assert [r[0] for r in rows] == ["all_reduce", "all_reduce_1", "all_reduce_2"] and len(rows[0]) == len(HEADERS)
+    assert rows[0][1] == f"{32 * 32 * 4 / 2**20:g}"  # the gradient's MiB
+    assert int(rows[0][4].split()[0]) > 0  # work between its start and its wait: what can hide it
+    unscheduled = collective_rows(graph, graph.original)
+    assert all(r[4].startswith("0 ") for r in unscheduled)  # written as a first try: waited at once
+
+
+def test_the_lesson_explains_both_schedules_from_its_command_line(capsys, monkeypatch):
+    from fusion.comms import explain
+
+    text = explain.explain("dp", 2, 2, overlap.schedule_overlap, overlap.build_graph, overlap.memory_budget)
+    assert "ours: simulated step" in text and "unscheduled: simulated step" in text and "Inductor's" in text
+    seen = []
+    monkeypatch.setattr(explain, "explain", lambda *a: seen.append(a[:3]) or "said")
+    assert overlap.main(["--explain", "fsdp", "--world", "4"]) == 0 and seen == [("fsdp", 4, 8)]
+    assert "said" in capsys.readouterr().out
