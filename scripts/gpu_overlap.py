@@ -311,7 +311,8 @@ def worker(rank: int, args, store: str, world: int, deadline: float) -> None:
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
     finally:
-        Path(out, f"x{world}-rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
+        Path(out, f"x{world}-rank{rank}.part").write_text(json.dumps(result, indent=1, default=str))
+        Path(out, f"x{world}-rank{rank}.part").rename(Path(out, f"x{world}-rank{rank}.json"))  # whole, or absent
         dist.destroy_process_group()
 
 
@@ -322,12 +323,17 @@ def run_world(args, world: int, deadline: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(worker, args=(args, f"{tmp}/store", world, deadline), nprocs=world,
                                  start_method="spawn", join=False)  # fmt: skip
-        cut = ""
+        cut, written = "", None
         try:
             while not ctx.join(timeout=1.0):
                 if time.time() > deadline + args.grace_s:
                     cut = f"ranks still running {args.grace_s:.0f} s after this world's deadline: terminated"
                     break
+                if all(Path(args.out, f"x{world}-rank{r}.json").exists() for r in range(world)):
+                    written = written or time.time()  # every result is in: a hang in NCCL's teardown (2026-11-26:
+                    if time.time() > written + 15:  # both worlds to their deadline) must not cost the next world
+                        print(f"x{world}: every rank wrote its result; still running 15 s later: terminated")
+                        break
         except Exception as e:  # a rank raised: the others are terminated by join
             cut = f"{type(e).__name__}: {str(e)[-400:]}"
         for p in ctx.processes:
