@@ -22,7 +22,11 @@ What you learn
   an all_reduce's, which funcol copies into its output as it starts), so memory is simulated and kept within a budget.
 * Every rank must choose the same order (the collectives must match across ranks), so the scheduler is deterministic
   and its costs are estimates every rank shares: roofline compute, region bytes / bandwidth, and NCCL's
-  ``latency + bytes · factor / bus bandwidth`` (machinery: ``fusion/comms/cost.py``).
+  ``latency + bytes · factor / bus bandwidth``, one line per size band where NCCL switches protocol
+  (machinery: ``fusion/comms/cost.py``, ``fit.py``).
+* What the schedule cannot see, the profile shows: funcol's ``all_reduce`` first *copies* its input (a full read and
+  write of every gradient on the compute stream). Where nothing else reads the input, the backend's pass reduces it
+  in place (``all_reduce_``): the same numbers, no copy (``fusion/comms/passes.py``).
 * Two GPUs are not a cluster. The model's latency and bandwidth are fitted to collectives measured on one host
   (``fusion/comms/fit.py``); a stated algorithm (ring, or NCCL's tree for all_reduce) says how they grow with the
   GPU count, and the same scheduler runs on the step at 8 to 1,024 GPUs: *simulated*, not measured
@@ -241,9 +245,13 @@ def cost_model_per_size() -> dict | None:
         print("nothing measured yet (scripts/gpu_overlap.py writes *-overlap-collectives.json): stated defaults only")
         return None
     timing = measurement.get("timing", "back to back, CUDA events (nccl-tests' convention)")
-    print(f"{measurement['device']}, torch {measurement['torch']}, {measurement['date']} ({measurement['file']}; "
-          f"{timing}). Fit: time = latency + bytes · factor / bus bandwidth, least squares of relative error:")  # fmt: skip
+    print(f"{measurement['device']}, torch {measurement['torch']}, {measurement['date']} ({measurement['file']};\n"
+          f"{timing}; the least over ranks). NCCL switches protocol with the size, so the fit cuts the sizes into\n"
+          f"at most {fit.MAX_BANDS} bands, each its own time = latency + bytes · factor / bus bandwidth (least squares "
+          "of relative error);\none line through every size, the model before bands, beside it:")  # fmt: skip
     print(table(*fit.fit_table(measurement)))
+    print("Every size: measured / predicted µs, error = predicted / measured − 1:")
+    print(table(*fit.size_table(measurement)))
     return measurement
 
 
@@ -298,7 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="PNG", help="draw the schedules as timelines (needs the 'plot' extra)")
     p.add_argument("--trace", metavar="TRACE", action="append", default=[],
                    help="with --plot: a kept torch.profiler trace (.json or .json.gz) drawn beside them")  # fmt: skip
+    p.add_argument("--explain", choices=("dp", "fsdp"), help="ours and Inductor's schedule of a step, collective by "
+                   "collective (8 layers of 8192², the measured cost model: fusion/comms/explain.py)")  # fmt: skip
+    p.add_argument("--world", type=int, default=2, help="with --explain: GPUs")
+    p.add_argument("--gloo", action="store_true", help="with --explain: also run the step for real, gloo, 2 processes")
     args = p.parse_args(argv)
+    if args.explain:
+        from fusion.comms.explain import explain
+
+        regions = build_fusion_regions if args.gloo else None
+        text = lambda: explain(args.explain, args.world, 8, schedule_overlap, build_graph, memory_budget, regions)  # noqa: E731
+        return run_lesson(lambda: print(text()))
     if args.plot:
         from fusion.comms.plot import PLOT_HINT, have_matplotlib
 

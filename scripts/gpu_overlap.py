@@ -8,18 +8,17 @@ Inductor with and without its overlap scheduling; the collective cost model per 
 Per world size ``w`` (``w`` processes, ``torch.multiprocessing`` spawn, GPUs 0..w-1), every rank:
 
 * ``calibration``: matmul peak (an n³ bf16 matmul) and copy bandwidth: the compute figures of the cost model.
-* ``collectives``: all_reduce, all_gather and reduce_scatter of 1 MiB to 1 GiB (the full buffer), timed back to back
-  with CUDA events (nccl-tests' convention: the GPU's time, ``measured_ms``) and one call at a time with a host
-  sync (``synced_ms``); the default model's prediction beside each; a latency/bandwidth fit per collective that
-  minimises relative error (``fusion/comms/fit.py``). Rank 0's fit becomes every rank's cost model, the backend's
-  overlap pass included (``fusion.comms.passes.set_cost_model``), so all ranks schedule the same order.
-* ``steps``: the data-parallel and FSDP-style steps of Phase 10 (bf16, captured as aten graphs) compiled by
-  ``backend="fusion"`` without and with ``options={"overlap": True}``, and by Inductor as shipped, with its overlap
-  scheduling (``aten_distributed_optimizations.enable_overlap_scheduling``) and, where this torch overlaps by default
-  (``enable_simple_overlap``, torch >= 2.12 or so), with every overlap switch off. Per variant: first call (compile)
-  seconds, median step ms, peak memory above the step's inputs, and from one profiled call the NCCL kernels' time,
-  the part no compute kernel overlaps (exposed) and, per NCCL kernel, what overlapped it; the Chrome trace is kept
-  gzipped under ``$OUT/traces/`` (Perfetto opens it).
+* ``collectives``: all_reduce, all_gather and reduce_scatter of 1 MiB to 1 GiB (the full buffer), back to back with
+  CUDA events (``measured_ms``: 3 rounds after a barrier, the least kept) and one call at a time, host-synced
+  (``synced_ms``). The file keeps the least over ranks (the last rank to launch waits for no one) and its fit in
+  size bands (``fusion/comms/fit.py``); that fit is every rank's cost model, the backend's pass included.
+* ``steps``: Phase 10's data-parallel and FSDP-style steps (bf16 aten graphs) compiled by ``backend="fusion"``
+  without and with ``options={"overlap": True}`` and by Inductor, as shipped, with its overlap scheduling, and
+  (where a torch overlaps by default) with every overlap switch off. Per variant: compile seconds, median step ms,
+  peak memory, and from one profiled call (after a barrier: a late rank made a 0.5 ms all_reduce look 1.1 ms) the
+  NCCL time, the part no compute (kernel, or copy or memset on a compute stream) overlaps, what overlapped each
+  collective, the pass's notes. Every rank's Chrome traces (Perfetto) go into ONE ``-x<w>-traces.tar.gz`` per
+  world size: the device tool returns a few files per call, not one per trace.
 
 A time budget (``--budget-s``, default 500 s) is shared out between the world sizes; rank 0 decides before each
 variant whether it still fits and every rank follows. Rows are appended to ``*-overlap-steps.jsonl`` as they are
@@ -36,6 +35,7 @@ os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -70,25 +70,35 @@ def median_ms(fn, device: torch.device, iters: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def back_to_back_ms(fn, device: torch.device, iters: int, warmup: int = 3) -> float:
-    """Mean time of ``iters`` calls issued back to back (CUDA events on a GPU): no host sync between them."""
-    for _ in range(warmup):
-        fn()
+def meet(device: torch.device) -> None:
+    """Every rank here, nothing queued: the next call starts together on every rank."""
     sync(device)
     dist.barrier()
     sync(device)
-    if device.type != "cuda":
-        start = time.perf_counter()
+
+
+def back_to_back_ms(fn, device: torch.device, iters: int, warmup: int = 3, rounds: int = 3) -> float:
+    """Mean time of ``iters`` calls issued back to back (CUDA events on a GPU), no host sync between them; the
+    least of ``rounds`` rounds, each after a barrier."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        meet(device)
+        if device.type != "cuda":
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            best = min(best, (time.perf_counter() - start) * 1e3 / iters)
+            continue
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(iters):
             fn()
-        return (time.perf_counter() - start) * 1e3 / iters
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / iters
+        end.record()
+        end.synchronize()
+        best = min(best, begin.elapsed_time(end) / iters)
+    return best
 
 
 def calibrate(device: torch.device, dry: bool) -> dict:
@@ -126,7 +136,7 @@ def bench_collectives(device: torch.device, world: int, args) -> list[dict]:
             else:
                 fn = lambda full=full, piece=piece: dist.reduce_scatter_tensor(piece, full)  # noqa: E731
             guess_ms = model.collective_of(name, size).ms * 3
-            iters = 2 if args.dry_run else max(5, min(50, int(20 / guess_ms)))
+            iters = 2 if args.dry_run else max(8, min(50, int(20 / guess_ms)))
             nbytes = full.numel() * full.element_size()
             ms = back_to_back_ms(fn, device, iters)
             rows.append({"op": name, "bytes": nbytes, "iters": iters, "measured_ms": ms,
@@ -155,8 +165,9 @@ def inductor_flags() -> dict:
 def make_variant(name: str, gm, device: torch.device):
     """(fn, patch, note): the compiled step, the Inductor config to compile it under, or (None, {}, why not)."""
     if name.startswith("fusion"):
-        import fusion.backend  # noqa: F401  (registers "fusion")
+        from fusion import backend  # registers "fusion"
 
+        backend.reports.clear()  # this variant's pass notes only
         return torch.compile(gm, backend="fusion", options={"overlap": name == "fusion+overlap"}), {}, ""
     from torch._inductor import config
 
@@ -176,6 +187,14 @@ def make_variant(name: str, gm, device: torch.device):
             return None, {}, f"no overlap switch is on by default in this torch ({flags}): same as 'inductor'"
         patch = {k: False for k, v in flags.items() if v}
     return torch.compile(gm, backend="inductor"), patch, ""
+
+
+def pass_notes() -> list[str]:
+    """The overlap pass's notes on the graphs compiled since the last reset: its order, said per collective."""
+    from fusion import backend
+
+    return [f"{n[1]} {n[2]}: {n[3]}"[:300] for r in backend.reports for p in r.parts for n in p.passes
+            if n[0] == "overlap"]  # fmt: skip
 
 
 def agree(value: object, src: int = 0) -> object:
@@ -225,6 +244,7 @@ def bench_steps(args, rank: int, world: int, device: torch.device, deadline: flo
                 row["max_abs_diff_vs_eager_graph"] = max(
                     float((a - b).abs().max()) for a, b in zip(got, ref, strict=True)
                 )
+                meet(device)
                 row["step_ms"] = median_ms(lambda f=fn, x=inputs: f(*x), device, args.iters)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
@@ -234,12 +254,16 @@ def bench_steps(args, rank: int, world: int, device: torch.device, deadline: flo
                     row["peak_mem_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
                 trace = out / "traces" / f"{args.stamp}-x{world}-{kind}-{name.replace('+', '_')}-rank{rank}.json"
                 keep = name in args.trace_variants.split(",")
-                lanes = profile_call(lambda f=fn, x=inputs: f(*x), trace if keep else None, device.type == "cuda")
+                meet(device)
+                lanes = profile_call(lambda f=fn, x=inputs: f(*x), trace if keep else None, device.type == "cuda",
+                                     compress=False)  # fmt: skip
                 row.update(lanes.summary())
                 row["per_collective"] = lanes.detail()
                 row["notes"] = lanes.notes
+                if name.startswith("fusion"):
+                    row["pass_notes"] = pass_notes()
                 if keep:
-                    row["trace"] = f"traces/{trace.name}.gz"
+                    row["trace"] = f"{args.stamp}-overlap-x{world}-traces.tar.gz:{trace.name}"
             except Exception as e:  # one variant failing must not cost the others
                 row["error"] = f"{type(e).__name__}: {e}"[:600]
                 traceback.print_exc()
@@ -256,7 +280,7 @@ def bench_steps(args, rank: int, world: int, device: torch.device, deadline: flo
 def worker(rank: int, args, store: str, world: int, deadline: float) -> None:
     from fusion.comms import passes
     from fusion.comms.cost import CostModel
-    from fusion.comms.fit import fit_rows, model_from_fit, prediction_rows
+    from fusion.comms.fit import fit_rows, model_from_fit, prediction_rows, rows_over_ranks
 
     if args.dry_run:
         backend, device = "gloo", torch.device("cpu")
@@ -273,7 +297,9 @@ def worker(rank: int, args, store: str, world: int, deadline: float) -> None:
     try:
         result["calibration"] = calibrate(device, args.dry_run)
         result["collectives"] = bench_collectives(device, world, args)
-        result["fit"] = fit_rows(result["collectives"], world)
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, result["collectives"])
+        result["fit"] = fit_rows(rows_over_ranks(everyone), world)  # the least over ranks, as the file keeps them
         fit, cal = agree([result["fit"], result["calibration"]])  # rank 0's: every rank schedules the same order
         base = CostModel(world_size=world, matmul_tflops=cal["matmul_tflops"], bandwidth_gbps=cal["copy_gbps"])
         args.cost_model = model_from_fit(world, fit, base, source=f"measured by scripts/gpu_overlap.py, x{world}")
@@ -285,7 +311,8 @@ def worker(rank: int, args, store: str, world: int, deadline: float) -> None:
         result["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
     finally:
-        Path(out, f"x{world}-rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
+        Path(out, f"x{world}-rank{rank}.part").write_text(json.dumps(result, indent=1, default=str))
+        Path(out, f"x{world}-rank{rank}.part").rename(Path(out, f"x{world}-rank{rank}.json"))  # whole, or absent
         dist.destroy_process_group()
 
 
@@ -296,12 +323,17 @@ def run_world(args, world: int, deadline: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(worker, args=(args, f"{tmp}/store", world, deadline), nprocs=world,
                                  start_method="spawn", join=False)  # fmt: skip
-        cut = ""
+        cut, written = "", None
         try:
             while not ctx.join(timeout=1.0):
                 if time.time() > deadline + args.grace_s:
                     cut = f"ranks still running {args.grace_s:.0f} s after this world's deadline: terminated"
                     break
+                if all(Path(args.out, f"x{world}-rank{r}.json").exists() for r in range(world)):
+                    written = written or time.time()  # every result is in: a hang in NCCL's teardown (2026-11-26:
+                    if time.time() > written + 15:  # both worlds to their deadline) must not cost the next world
+                        print(f"x{world}: every rank wrote its result; still running 15 s later: terminated")
+                        break
         except Exception as e:  # a rank raised: the others are terminated by join
             cut = f"{type(e).__name__}: {str(e)[-400:]}"
         for p in ctx.processes:
@@ -318,7 +350,7 @@ def run_world(args, world: int, deadline: float) -> dict:
 def summary(steps: Path, collectives: dict) -> str:
     """The run in two short tables (what the integrator reads in the output's tail): steps, then the fits."""
     from fusion.common import table
-    from fusion.comms.fit import SHORT
+    from fusion.comms.fit import fit_table
 
     rows = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
     f = lambda r, k, fmt=".2f": format(r[k], fmt) if isinstance(r.get(k), float) else "-"  # noqa: E731
@@ -326,13 +358,8 @@ def summary(steps: Path, collectives: dict) -> str:
                      f(r, "peak_mem_mib", ".0f"), f(r, "first_call_s", ".0f"),
                      (r.get("error") or r.get("skipped") or "")[:50]) for r in rows],
                    ["GPUs", "step", "variant", "step ms", "NCCL ms", "exposed ms", "peak MiB", "1st s", "note"])]  # fmt: skip
-    fits = []
-    for world, entry in collectives["worlds"].items():
-        for op, fit in entry["fit"].items():
-            errs = [p["error"] for p in entry.get("predicted_by_fit", []) if p["op"] == op]
-            worst = max(errs, key=abs) if errs else float("nan")
-            fits.append((world, SHORT[op], f(fit, "latency_us", ".1f"), f(fit, "busbw_gbps", ".0f"), f"{worst:+.0%}"))
-    lines.append(table(fits, ["GPUs", "collective", "latency µs", "bus GB/s", "worst error, 1 MiB up"]))
+    if collectives["worlds"]:  # the bands per collective, their worst error, one line's, the defaults'
+        lines.append(table(*fit_table(collectives)))
     return "\n".join(lines)
 
 
@@ -347,6 +374,9 @@ def device_tag(dry: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fusion.comms.fit import fit_rows, model_from_fit, prediction_rows, rows_over_ranks
+    from fusion.comms.profile import pack_traces
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="gloo on CPU, 2 processes, toy sizes (every code path)")
     p.add_argument("--single", action="store_true", help="one GPU: calibrate matmul peak and copy bandwidth only")
@@ -399,17 +429,29 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out, f"{args.stamp}-overlap-x{world}.json").write_text(
             json.dumps({"args": kept, **result}, indent=1, default=str)
         )
+        traces = sorted(Path(args.out, "traces").glob(f"{args.stamp}-x{world}-*.json"))
+        if traces:  # one file per world size comes back from the device, however many traces
+            archive = pack_traces(traces, Path(args.out, f"{args.stamp}-overlap-x{world}-traces.tar.gz"))
+            print(f"packed {len(traces)} traces into {archive.name}", flush=True)
         r0 = result["ranks"][0]
         if "collectives" in r0:
-            collectives["worlds"][str(world)] = {"rows": r0["collectives"], "fit": r0.get("fit", {}),
-                                                 "predicted_by_fit": r0.get("predicted_by_fit", []),
-                                                 "calibration": r0.get("calibration", {})}  # fmt: skip
+            ranks = [r["collectives"] for r in result["ranks"] if r.get("collectives")]
+            rows = rows_over_ranks(ranks)  # the least over ranks: the last rank to launch waits for no one
+            fit = fit_rows(rows, world)
+            collectives["worlds"][str(world)] = {
+                "rows": rows, "fit": fit, "predicted_by_fit": prediction_rows(rows, model_from_fit(world, fit)),
+                "fit_rank0_used_by_the_pass": r0.get("fit", {}), "calibration": r0.get("calibration", {})}  # fmt: skip
             collectives.update(device=r0["device"], torch=r0["torch"], date=r0["date"])
         errors += [f"x{world} rank {r['rank']}: {r['error']}" for r in result["ranks"] if "error" in r]
         errors += [f"x{world}: {result['cut']}"] if "cut" in result else []
         errors += [f"x{world} {s['step']} {s['variant']}: {s['error']}" for s in r0.get("steps", []) if "error" in s]
     path = Path(args.out, f"{args.stamp}-overlap-collectives.json")
     path.write_text(json.dumps(collectives, indent=1, default=str))
+    left = list(Path(args.out, "traces").glob("*.json"))
+    if left:  # a world cut short: its traces still go into one archive
+        pack_traces(left, Path(args.out, f"{args.stamp}-overlap-traces-rest.tar.gz"))
+    with contextlib.suppress(OSError):
+        Path(args.out, "traces").rmdir()  # empty: nothing but the archives comes back
     print(summary(Path(args.out, f"{args.stamp}-overlap-steps.jsonl"), collectives))
     print(f"wrote {args.out} in {time.time() - t0:.0f} s" + (f"; errors: {errors}" if errors else ""))
     return 1 if errors else 0

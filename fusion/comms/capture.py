@@ -20,7 +20,7 @@ import torch.fx as fx
 
 STEPS = ("dp", "fsdp", "tp")  # data parallel, FSDP-style (ZeRO-3), tensor-parallel MLP
 c10d = torch.ops._c10d_functional
-COLLECTIVES = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
+COLLECTIVES = {"all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor"}  # all_reduce_: in place
 
 
 def short(node: fx.Node) -> str:
@@ -30,7 +30,8 @@ def short(node: fx.Node) -> str:
 
 
 def is_collective(node: fx.Node) -> bool:
-    """A funcol collective start: all_reduce, all_gather_into_tensor or reduce_scatter_tensor (any overload)."""
+    """A funcol collective start: all_reduce (or its in-place all_reduce_), all_gather_into_tensor or
+    reduce_scatter_tensor (any overload)."""
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and t.namespace == "_c10d_functional" and short(node) in COLLECTIVES
 

@@ -53,6 +53,10 @@ class CostModel:
     latency_us: float = 10.0  # per collective
     source: str = "stated defaults: H100 SXM, NVLink 4"
     per_op: tuple[tuple[str, float, float], ...] = ()  # (op, latency µs, bus GB/s) fitted per collective, if measured
+    # Size bands fitted per collective (fusion/comms/fit.py): (op, first bytes, last bytes, latency µs, bus GB/s or
+    # 0 for a flat band), in size order. NCCL switches protocol (LL, LL128, Simple) and channel count with the size:
+    # one line per band follows the switches; a size between two bands takes the nearer one (in log size).
+    bands: tuple[tuple[str, int, int, float, float], ...] = ()
 
     def bus_factor(self, name: str) -> float:
         """nccl-tests' busbw = algbw × this: 2(n−1)/n for all_reduce, (n−1)/n for all_gather / reduce_scatter."""
@@ -61,7 +65,7 @@ class CostModel:
 
     def collective(self, node: fx.Node, size: int | None = None) -> Cost:
         """latency + size · factor / bus bandwidth; ``size`` overrides the node's own bytes (for buckets)."""
-        name = short(node)
+        name = "all_reduce" if short(node) == "all_reduce_" else short(node)
         if size is None:
             full = node if name == "all_gather_into_tensor" else node.args[0]  # the full buffer
             size = node_bytes(full) if isinstance(full, fx.Node) else 0
@@ -74,6 +78,16 @@ class CostModel:
             factor, fstr = 2 * (n - 1) / n, f"2·({n}−1)/{n}"
         else:
             factor, fstr = (n - 1) / n, f"({n}−1)/{n}"
+        mine = [b for b in self.bands if b[0] == name]
+        if mine:
+            # the band holding size, else the nearer one: boundaries at the geometric mean of two bands' ends
+            _, lo, hi, latency, bus = next((b for b, nxt in zip(mine, mine[1:], strict=False)
+                                            if size * size <= b[2] * nxt[1]), mine[-1])  # fmt: skip
+            if not bus:
+                return Cost(latency / 1e3, f"{latency:.3g} µs (flat band {lo / 2**20:g}–{hi / 2**20:g} MiB)")
+            ms = latency / 1e3 + size * factor / (bus * 1e9) * 1e3
+            return Cost(ms, f"{latency:.3g} µs + {size} B · {fstr} / {bus:.4g} GB/s (band {lo / 2**20:g}–"
+                        f"{hi / 2**20:g} MiB)")  # fmt: skip
         latency, bus = next(((lat, bw) for op, lat, bw in self.per_op if op == name), (self.latency_us, self.bus_gbps))
         ms = latency / 1e3 + size * factor / (bus * 1e9) * 1e3
         return Cost(ms, f"{latency:.3g} µs + {size} B · {fstr} / {bus:.4g} GB/s")

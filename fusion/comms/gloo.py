@@ -77,6 +77,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
 
     from fusion.comms.bucket import apply_buckets, plan_buckets
     from fusion.comms.cost import CostModel
+    from fusion.comms.passes import all_reduce_in_place
     from fusion.comms.units import OverlapGraph, apply_order, check_schedule
 
     torch.manual_seed(0)
@@ -96,6 +97,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
             order = schedule(graph, budget)
             check_schedule(graph, order, budget)
             apply_buckets(apply_order(gm, graph, order), plan_buckets(graph, order))
+            inplace = all_reduce_in_place(gm)  # as the backend's pass does: no copy before a private all_reduce
             mine = collective_signature(gm)
             everyone: list[list[str]] = [[] for _ in range(cfg.world_size)]
             dist.all_gather_object(everyone, mine)
@@ -107,7 +109,7 @@ def _worker(rank: int, cfg: GlooConfig, schedule: Callable, regions: Callable | 
             diff = max(float((a - e.detach()).abs().max()) for a, e in zip(want, eager, strict=True))
             moved = sum(a is not b for a, b in zip(graph.original, order, strict=True))
             results[kind] = {"bitwise": bitwise, "max_diff_vs_eager": diff, "collectives": len(mine),
-                             "units_moved": moved}  # fmt: skip
+                             "units_moved": moved, "in_place": len(inplace)}  # fmt: skip
     except Exception as e:
         results["error"] = f"{type(e).__name__}: {e}"
         raise
@@ -130,7 +132,8 @@ class GlooResult:
             return f"FAILED: {errors}"
         kinds = self.per_rank[0]
         return "; ".join(f"{k}: scheduled == unscheduled bit for bit on {len(self.per_rank)} ranks "
-                         f"({v['collectives']} collectives, {v['units_moved']} units moved, "
+                         f"({v['collectives']} collectives, {v.get('in_place', 0)} all_reduce in place, "
+                         f"{v['units_moved']} units moved, "
                          f"max |graph - eager| {v['max_diff_vs_eager']:.1e})" for k, v in kinds.items())  # fmt: skip
 
 

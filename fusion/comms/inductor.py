@@ -34,6 +34,7 @@ WANTED = {  # keyword -> value, passed only where this torch's signature has it
 class Comparison:
     skipped: str = ""  # why Inductor's scheduler did not run
     timeline: Timeline | None = None
+    order: list[Unit] | None = None  # Inductor's order of our units (each region at its last node)
     collective_order: list[str] = field(default_factory=list)  # start names in Inductor's order
     split_regions: list[str] = field(default_factory=list)  # our regions Inductor interleaved with other nodes
 
@@ -112,4 +113,4 @@ def compare(gm: fx.GraphModule, cost: CostModel, graph: OverlapGraph) -> Compari
 
     order = sorted(graph.units, key=key)
     starts = [u.name for u in order if u.kind == "start"]
-    return Comparison(timeline=graph.timeline(order), collective_order=starts, split_regions=split)
+    return Comparison(timeline=graph.timeline(order), order=order, collective_order=starts, split_regions=split)

@@ -77,7 +77,7 @@ def scaled_model(fitted: dict, measured_world: int, n: int, algorithm: str, base
     """``fitted``: per op ``{"latency_us", "busbw_gbps"}`` measured on ``measured_world`` GPUs of one node."""
     constant, bandwidth = [], []
     for op, f in fitted.items():
-        if "latency_us" not in f:
+        if not f.get("busbw_gbps"):  # nothing fitted, or a flat band on top: the stated figures
             continue
         nv, _ = ring_hops(op, measured_world)
         constant.append((op, max(0.0, f["latency_us"] - nv * NVLINK_HOP_US)))

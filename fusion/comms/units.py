@@ -160,8 +160,9 @@ class OverlapGraph:
     def _memory_plan(self, graph: fx.Graph) -> None:
         """For each unit: bytes it allocates, and the storages whose use count it lowers."""
 
-        def base(n: fx.Node) -> fx.Node:  # the node owning n's storage (views and waits alias their input)
-            while n.op == "call_function" and (is_wait(n) or is_view_node(n)) and isinstance(n.args[0], fx.Node):
+        def base(n: fx.Node) -> fx.Node:  # the node owning n's storage (views, waits, all_reduce_ alias their input)
+            while n.op == "call_function" and (is_wait(n) or is_view_node(n) or short(n) == "all_reduce_") and \
+                    isinstance(n.args[0], fx.Node):  # fmt: skip
                 n = n.args[0]
             return n
 
