@@ -1,0 +1,167 @@
+"""Reductions with few outputs over a long extent (issue 39's column sums and long-row sums) on the GPU: eager,
+``backend="fusion"`` with and without pass ``split_reductions`` (fusion.compiler.split_reductions), Inductor, and
+the limit (bytes read / the bandwidth of a measured copy of the same bytes), all in one process: CUDA-event medians
+(torch.utils.benchmark), ratios to the limit. Also the sums over leading dims of a bias / LayerNorm weight gradient
+(the cases of the former gpu_outer_sums.py).
+
+    PYTHONPATH=. python3 scripts/gpu_reductions.py --out $OUT            (on the lent GPU; JSON to $OUT/reductions.json)
+    PYTHONPATH=. python3 scripts/gpu_reductions.py --targets 256,1024,4096 (the pass at several TARGET_PROGRAMS)
+    python3 scripts/gpu_reductions.py --dry-run                          (CPU, tiny shapes: rehearse it)
+
+Forms: ``lone`` is ``r(x)`` (a bfloat16 sum accumulates in float32 inside the op), ``float`` is ``r(x.float())``
+(bf16 read, summed in float32: the issue's measurement), ``grad`` is ``(g * x).float().sum(dims)`` (two inputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.benchmark import Timer
+
+CASES = {  # name: (shape, reduction, dims, forms, what)
+    "sum0_65536x1024": ((65536, 1024), "sum", [0], ("lone", "float"), "the issue's column sum x.sum(0)"),
+    "sum0_8192x4096": ((8192, 4096), "sum", [0], ("lone", "float"), "a column sum of 4096 columns"),
+    "sum_last_64x262144": ((64, 262144), "sum", [-1], ("lone", "float"), "the issue's 64 long rows"),
+    "sum_last_16x1M": ((16, 1 << 20), "sum", [-1], ("lone", "float"), "16 rows of 1M"),
+    "amax0_65536x1024": ((65536, 1024), "amax", [0], ("lone",), "a column max"),
+    "mean_last_64x262144": ((64, 262144), "mean", [-1], ("lone",), "a mean of 64 long rows"),
+    "bias_grad_bert": ((8 * 512, 768), "sum", [0], ("float",), "a Linear bias gradient, BERT-base 8x512"),
+    "ln_weight_grad_bert": ((8, 512, 768), "sum", [0, 1], ("grad",), "a LayerNorm weight gradient"),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class Reduce(torch.nn.Module):
+    def __init__(self, op: str, dims: list[int], form: str) -> None:
+        super().__init__()
+        self.op, self.dims, self.form = op, dims, form
+
+    def forward(self, x, g=None):
+        if self.form == "grad":
+            x = (g * x).float()
+        elif self.form == "float":
+            x = x.float()
+        return getattr(torch, self.op)(x, self.dims) if self.op != "sum" else x.sum(self.dims)
+
+
+def median_us(fn, *args, min_run_time: float = 0.2) -> float:
+    with torch.no_grad():
+        return Timer("fn(*args)", globals={"fn": fn, "args": args}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+@contextlib.contextmanager
+def split_pass(on: bool, target: int | None):
+    """The backend with pass split_reductions on or off: its option once wired into PASSES; until then the pass
+    appended to (or absent from) a patched list. ``target``: its TARGET_PROGRAMS for this compile."""
+    from fusion import backend
+    from fusion.compiler import split_reductions as sr
+
+    saved_passes, saved_target = backend.PASSES, sr.TARGET_PROGRAMS
+    wired = any(p.name == "split_reductions" for p in backend.PASSES)
+    if not wired and on:
+        backend.PASSES = [*backend.PASSES, sr.SPLIT_REDUCTIONS]
+    if target is not None:
+        sr.TARGET_PROGRAMS = target
+    try:
+        yield {"split_reductions": on} if wired else {}
+    finally:
+        backend.PASSES, sr.TARGET_PROGRAMS = saved_passes, saved_target
+
+
+def compiled_fusion(model, args, on: bool, target: int | None):
+    import fusion.backend as backend
+
+    backend.reset()
+    torch._dynamo.reset()
+    with split_pass(on, target) as options:
+        fn = torch.compile(model, backend="fusion", options=options or None)
+        with torch.no_grad():
+            fn(*args)  # compiled here, under the patch
+    notes = [p for r in backend.reports for part in r.parts for p in part.passes if p[0] == "split reductions"]
+    kernels = sum(len(part.kernels) for r in backend.reports for part in r.parts)
+    calls = sum(sum(part.library_calls.values()) for r in backend.reports for part in r.parts)
+    return fn, notes, (kernels, calls)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes (the pass forced on: ON_CPU)")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for reductions.json")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--targets", default="", help="TARGET_PROGRAMS values to time the pass at (default: the module's)")
+    ap.add_argument("--no-inductor", action="store_true")
+    args = ap.parse_args(argv)
+    dry = args.dry_run
+    dev = "cpu" if dry else "cuda"
+    from fusion.compiler import split_reductions as sr
+
+    if dry:  # tiny shapes: thresholds scaled down so the rewrite happens, on CPU
+        sr.ON_CPU, sr.LONG_EXTENT, sr.MIN_CHUNK = True, 256, 8
+    targets = [int(t) for t in args.targets.split(",") if t] or [None]
+    rows, t0 = [], time.time()
+    for name in args.cases.split(","):
+        shape, op, dims, forms, what = CASES[name]
+        shape = tuple(max(1, s // 256) if i == 0 or len(shape) > 2 else max(1, s // 64) for i, s in enumerate(shape)) \
+            if dry else shape  # fmt: skip
+        for dname in args.dtypes.split(","):
+            dtype = DTYPES[dname]
+            for form in forms:
+                torch.manual_seed(0)
+                x = torch.randn(shape, device=dev, dtype=dtype)
+                ins = (x, torch.randn_like(x)) if form == "grad" else (x,)
+                model = Reduce(op, dims, form)
+                with torch.no_grad():
+                    want = model(*ins)
+                row = {"case": name, "what": what, "shape": list(shape), "op": op, "dims": dims, "dtype": dname,
+                       "form": form, "eager_us": median_us(model, *ins)}  # fmt: skip
+                nbytes = sum(t.numel() * t.element_size() for t in ins)
+                copy = sum(median_us(torch.Tensor.clone, t) for t in ins)  # reads and writes each input once
+                row["limit_us"] = copy / 2  # read once at the copy's bandwidth
+                variants = [("fusion_off", False, None)] + [
+                    (f"fusion_on{'' if t is None else f'_t{t}'}", True, t) for t in targets
+                ]
+                for label, on, target in variants:
+                    try:
+                        fn, notes, kernels = compiled_fusion(model, ins, on, target)
+                        got = fn(*ins)
+                        tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+                        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * shape[-1] ** 0.5)
+                        row[f"{label}_us"] = median_us(fn, *ins)
+                        row[f"{label}_notes"] = [n[3] for n in notes]
+                        row[f"{label}_kernels"], row[f"{label}_library_calls"] = kernels
+                    except Exception as e:  # noqa: BLE001 - a row says what failed, the others still run
+                        row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                if not args.no_inductor and not dry:
+                    torch._dynamo.reset()
+                    ind = torch.compile(model)
+                    with torch.no_grad():
+                        ind(*ins)
+                    row["inductor_us"] = median_us(ind, *ins)
+                row["bytes"] = nbytes
+                for k in [k for k in row if k.endswith("_us") and k != "limit_us"]:
+                    row[k.replace("_us", "_x_limit")] = round(row[k] / row["limit_us"], 2)
+                rows.append(row)
+                times = "  ".join(f"{k[:-3]} {v:8.1f}" for k, v in row.items() if k.endswith("_us"))
+                print(f"{name:22} {dname} {form:6} {times}  [{time.time() - t0:.0f} s]", flush=True)
+                for k, v in row.items():
+                    if k.endswith("_error") or (k.endswith("_notes") and v):
+                        print(f"    {k}: {v}", flush=True)
+    if args.out:
+        meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "targets": targets,
+                "thresholds": {k: getattr(sr, k) for k in ("FEW_PROGRAMS", "FEW_COLUMN_PROGRAMS", "LONG_EXTENT",
+                                                              "TARGET_PROGRAMS", "MIN_CHUNK", "MAX_ROW_SPLITS")}}  # fmt: skip
+        with open(os.path.join(args.out, "reductions.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
