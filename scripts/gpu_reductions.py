@@ -1,7 +1,8 @@
 """Reductions with few outputs over a long extent (issue 39's column sums and long-row sums) on the GPU: eager,
 ``backend="fusion"`` with and without pass ``split_reductions`` (fusion.compiler.split_reductions), Inductor, and
-the limit (bytes read / the bandwidth of a measured copy of the same bytes), all in one process: CUDA-event medians
-(torch.utils.benchmark), ratios to the limit. Also the sums over leading dims of a bias / LayerNorm weight gradient
+the limit (bytes read / the bandwidth of a measured copy of the same bytes), all in one process: GPU time from CUDA
+events around calls queued behind a sleep (the kernels, not the CPU's launch overhead; inputs rotated past L2), the
+wall time per call too (torch.utils.benchmark), ratios to the limit. Also the sums over leading dims of a bias / LayerNorm weight gradient
 (the cases of the former gpu_outer_sums.py).
 
     PYTHONPATH=. python3 scripts/gpu_reductions.py --out $OUT            (on the lent GPU; JSON to $OUT/reductions.json)
@@ -50,9 +51,36 @@ class Reduce(torch.nn.Module):
         return getattr(torch, self.op)(x, self.dims) if self.op != "sum" else x.sum(self.dims)
 
 
-def median_us(fn, *args, min_run_time: float = 0.2) -> float:
+def wall_us(fn, *args, min_run_time: float = 0.2) -> float:
+    """A call's wall time (CPU overhead included): torch.utils.benchmark's median."""
     with torch.no_grad():
-        return Timer("fn(*args)", globals={"fn": fn, "args": args}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+        return (
+            Timer("fn(*args)", globals={"fn": fn, "args": args}).blocked_autorange(min_run_time=min_run_time).median
+            * 1e6
+        )
+
+
+def gpu_us(fn, sets: list[tuple], calls: int = 30, repeats: int = 5) -> float:
+    """A call's GPU time: the GPU is held by a sleep while the CPU queues ``calls`` calls, so CUDA events time the
+    kernels back to back, not the CPU's launch overhead; inputs rotate over ``sets`` (more bytes than L2 holds, so
+    every call reads memory, as the limit's copy does). The median of ``repeats``; on a CPU, the wall time."""
+    if not torch.cuda.is_available() or sets[0][0].device.type != "cuda":
+        return wall_us(fn, *sets[0])
+    times = []
+    with torch.no_grad():
+        for _ in range(2):
+            fn(*sets[0])
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(20_000_000)  # ~10 ms: longer than queueing the calls takes
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(calls):
+                fn(*sets[i % len(sets)])
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(times)[len(times) // 2]
 
 
 @contextlib.contextmanager
@@ -62,16 +90,16 @@ def split_pass(on: bool, target: int | None):
     from fusion import backend
     from fusion.compiler import split_reductions as sr
 
-    saved_passes, saved_target = backend.PASSES, sr.TARGET_PROGRAMS
+    saved_passes, saved_target = backend.PASSES, (sr.TARGET_PROGRAMS, sr.TARGET_COLUMN_PROGRAMS)
     wired = any(p.name == "split_reductions" for p in backend.PASSES)
     if not wired and on:
         backend.PASSES = [*backend.PASSES, sr.SPLIT_REDUCTIONS]
-    if target is not None:
-        sr.TARGET_PROGRAMS = target
+    if target is not None:  # rows: t stage-1 rows; columns: 4t groups of 16 columns (the module's ratio)
+        sr.TARGET_PROGRAMS, sr.TARGET_COLUMN_PROGRAMS = target, 4 * target
     try:
         yield {"split_reductions": on} if wired else {}
     finally:
-        backend.PASSES, sr.TARGET_PROGRAMS = saved_passes, saved_target
+        backend.PASSES, (sr.TARGET_PROGRAMS, sr.TARGET_COLUMN_PROGRAMS) = saved_passes, saved_target
 
 
 def compiled_fusion(model, args, on: bool, target: int | None):
@@ -95,7 +123,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for reductions.json")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dtypes", default="bf16,fp32")
-    ap.add_argument("--targets", default="", help="TARGET_PROGRAMS values to time the pass at (default: the module's)")
+    ap.add_argument(
+        "--targets",
+        default="",
+        help="TARGET_PROGRAMS values to time the pass at (default: the module's; TARGET_COLUMN_PROGRAMS is 4x)",
+    )
     ap.add_argument("--no-inductor", action="store_true")
     args = ap.parse_args(argv)
     dry = args.dry_run
@@ -103,7 +135,7 @@ def main(argv: list[str]) -> int:
     from fusion.compiler import split_reductions as sr
 
     if dry:  # tiny shapes: thresholds scaled down so the rewrite happens, on CPU
-        sr.ON_CPU, sr.LONG_EXTENT, sr.MIN_CHUNK = True, 256, 8
+        sr.ON_CPU, sr.LONG_EXTENT, sr.LONG_COLUMN_EXTENT, sr.MIN_CHUNK, sr.MIN_COLUMN_CHUNK = True, 256, 256, 8, 8
     targets = [int(t) for t in args.targets.split(",") if t] or [None]
     rows, t0 = [], time.time()
     for name in args.cases.split(","):
@@ -116,13 +148,17 @@ def main(argv: list[str]) -> int:
                 torch.manual_seed(0)
                 x = torch.randn(shape, device=dev, dtype=dtype)
                 ins = (x, torch.randn_like(x)) if form == "grad" else (x,)
+                nbytes = sum(t.numel() * t.element_size() for t in ins)
+                # inputs rotated over >= 200 MB (an H100's L2 is 50 MB, an H200's 60): each call reads memory
+                sets = [ins] + [tuple(t.clone() for t in ins) for _ in range(min(8, -(-(200 << 20) // nbytes)) - 1)]
                 model = Reduce(op, dims, form)
                 with torch.no_grad():
                     want = model(*ins)
                 row = {"case": name, "what": what, "shape": list(shape), "op": op, "dims": dims, "dtype": dname,
-                       "form": form, "eager_us": median_us(model, *ins)}  # fmt: skip
-                nbytes = sum(t.numel() * t.element_size() for t in ins)
-                copy = sum(median_us(torch.Tensor.clone, t) for t in ins)  # reads and writes each input once
+                       "form": form, "eager_us": gpu_us(model, sets), "eager_wall_us": wall_us(model, *ins)}  # fmt: skip
+                outs = [tuple(torch.empty_like(t) for t in s) for s in sets]  # the copy: read and write each input once
+                copy = gpu_us(lambda *io: [o.copy_(i) for i, o in zip(io[: len(ins)], io[len(ins) :])],
+                              [s + o for s, o in zip(sets, outs)])  # fmt: skip
                 row["limit_us"] = copy / 2  # read once at the copy's bandwidth
                 variants = [("fusion_off", False, None)] + [
                     (f"fusion_on{'' if t is None else f'_t{t}'}", True, t) for t in targets
@@ -133,7 +169,7 @@ def main(argv: list[str]) -> int:
                         got = fn(*ins)
                         tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
                         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * shape[-1] ** 0.5)
-                        row[f"{label}_us"] = median_us(fn, *ins)
+                        row[f"{label}_us"], row[f"{label}_wall_us"] = gpu_us(fn, sets), wall_us(fn, *ins)
                         row[f"{label}_notes"] = [n[3] for n in notes]
                         row[f"{label}_kernels"], row[f"{label}_library_calls"] = kernels
                     except Exception as e:  # noqa: BLE001 - a row says what failed, the others still run
@@ -143,12 +179,12 @@ def main(argv: list[str]) -> int:
                     ind = torch.compile(model)
                     with torch.no_grad():
                         ind(*ins)
-                    row["inductor_us"] = median_us(ind, *ins)
+                    row["inductor_us"], row["inductor_wall_us"] = gpu_us(ind, sets), wall_us(ind, *ins)
                 row["bytes"] = nbytes
-                for k in [k for k in row if k.endswith("_us") and k != "limit_us"]:
+                for k in [k for k in row if k.endswith("_us") and k != "limit_us" and not k.endswith("wall_us")]:
                     row[k.replace("_us", "_x_limit")] = round(row[k] / row["limit_us"], 2)
                 rows.append(row)
-                times = "  ".join(f"{k[:-3]} {v:8.1f}" for k, v in row.items() if k.endswith("_us"))
+                times = "  ".join(f"{k[:-3]} {v:7.1f}" for k, v in row.items() if k.endswith("_us") and "wall" not in k)
                 print(f"{name:22} {dname} {form:6} {times}  [{time.time() - t0:.0f} s]", flush=True)
                 for k, v in row.items():
                     if k.endswith("_error") or (k.endswith("_notes") and v):

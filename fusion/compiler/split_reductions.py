@@ -31,8 +31,9 @@ NaN propagates through both stages. ``any`` is an or of ors. Not split:
   adjacent (after dropping size-1 dims) or cannot be viewed as ``(S, L/S)`` without a copy, layouts the generator
   would read scattered, and extents with no divisor in the table's range.
 
-Where it pays (CUDA only, constants below): a row walk of fewer than :data:`FEW_PROGRAMS` programs, or a column
-walk of fewer than :data:`FEW_COLUMN_PROGRAMS`, over at least :data:`LONG_EXTENT` elements. On a CPU never (unless
+Where it pays (CUDA only, constants below, measured): a row walk of fewer than :data:`FEW_PROGRAMS` programs over
+at least :data:`LONG_EXTENT` elements, or a column walk of fewer than :data:`FEW_COLUMN_PROGRAMS` over at least
+:data:`LONG_COLUMN_EXTENT`. On a CPU never (unless
 :data:`ON_CPU`, which the tests set): the C renderer runs a kernel on one thread, where a row is walked at memory
 speed already and a split adds a pass and a kernel (not measured to help; nothing suggests it would).
 """
@@ -55,23 +56,32 @@ aten, prims = torch.ops.aten, torch.ops.prims
 # The gate: CUDA graphs only. Tests set ON_CPU = True to check the rewrite on CPU (numerics, kernel counts).
 ON_CPU = False
 
-# When to split (H200, bf16 summed in float32, 2026-11-26; scripts/gpu_reductions.py measures them again):
-# x.sum(0) of (65536, 1024) is a column walk of 64 programs (1024 outputs / 16): aten 290 us, Inductor (split) 41,
-# limit 35; 64 rows of 262,144 are 64 programs: aten 79 us, Inductor 39, limit 8.7. The generator refuses a looped
-# walk of fewer than 128 programs (rows.LOOPED_MIN_ROWS); below FEW_PROGRAMS rows, or FEW_COLUMN_PROGRAMS programs
-# of 16 columns (16,384 columns), a split's stage 1 spreads the work over TARGET_PROGRAMS programs instead.
+# When to split. The issue's numbers (H200, bf16 summed in float32, 2026-11-26): x.sum(0) of (65536, 1024), a column
+# walk of 64 programs (1024 outputs / 16): aten 290 us, Inductor (split) 41, limit 35; 64 rows of 262,144, 64
+# programs: aten 79 us, Inductor 39, limit 8.7. The generator refuses a looped walk of fewer than 128 programs
+# (rows.LOOPED_MIN_ROWS), and a column walk of 256 programs is slow too: (8192, 4096).sum(0) unsplit took 128 us
+# against a limit of 23 (H100, 2026-11-27, GPU time of the kernels, inputs rotated past L2; split S = 8-16: 29).
 FEW_PROGRAMS = 1024  # a row walk (reduced dim innermost in memory) of fewer rows than this: split
 FEW_COLUMN_PROGRAMS = 1024  # a column walk of fewer programs (of COALESCED_ROWS columns each) than this: split
-# ...and only over at least this many elements: a shorter row is one block of the generator's (MAX_RBLOCK = 16384),
-# read by one program in a few microseconds, where a second kernel's launch costs as much as it saves.
+# ...and only over at least this many elements: a row up to 16384 is one block of the generator's (MAX_RBLOCK), read
+# by one program in a few microseconds, where a second kernel costs as much as it saves; a column of 8192 is the
+# shortest measured to gain (above).
 LONG_EXTENT = 16384
-# S, the number of splits: the smallest divisor of L that gives stage 1 at least TARGET_PROGRAMS programs (about 8
-# per SM of an H100/H200: enough loads in flight to reach the copy bandwidth), chunks of at least MIN_CHUNK
-# elements (each program streams a useful run), and at most MAX_SPLITS partials per output (stage 2 reads them in
-# one block: a column walk's block is rows.COLUMN_RBLOCK = 256 lanes, a longer one would be refused as too few
-# programs; a row's up to MAX_ROW_SPLITS). Without such a divisor (L prime, say): the largest one in range, else none.
+LONG_COLUMN_EXTENT = 8192
+# S, the number of splits: the smallest divisor of L that gives stage 1 at least TARGET_PROGRAMS rows (a row walk)
+# or TARGET_COLUMN_PROGRAMS groups of 16 columns (a column walk), in chunks of at least MIN_CHUNK (MIN_COLUMN_CHUNK)
+# elements, with at most MAX_ROW_SPLITS (MAX_COLUMN_SPLITS) partials per output; without such a divisor the largest
+# one in range, else none (L prime, say). Measured on an H100 (2026-11-27, kernels' GPU time, bf16 in, inputs rotated
+# past L2; limit = half a copy of the input): 64 x 262,144 rows: S = 2: 30 us, S = 8-1024: 13.6-14.6, limit 11.7
+# (S = 16: 1024 stage-1 rows); 16 x 1M: S = 8: 31, S = 32-1024: 13.7-13.9 (S = 64). Columns (65536, 1024): S = 16: 74
+# us, S = 64: 50, S = 256: 64-71, S = 1024: 100, limit 44.7; (8192, 4096): S = 4: 38, S = 8-16: 29, S = 32: 34, S = 256:
+# 83, limit 22.7. A column walk is fastest looped (chunks over COLUMN_RBLOCK = 256: the generator then takes 64
+# columns a program, 128 bytes of bf16 a row) with ~1024 such programs: 4096 groups of 16 columns. Stage 2 of a
+# column walk reads at most COLUMN_RBLOCK partials in one block (more would be refused as too few programs).
 TARGET_PROGRAMS = 1024
-MIN_CHUNK = 256
+TARGET_COLUMN_PROGRAMS = 4096
+MIN_CHUNK = 1024
+MIN_COLUMN_CHUNK = 2 * COLUMN_RBLOCK
 MAX_ROW_SPLITS = 1024
 MAX_COLUMN_SPLITS = COLUMN_RBLOCK
 
@@ -111,17 +121,19 @@ def _dims(node: fx.Node, ndim: int) -> list[int]:
     return sorted({d % ndim for d in dim}) if dim and ndim else list(range(ndim))
 
 
-def splits_for(extent: int, programs: int, column: bool, target: int = TARGET_PROGRAMS) -> int | None:
+def splits_for(extent: int, programs: int, column: bool, target: int | None = None) -> int | None:
     """S: a divisor of ``extent`` per the table above (``programs`` the unsplit kernel's), or None."""
     cap = MAX_COLUMN_SPLITS if column else MAX_ROW_SPLITS
-    fits = [s for s in range(2, min(cap, extent // MIN_CHUNK) + 1) if extent % s == 0]
+    chunk = MIN_COLUMN_CHUNK if column else MIN_CHUNK
+    fits = [s for s in range(2, min(cap, extent // chunk) + 1) if extent % s == 0]
     if not fits:
         return None
+    target = target or (TARGET_COLUMN_PROGRAMS if column else TARGET_PROGRAMS)
     want = -(-target // max(programs, 1))
     return next((s for s in fits if s >= want), fits[-1])
 
 
-def plan_split(node: fx.Node, target: int = TARGET_PROGRAMS) -> Split | str | None:
+def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
     """A :class:`Split` for reduction ``node``, a reason it is not split (a string: noted), or None (no candidate:
     enough outputs, or a short extent; nothing to say)."""
     x = node.args[0]
@@ -131,7 +143,9 @@ def plan_split(node: fx.Node, target: int = TARGET_PROGRAMS) -> Split | str | No
     dims = _dims(node, xv.dim())
     shape = tuple(xv.shape)
     extent, outputs = math.prod(shape[d] for d in dims), max(out.numel(), 1)
-    if extent < LONG_EXTENT or outputs >= max(FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS):
+    if extent < min(LONG_EXTENT, LONG_COLUMN_EXTENT) or outputs >= max(
+        FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS
+    ):
         return None  # short rows or plenty of outputs: the unsplit kernel fills the GPU
     if node.target in REFUSED:
         return REFUSED[node.target]
@@ -160,10 +174,12 @@ def plan_split(node: fx.Node, target: int = TARGET_PROGRAMS) -> Split | str | No
         return f"dims {dims} of {shape} at strides {tuple(xv.stride())}: the generator would read them scattered"
     if programs >= (FEW_COLUMN_PROGRAMS if column else FEW_PROGRAMS):
         return None
+    if extent < (LONG_COLUMN_EXTENT if column else LONG_EXTENT):
+        return None
     splits = splits_for(extent, programs, column, target)
     if splits is None:
-        return f"an extent of {extent}: no divisor S in [2, {MAX_COLUMN_SPLITS if column else MAX_ROW_SPLITS}] " \
-            f"with chunks of >= {MIN_CHUNK}"  # fmt: skip
+        cap, chunk = (MAX_COLUMN_SPLITS, MIN_COLUMN_CHUNK) if column else (MAX_ROW_SPLITS, MIN_CHUNK)
+        return f"an extent of {extent}: no divisor S in [2, {cap}] with chunks of >= {chunk}"
     view_shape = (*sizes[:at], splits, extent // splits, *kept_after)
     return Split(view_shape, at, splits, extent, column, programs)
 
@@ -203,7 +219,7 @@ def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
     return value
 
 
-def split_reductions(gm: fx.GraphModule, note: Callable[..., None], target: int = TARGET_PROGRAMS) -> int:
+def split_reductions(gm: fx.GraphModule, note: Callable[..., None], target: int | None = None) -> int:
     """Phase 9's pass ``split_reductions``: every sum, mean, amax, amin or any with too few outputs to fill a GPU
     over a long extent (module docstring) becomes a stage-1 reduction of a ``(S, L/S)`` view to S partials per
     output and a stage-2 reduction of the partials. ``note(pass, nodes, action, why)`` gets every split and every
