@@ -83,6 +83,16 @@ def gpu_us(fn, sets: list[tuple], calls: int = 30, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def copies(n: int):
+    """``f(*inputs, *outputs)`` copying each of ``n`` inputs into its output: the limit's bytes, read and written."""
+
+    def copy(*io):
+        for i, o in zip(io[:n], io[n:], strict=True):
+            o.copy_(i)
+
+    return copy
+
+
 @contextlib.contextmanager
 def split_pass(on: bool, target: int | None):
     """The backend with pass split_reductions on or off: its option once wired into PASSES; until then the pass
@@ -157,8 +167,7 @@ def main(argv: list[str]) -> int:
                 row = {"case": name, "what": what, "shape": list(shape), "op": op, "dims": dims, "dtype": dname,
                        "form": form, "eager_us": gpu_us(model, sets), "eager_wall_us": wall_us(model, *ins)}  # fmt: skip
                 outs = [tuple(torch.empty_like(t) for t in s) for s in sets]  # the copy: read and write each input once
-                copy = gpu_us(lambda *io: [o.copy_(i) for i, o in zip(io[: len(ins)], io[len(ins) :])],
-                              [s + o for s, o in zip(sets, outs)])  # fmt: skip
+                copy = gpu_us(copies(len(ins)), [s + o for s, o in zip(sets, outs, strict=True)])
                 row["limit_us"] = copy / 2  # read once at the copy's bandwidth
                 variants = [("fusion_off", False, None)] + [
                     (f"fusion_on{'' if t is None else f'_t{t}'}", True, t) for t in targets
