@@ -163,7 +163,7 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
     kept_after = sizes[at + len(pos) :]
     try:  # the reduced dims as one dim (then every (S, L/S) split of it is a view too)
         strides = xv.view(*sizes[:at], extent, *kept_after).stride()
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # a fake tensor says ValueError
         return f"dims {dims} of {shape} at strides {tuple(xv.stride())}: not one extent without a copy"
     lane = strides[at]
     if lane == 1:
