@@ -30,6 +30,7 @@ CASES = {  # name: (shape, reduction, dims, forms, what)
     "sum0_8192x4096": ((8192, 4096), "sum", [0], ("lone", "float"), "a column sum of 4096 columns"),
     "sum_last_64x262144": ((64, 262144), "sum", [-1], ("lone", "float"), "the issue's 64 long rows"),
     "sum_last_16x1M": ((16, 1 << 20), "sum", [-1], ("lone", "float"), "16 rows of 1M"),
+    "sum_last_512x32768": ((512, 32768), "sum", [-1], ("float",), "512 rows of 32768: split below FEW_PROGRAMS"),
     "amax0_65536x1024": ((65536, 1024), "amax", [0], ("lone",), "a column max"),
     "mean_last_64x262144": ((64, 262144), "mean", [-1], ("lone",), "a mean of 64 long rows"),
     "bias_grad_bert": ((8 * 512, 768), "sum", [0], ("float",), "a Linear bias gradient, BERT-base 8x512"),

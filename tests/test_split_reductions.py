@@ -109,7 +109,9 @@ def test_split_reductions_give_eagers_values(layout, op, dtype, keepdim, special
     def f(x):
         y = x * 2 if producer else x
         if dims is None:
-            return getattr(torch, op)(y) if op != "amax" and op != "amin" else getattr(torch, op)(y, list(range(x.dim())))
+            return (
+                getattr(torch, op)(y) if op != "amax" and op != "amin" else getattr(torch, op)(y, list(range(x.dim())))
+            )
         return getattr(torch, op)(y, dims, keepdim=keepdim)
 
     with mock.patch.multiple(sr, **SMALL):
