@@ -6,22 +6,27 @@ neighbouring columns (a column walk, ``x.sum(0)``: :class:`fusion.kernels.rows.R
 (65536, 1024).sum(0) (64 programs of 16 columns), most of a GPU's 132 SMs idle: the generator refuses and aten's
 reduction runs. Split, the reduced extent ``L`` is viewed as ``(S, L / S)``::
 
-    r(x, dims)  ->  p = r(x.view(..., S, L/S, ...), dim of L/S, dtype=float32)    stage 1: S times the outputs
+    r(x, dims)  ->  p = r(x.view(..., S, L/S, ...).float(), dim of L/S)      stage 1: S times the outputs
                     r(p, dim of S)  [/ L for mean]  [-> result dtype]             stage 2: S partials per output
-    (65536, 1024).sum(0)  ->  x.view(S, 65536/S, 1024).sum(1, float32)  ->  (S, 1024).sum(0)  ->  bf16
-    (64, 262144).sum(-1)  ->  x.view(64, S, 262144/S).sum(-1, float32)  ->  (64, S).sum(-1)  ->  bf16
+    (65536, 1024).sum(0)  ->  x.view(S, 65536/S, 1024).float().sum(1)  ->  (S, 1024).sum(0)  ->  bf16
+    (64, 262144).sum(-1)  ->  x.view(64, S, 262144/S).float().sum(-1)  ->  (64, S).sum(-1)  ->  bf16
 
 Stage 1 is an ordinary reduction over a view, so Phase 6's region takes the pointwise ops before it, the view and
 the reduction: one kernel, as before the split (tests/test_split_reductions.py counts them). Stage 2 reads S small
-partials and writes the result, its cast and mean's division in the same kernel. No atomics: every partial has one
+partials and writes the result, its cast and mean's division in the same kernel (alone, a float32 sum's stage 2 is
+aten's reduction of S x outputs: a few microseconds). No atomics: every partial has one
 writer and the result one order of summation, the same on every call (deterministic).
 
-Numerics: a sum (and mean) of float16/bfloat16/float32 accumulates in float32 partials (``sum(..., dtype=float32)``)
-and is rounded to the result dtype once, at the end, as eager's CUDA reduction does; float64 stays float64. The
-order of summation changes (as in any parallel reduction: eager's is not sequential either). Mean is
-``sum / L`` in the accumulation dtype, then the cast: eager's CPU mean (float32 sum, ``div_``, cast); eager's CUDA
-mean multiplies by ``1/L``, at most one float32 ulp apart before the cast. amax/amin keep the input's dtype: exact,
-NaN propagates through both stages. ``any`` is an or of ors. Not split:
+Numerics: a sum (and mean) of float16/bfloat16/float32 accumulates in float32 partials and is rounded to the result
+dtype once, at the end, as eager's CUDA reduction does; float64 stays float64. A half input is read through an
+explicit ``convert_element_type(view, float32)``, not ``sum(dtype=float32)``: the same values (the upcast is exact),
+and a lone reduction (``x.sum(0)``, no pointwise op before it) then has two ops, which Phase 6 makes a region, so
+stage 1 is a generated kernel rather than aten's reduction (measured: (65536, 1024).sum(0) of bf16, stage 1 as aten
+64.7 us, as the generated kernel 54.5; limit 46). The order of summation changes (as in any parallel reduction:
+eager's is not sequential either). Mean is ``sum / L`` in the accumulation dtype, then the cast: eager's CPU mean
+(float32 sum, ``div_``, cast); eager's CUDA mean multiplies by ``1/L``, at most one float32 ulp apart before the
+cast. amax/amin are exact: a half input's partials are its values in float32, converted back once at the end; NaN
+propagates through both stages. ``any`` is an or of ors. Not split:
 
 * var / var_mean (and std): the partials of a variance are (count, mean, M2) combined by Chan's formula, which no
   aten reduction computes; a sum and a sum of squares (``E[x²] - E[x]²``) cancels catastrophically when the mean is
@@ -33,9 +38,10 @@ NaN propagates through both stages. ``any`` is an or of ors. Not split:
 
 Where it pays (CUDA only, constants below, measured): a row walk of fewer than :data:`FEW_PROGRAMS` programs over
 at least :data:`LONG_EXTENT` elements, or a column walk of fewer than :data:`FEW_COLUMN_PROGRAMS` over at least
-:data:`LONG_COLUMN_EXTENT`. On a CPU never (unless
-:data:`ON_CPU`, which the tests set): the C renderer runs a kernel on one thread, where a row is walked at memory
-speed already and a split adds a pass and a kernel (not measured to help; nothing suggests it would).
+:data:`LONG_COLUMN_EXTENT`. On a CPU never (unless :data:`ON_CPU`, which the tests set): the C renderer runs a
+kernel on one thread, where a row is walked at memory speed already and a split adds a pass and a kernel (not
+measured to help; nothing suggests it would). scripts/gpu_reductions.py measures the pass on a GPU (H100,
+2026-11-27: scripts/results/h100-2026-11-27-reductions.json).
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ ON_CPU = False
 # programs: aten 79 us, Inductor 39, limit 8.7. The generator refuses a looped walk of fewer than 128 programs
 # (rows.LOOPED_MIN_ROWS), and a column walk of 256 programs is slow too: (8192, 4096).sum(0) unsplit took 128 us
 # against a limit of 23 (H100, 2026-11-27, GPU time of the kernels, inputs rotated past L2; split S = 8-16: 29).
-FEW_PROGRAMS = 1024  # a row walk (reduced dim innermost in memory) of fewer rows than this: split
+FEW_PROGRAMS = 256  # a row walk (reduced dim innermost in memory) of fewer rows than this: split (512 rows of 32768
+# unsplit, 512 looped programs: 14.0 us, split S = 2: 17.2, limit 12.8; H100, scripts/results/h100-2026-11-27-reductions.json)
 FEW_COLUMN_PROGRAMS = 1024  # a column walk of fewer programs (of COALESCED_ROWS columns each) than this: split
 # ...and only over at least this many elements: a row up to 16384 is one block of the generator's (MAX_RBLOCK), read
 # by one program in a few microseconds, where a second kernel costs as much as it saves; a column of 8192 is the
@@ -85,6 +92,7 @@ MIN_COLUMN_CHUNK = 2 * COLUMN_RBLOCK
 MAX_ROW_SPLITS = 1024
 MAX_COLUMN_SPLITS = COLUMN_RBLOCK
 
+HALF = (torch.float16, torch.bfloat16)
 SUMS = {aten.sum.dim_IntList, aten.sum.default}
 MEANS = {aten.mean.dim, aten.mean.default}
 EXTREMA = {aten.amax.default, aten.amin.default}
@@ -184,35 +192,40 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
     return Split(view_shape, at, splits, extent, column, programs)
 
 
-def _accumulator(node: fx.Node, out: torch.Tensor) -> torch.dtype:
-    """The partials' dtype: float64 for float64 results (or a float64 sum), float32 for every other float."""
-    if node.target in EXTREMA or node.target in ANYS:
-        return out.dtype
+def _accumulator(node: fx.Node, x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
+    """The dtype stage 1 reads and its partials hold: float64 for float64 results, float32 for every other float
+    (amax/amin of half inputs too: exact both ways), the input's own for any."""
+    if node.target in ANYS:
+        return x.dtype
+    if node.target in EXTREMA:
+        return torch.float32 if x.dtype in HALF else x.dtype
     return torch.float64 if out.dtype == torch.float64 else torch.float32
 
 
 def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
     """Replace ``node`` by the two stages of ``split``; returns the node standing for its value."""
     x, out = node.args[0], node.meta["val"]
-    acc, inner, outer = _accumulator(node, out), [split.at + 1], [split.at]
+    acc, inner, outer = _accumulator(node, x.meta["val"], out), [split.at + 1], [split.at]
     with graph.inserting_before(node):
-        view = call_with_meta(graph, aten.view.default, (x, list(split.view_shape)))
+        view = read = call_with_meta(graph, aten.view.default, (x, list(split.view_shape)))
+        if x.meta["val"].dtype != acc:  # an exact upcast, as sum(dtype=float32) reads; one op more makes a lone
+            read = call_with_meta(graph, prims.convert_element_type.default, (view, acc))  # reduction a region
         if node.target in EXTREMA:
-            p = call_with_meta(graph, node.target, (view, inner))
+            p = call_with_meta(graph, node.target, (read, inner))
             value = call_with_meta(graph, node.target, (p, outer))
         elif node.target in ANYS:
-            p = call_with_meta(graph, aten.any.dim, (view, inner[0]))
+            p = call_with_meta(graph, aten.any.dim, (read, inner[0]))
             value = call_with_meta(graph, aten.any.dim, (p, outer[0]))
         else:  # sum, mean: float32 (float64) partials, one rounding to the result at the end
-            p = call_with_meta(graph, aten.sum.dim_IntList, (view, inner), {"dtype": acc})
+            p = call_with_meta(graph, aten.sum.dim_IntList, (read, inner))
             value = call_with_meta(graph, aten.sum.dim_IntList, (p, outer))
             if node.target in MEANS:
                 value = call_with_meta(graph, aten.div.Tensor, (value, split.extent))
-            if out.dtype != acc:
-                value = call_with_meta(graph, prims.convert_element_type.default, (value, out.dtype))
+        if value.meta["val"].dtype != out.dtype:  # the result's rounding, once (amax/amin: exact)
+            value = call_with_meta(graph, prims.convert_element_type.default, (value, out.dtype))
         if tuple(value.meta["val"].shape) != tuple(out.shape):  # keepdim, or size-1 dims the view dropped
             value = call_with_meta(graph, aten.view.default, (value, list(out.shape)))
-    for n in (view, p, value):
+    for n in (view, read, p, value):
         n.meta["split_reduction"] = node.name
     node.replace_all_uses_with(value)
     graph.erase_node(node)
