@@ -24,7 +24,7 @@ pytestmark = pytest.mark.phase9
 aten = torch.ops.aten
 
 
-SMALL = dict(ON_CPU=True, LONG_EXTENT=64, LONG_COLUMN_EXTENT=64, MIN_CHUNK=4, MIN_COLUMN_CHUNK=4,
+SMALL = dict(ON_CPU=True, LONG_EXTENT=64, LONG_COLUMN_EXTENT=64, FUSED_COLUMN_EXTENT=64, MIN_CHUNK=4, MIN_COLUMN_CHUNK=4,
              TARGET_PROGRAMS=128, TARGET_COLUMN_PROGRAMS=128)  # stage 1 >= LOOPED_MIN_ROWS programs  # fmt: skip
 
 
@@ -235,3 +235,15 @@ def test_a_lone_half_reduction_is_split_into_two_kernels(small, op):
     compiled = compile_graph(gm, aten_inputs(Fn(f), (x,)))
     assert count == 1 and compiled.num_kernels == 2 and compiled.library_calls == 0, compiled.report
     torch.testing.assert_close(compiled(x), f(x), rtol=1.6e-2, atol=1e-1)
+
+
+def test_a_short_column_is_split_only_into_a_generated_kernel(small, monkeypatch):
+    """Columns between FUSED_COLUMN_EXTENT and LONG_COLUMN_EXTENT are split only where stage 1 becomes a generated
+    kernel: a half input (read through its upcast) or a pointwise producer; a lone float32 sum would be two aten
+    reductions (measured slower than one)."""
+    monkeypatch.setattr(sr, "LONG_COLUMN_EXTENT", 256)
+    x = torch.randn(128, 32)
+    assert split(lambda x: x.sum(0), x)[2] == 0  # float32, nothing before it
+    assert split(lambda x: (x * 2).sum(0), x)[2] == 1  # a pointwise producer
+    assert split(lambda x: x.sum(0), x.to(torch.bfloat16))[2] == 1  # a half input
+    assert split(lambda x: x.sum(0), torch.randn(256, 32))[2] == 1  # long enough whatever runs it
