@@ -113,8 +113,8 @@ REFUSED = {  # reductions we see but do not split, and why
 @dataclass(frozen=True)
 class Split:
     """How to split one reduction: view its input as ``view_shape`` (the reduced extent as ``(splits, chunk)`` at
-    position ``at``), reduce dim ``at + 1`` (stage 1), then dim ``at`` (stage 2); the result is ``out_shape`` viewed
-    as the original's shape. ``column``: the kept dims after the reduced ones are contiguous (a column walk)."""
+    position ``at``, size-1 dims dropped), reduce dim ``at + 1`` (stage 1), then dim ``at`` (stage 2); the result
+    is viewed as the original's shape. ``column``: the kept dims after the reduced ones are contiguous (a column walk)."""
 
     view_shape: tuple[int, ...]
     at: int
@@ -169,12 +169,6 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS
     ):
         return None  # short rows or plenty of outputs: the unsplit kernel fills the GPU
-    if node.target in REFUSED:
-        return REFUSED[node.target]
-    if xv.device.type != "cuda" and not ON_CPU:
-        return f"on {xv.device.type}: the C renderer walks a row on one thread at memory speed; a split adds a pass"
-    if node.target not in ANYS and not (xv.dtype.is_floating_point and out.dtype.is_floating_point):
-        return f"a reduction of {xv.dtype} to {out.dtype}: the generator reduces floats only (and any)"
     big = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims are dropped by the view
     red = [d for d in big if d in dims]
     pos = [big.index(d) for d in red]
@@ -198,6 +192,13 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         return None
     if extent < (LONG_EXTENT if not column else LONG_COLUMN_EXTENT if not _generated(x) else FUSED_COLUMN_EXTENT):
         return None
+    # a candidate: too few programs over a long extent. Reasons not to split it after all:
+    if node.target in REFUSED:
+        return REFUSED[node.target]
+    if xv.device.type != "cuda" and not ON_CPU:
+        return f"on {xv.device.type}: the C renderer walks a row on one thread at memory speed; a split adds a pass"
+    if node.target not in ANYS and not (xv.dtype.is_floating_point and out.dtype.is_floating_point):
+        return f"a reduction of {xv.dtype} to {out.dtype}: the generator reduces floats only (and any)"
     splits = splits_for(extent, programs, column, target)
     if splits is None:
         cap, chunk = (MAX_COLUMN_SPLITS, MIN_COLUMN_CHUNK) if column else (MAX_ROW_SPLITS, MIN_CHUNK)
