@@ -247,3 +247,22 @@ def test_a_short_column_is_split_only_into_a_generated_kernel(small, monkeypatch
     assert split(lambda x: (x * 2).sum(0), x)[2] == 1  # a pointwise producer
     assert split(lambda x: x.sum(0), x.to(torch.bfloat16))[2] == 1  # a half input
     assert split(lambda x: x.sum(0), torch.randn(256, 32))[2] == 1  # long enough whatever runs it
+
+
+def test_a_training_step_keeps_eagers_gradients(small, monkeypatch):
+    """In a backward graph (AOTAutograd's): a Linear's bias gradient and a LayerNorm's weight and bias gradients are
+    sums over 256 rows of 32 columns, split; the gradients stay eager's."""
+    monkeypatch.setattr(backend, "PASSES", [*backend.PASSES, sr.SPLIT_REDUCTIONS])
+    backend.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32))
+    x = torch.randn(256, 32)
+    model(x).square().sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.compile(model, backend="fusion")(x).square().sum().backward()
+    for got, ref in zip((p.grad for p in model.parameters()), want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    splits = [p for r in backend.reports for part in r.parts for p in part.passes if p[2] == "split"]
+    assert len(splits) >= 2, [p for r in backend.reports for part in r.parts for p in part.passes]
+    backend.reset()
