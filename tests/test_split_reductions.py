@@ -220,6 +220,7 @@ def test_the_backend_runs_the_pass(small, monkeypatch):
     assert not [p for part in backend.reports[0].parts for p in part.passes if p[0] == "split reductions"]
     backend.reset()
     assert sr.SPLIT_REDUCTIONS.name == "split_reductions" and sr.SPLIT_REDUCTIONS.default
+    assert sr.SPLIT_REDUCTIONS.requires == ("codegen",)
 
 
 @pytest.mark.parametrize("op", ["sum", "amax"])

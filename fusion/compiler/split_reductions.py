@@ -277,4 +277,5 @@ SPLIT_REDUCTIONS = Pass(
     "split_reductions",
     noted(split_reductions),
     doc="few outputs over a long extent (CUDA): two reductions, float32 partials (fusion.compiler.split_reductions)",
+    requires=("codegen",),  # the gain is stage 1 as a generated kernel; without codegen, two aten reductions
 )
