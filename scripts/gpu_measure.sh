@@ -7,6 +7,7 @@
 #     bash scripts/gpu_measure.sh profile    # eager's roundings on CUDA again; where the attention families lose
 #                                            # (torch.profiler: wall vs GPU time, launches, top kernels)
 #     bash scripts/gpu_measure.sh final      # CUDA tests; sums over leading dims; T5, Swin-T profiled; T5, BERT step timed
+#     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -84,6 +85,11 @@ final)
         2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
     suite $((560 - (SECONDS - start))) t5_encoder,bert_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile or final" && exit 2 ;;
+reductions)
+    step "reductions with few outputs (split_reductions on and off, eager, Inductor, the copy-bandwidth limit)"
+    timeout 540 "$PY" scripts/gpu_reductions.py --out "$OUT" $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+        | grep -v "Warning\|_warn_once" | tee "$OUT/reductions.log"
+    ;;
+*) echo "part must be numerics, cuda, profile, final or reductions" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
