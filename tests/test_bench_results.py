@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fusion.bench.accuracy import acceptable, max_diffs, relative_error
+from fusion.bench.accuracy import acceptable, float64_of, max_diffs, relative_error
 from fusion.bench.results import run_meta, save_json
 
 pytestmark = pytest.mark.phase4
@@ -28,6 +28,20 @@ def test_acceptable_is_inductors_rule_with_a_line_of_text():
     # bfloat16 outputs get bfloat16's tolerance (1e-2), float32's would fail them
     b = want.bfloat16()
     assert acceptable(b + 0.005, b)[0] and not acceptable(b + 0.005, b, tol=1e-4)[0]
+
+
+def test_float64_of_runs_a_copy_once_and_only_when_asked():
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    fp64 = float64_of(model, (x,))
+    assert model.weight.dtype == torch.float32  # nothing ran yet, and the caller's model stays float32
+    want = fp64()
+    assert want.dtype == torch.float64 and fp64() is want and model.weight.dtype == torch.float32
+    torch.testing.assert_close(want, model.double()(x.double()))
+    ok, text = acceptable(model.float()(x) + 1e-3, model(x), float64_of(model, (x,)))
+    assert not ok and "RMSE" in text  # the second opinion was asked: the backend is far worse than eager
+    assert float64_of(torch.nn.Embedding(4, 2), (torch.tensor([1]),))().dtype == torch.float64  # ids stay ids
+    assert float64_of(torch.nn.Linear(3, 3), (x,))() is None  # it does not run: no second opinion
 
 
 def test_relative_error_is_max_delta_over_max_eager():

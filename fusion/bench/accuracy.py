@@ -15,6 +15,7 @@ far from eager" prints :func:`relative_error` (max |Δ| / max |eager|), a measur
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,6 +112,25 @@ def max_diffs(got: object, want: object) -> tuple[float, float]:
 def relative_error(got: object, want: object) -> float:
     """max |got - want| / max |want| over every output tensor: how far from eager, as the tables print it."""
     return max_diffs(got, want)[0]
+
+
+def float64_of(model: torch.nn.Module, inputs: tuple) -> Callable[[], object]:
+    """Eager in float64 for :func:`acceptable`'s second opinion: ``model`` copied (never the caller's) and run on the
+    inputs cast to float64, the first time it is asked for, then kept; None where the model does not run in float64
+    (then allclose alone decides)."""
+    memo: list = []
+
+    def fp64() -> object:
+        if not memo:
+            try:
+                as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                with torch.no_grad():
+                    memo.append(copy.deepcopy(model).double()(*as64))
+            except Exception:  # noqa: BLE001 - an op without float64 (on this device): no second opinion
+                memo.append(None)
+        return memo[0]
+
+    return fp64
 
 
 def acceptable(

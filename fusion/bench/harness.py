@@ -8,7 +8,6 @@ the peak-memory measurement — as a :class:`Lesson`; nothing here imports the l
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import os
@@ -22,7 +21,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from fusion.bench.accuracy import acceptable, max_diffs
+from fusion.bench.accuracy import acceptable, float64_of, max_diffs
 from fusion.bench.config import SIZES, Config
 from fusion.bench.counting import NodeCost, flop_count, graph_costs, intermediate_bytes, kernels_bound, min_bytes
 from fusion.bench.profile import Peaks, gpu_profile, measure_peaks, sync_for
@@ -99,23 +98,6 @@ def _build(spec: VariantSpec, src: nn.Module, inputs: tuple, config: Config) -> 
     return mod, v
 
 
-def _float64_reference(eager: nn.Module, inputs: tuple) -> Callable[[], object]:
-    """Eager in float64 on a copy, computed on the first call (only where allclose is not enough), then kept; None
-    where the model does not run in float64 (then allclose alone decides)."""
-    memo: list = []
-
-    def fp64() -> object:
-        if not memo:
-            try:
-                as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-                memo.append(copy.deepcopy(eager).double()(*as64))
-            except Exception:  # noqa: BLE001 - an op without float64 (on this device): no second opinion
-                memo.append(None)
-        return memo[0]
-
-    return fp64
-
-
 def run_workload(
     w: Workload, config: Config, peaks: Peaks, threads: int, log: Callable[[str], None], lesson: Lesson, rounds: int
 ) -> dict:
@@ -158,7 +140,7 @@ def run_workload(
     # Same answer first: a fast wrong model is not a result. The first call also compiles what compiles lazily.
     ref = eager(*inputs)
     sync()
-    fp64 = _float64_reference(eager, inputs)
+    fp64 = float64_of(eager, inputs)  # computed only where allclose is not enough
     for name in list(modules):
         v = variants[name]
         t0 = time.perf_counter()
