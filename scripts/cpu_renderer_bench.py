@@ -13,8 +13,7 @@ correctness tool: seconds per call).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import os
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch.utils.benchmark as tb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fusion import backend, models  # noqa: E402  (registers backend="fusion")
+from fusion.bench.results import run_meta, save_json  # noqa: E402
 from fusion.kernels import c_runtime  # noqa: E402
 
 
@@ -94,11 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds, seconds = (1, 0.2) if args.quick else (3, 1.0)
     ok, cc = c_runtime.available()
     meta = {
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "cores_visible": torch.get_num_threads() and __import__("os").cpu_count(),
+        **run_meta("cpu"),
+        "cores_visible": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "compiler": cc,
         "openmp": ok and c_runtime.openmp(),
@@ -126,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         args.no_interp,
     )  # fmt: skip
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        save_json(args.json, results)
         print(f"wrote {args.json}")
     return 0
 

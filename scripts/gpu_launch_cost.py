@@ -9,7 +9,6 @@ fusion.kernels.timing.launch_us: µs of CPU per launch through our direct launch
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -17,6 +16,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 from fusion import backend
+from fusion.bench.results import save_json
 from fusion.kernels.timing import launch_us
 
 
@@ -68,9 +68,7 @@ def main() -> None:
     )
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "launch_cost.json"), "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "us_per_call": rows,
-                       "per_launch": cost}, fh, indent=1)  # fmt: skip
+        save_json(os.path.join(out, "launch_cost.json"), {"us_per_call": rows, "per_launch": cost}, device="cuda")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ on the GPU: CUDA-event medians (torch.utils.benchmark), the limit from bytes rea
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 from torch.utils.benchmark import Timer
 
+from fusion.bench.results import save_json
 from fusion.codegen import compile_regions
 
 CASES = {  # name: (shape, dims, what it is in a model)
@@ -56,9 +56,7 @@ def main(argv: list[str]) -> int:
               f"  limit {limit:7.1f} us")  # fmt: skip
     out = os.environ.get("OUT")
     if out:
-        meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
-        with open(os.path.join(out, "outer_sums.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        save_json(os.path.join(out, "outer_sums.json"), {"rows": rows}, device=dev)
     return 0
 
 

@@ -10,7 +10,6 @@ exactly as the suite runs it (``fusion.bench.suite._runner``: bf16 or AMP, chann
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusion import backend
+from fusion.bench.results import save_json
 from fusion.bench.suite import SuiteConfig, _runner
 from fusion.bench.suite_models import MODELS
 
@@ -121,17 +121,7 @@ def main(argv: list[str]) -> None:
             del step
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
     if out:
-        with open(os.path.join(out, "profile_models.json"), "w") as f:
-            json.dump(
-                {
-                    "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name() if not dry else "cpu",
-                    "date": time.strftime("%Y-%m-%d"),
-                    "rows": results,
-                },
-                f,
-                indent=1,
-            )
+        save_json(os.path.join(out, "profile_models.json"), {"rows": results}, device=cfg.device)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,14 @@ spends CPU the other does not.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusion import backend
+from fusion.bench.results import save_json
 from fusion.bench.suite import SuiteConfig, _runner
 from fusion.bench.suite_models import MODELS
 
@@ -63,8 +62,7 @@ def main(argv: list[str]) -> None:
             del step
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "profile_ops.json"), "w") as f:
-            json.dump({"torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": results}, f, indent=1)
+        save_json(os.path.join(out, "profile_ops.json"), {"rows": results}, device=cfg.device)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fusion.bench.suite import BACKENDS, HEADER, MODELS, row_lines, save, summarize, summary_lines  # noqa: E402
+from fusion.bench.results import save_json  # noqa: E402
+from fusion.bench.suite import BACKENDS, HEADER, MODELS, row_lines, summarize, summary_lines  # noqa: E402
 
 # The on-disk caches of the compilers: Inductor's FX graph and autograd caches, Triton's kernels, ours.
 CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FUSION_CACHE_DIR")
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, flush=True)
             result["models"] = kept + [r for r in result["models"] if r not in kept]
             result["summary"] = summarize(result["models"], backends)
-            save(result, str(path))
+            save_json(path, result)
     print("summary:")
     for line in summary_lines(result["summary"]):
         print(line)

@@ -114,12 +114,18 @@ def test_no_import_cycle_inside_fusion():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+BESIDE_THE_LAYERS = {"common"}  # shared plumbing every layer and lesson uses (tables, reports, the lesson CLI)
+
+
 def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The import graph between fusion's subpackages (``fusion.kernels`` -> ``fusion.ir``), lessons left out."""
+    """The import graph between fusion's subpackages (``fusion.kernels`` -> ``fusion.ir``), lessons and
+    ``fusion.common`` left out (it stands beside the layers: :func:`test_common_is_plumbing_beside_the_layers`)."""
 
     def folder(mod: str) -> str | None:
         parts = mod.split(".")
-        return parts[1] if len(parts) > 1 and (FUSION / parts[1] / "__init__.py").exists() else None
+        if len(parts) < 2 or parts[1] in BESIDE_THE_LAYERS:
+            return None
+        return parts[1] if (FUSION / parts[1] / "__init__.py").exists() else None
 
     out: dict[str, set[str]] = {}
     for mod, deps in graph.items():
@@ -136,6 +142,22 @@ def test_no_import_cycle_between_folders():
     assert cycle is None, "import cycle between folders: " + " -> ".join(cycle)
     assert graph["kernels"] - {"ir", "aten"} == set(), "fusion.kernels depends on the IR (and aten helpers) alone"
     assert "compiler" not in graph["ir"] | graph["kernels"]
+
+
+def test_common_is_plumbing_beside_the_layers():
+    """fusion.common (tracing errors, tables, reports, rewrite clean-up, TODO handling, the lesson CLI) is used by every
+    layer and imports none of them: its one way out is the lesson CLI's lazy look-up of a lesson's picture
+    (fusion.viz, whose package module imports nothing of fusion)."""
+    graph = import_graph()
+    out = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        if mod == "fusion.common" or mod.startswith("fusion.common.")
+        for dep in deps
+        if not dep.startswith("fusion.common") and (mod, dep) != ("fusion.common.cli", "fusion.viz")
+    )
+    assert not out, out
+    assert graph["fusion.viz"] == set()
 
 
 @pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.module)

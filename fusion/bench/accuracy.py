@@ -7,11 +7,17 @@ model may be wrong only by a small multiple of what eager itself is wrong by in 
 bf16/fp16 outputs, 2 otherwise, 3 for tensors of fewer than 1000 elements, 1×1 maps or ``tol >= 2e-2``; with
 ``use_larger_multiplier_for_smaller_tensor`` (off by default, as in the runner) 10 at <= 10 elements and 8 below
 1000. Integer and bool outputs must be equal; NaN matches NaN (the runner's ``equal_nan=True``).
+
+This is the one rule: the model suite calls :func:`accuracy`, Phase 4's benchmark, the backend's lesson and the GPU
+checks call :func:`acceptable` (the same rule, with a verdict and a line of text), and every table that prints "how
+far from eager" prints :func:`relative_error` (max |Δ| / max |eager|), a measurement, not a verdict.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,3 +91,65 @@ def tolerance(dtype: torch.dtype) -> float:
     """``tol``: 1e-4 in float32 (the runner's default), 1e-2 under bf16/fp16 (our choice; the runner sets it per
     suite and model)."""
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+
+
+def max_diffs(got: object, want: object) -> tuple[float, float]:
+    """(max |got - want| / max |want|, max |got - want|) over every output tensor, in float64 (inf, inf: the outputs
+    do not pair up)."""
+    rel, absolute = 0.0, 0.0
+    gots, wants = flat_tensors(got), flat_tensors(want)
+    if len(gots) != len(wants):
+        return math.inf, math.inf
+    for g, w in zip(gots, wants, strict=True):
+        if not w.numel():
+            continue
+        w64 = w.detach().double()
+        d = (g.detach().double() - w64).abs().max().item()
+        rel, absolute = max(rel, d / (w64.abs().max().item() or 1.0)), max(absolute, d)
+    return rel, absolute
+
+
+def relative_error(got: object, want: object) -> float:
+    """max |got - want| / max |want| over every output tensor: how far from eager, as the tables print it."""
+    return max_diffs(got, want)[0]
+
+
+def float64_of(model: torch.nn.Module, inputs: tuple) -> Callable[[], object]:
+    """Eager in float64 for :func:`acceptable`'s second opinion: ``model`` copied (never the caller's) and run on the
+    inputs cast to float64, the first time it is asked for, then kept; None where the model does not run in float64
+    (then allclose alone decides)."""
+    memo: list = []
+
+    def fp64() -> object:
+        if not memo:
+            try:
+                as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                with torch.no_grad():
+                    memo.append(copy.deepcopy(model).double()(*as64))
+            except Exception:  # noqa: BLE001 - an op without float64 (on this device): no second opinion
+                memo.append(None)
+        return memo[0]
+
+    return fp64
+
+
+def acceptable(
+    got: object,
+    want: object,
+    fp64: object | Callable[[], object] | None = None,
+    tol: float | None = None,
+) -> tuple[bool, str]:
+    """Is ``got`` (the backend's outputs) right, ``want`` being eager's? The rule of :func:`accuracy` at
+    :func:`tolerance` of ``want``'s dtype (or ``tol``), and one line that says so: ``max |Δ| / max |eager| = 3.1e-06
+    (ok)``, or ``... (TOO LARGE: <why>)``.
+
+    ``fp64`` is eager in float64, or a function that computes it (called only when allclose is not enough, so that
+    a float64 run is paid only for outputs that need it), or None: then allclose alone decides.
+    """
+    floats = [t for t in flat_tensors(want) if t.is_floating_point()]
+    tol = tolerance(floats[0].dtype if floats else torch.float32) if tol is None else tol
+    verdict = accuracy(want, got, None, tol)
+    if not verdict.ok and fp64 is not None:
+        verdict = accuracy(want, got, fp64() if callable(fp64) else fp64, tol)
+    text = f"max |Δ| / max |eager| = {relative_error(got, want):.1e}"
+    return verdict.ok, f"{text} ({'ok' if verdict.ok else 'TOO LARGE: ' + verdict.reason})"

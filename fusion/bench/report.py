@@ -226,7 +226,7 @@ How to read it
   peak MB       bytes allocated during one call above what was resident (CUDA: the allocator's peak; CPU: the
                 running sum of the allocations and frees the dispatcher saw; '-' for compiled code on CPU).
   interm. MB    intermediate tensors the graph writes and reads back (ShapeProp); removed: eager's minus this.
-  (!)           the output differs from eager beyond the dtype's tolerance: that row's speed is not a result.
+  (!)           the output fails the accuracy rule against eager (Inductor's): that row's speed is not a result.
   GPU (CUDA)    torch.profiler's kernel time per call (× limit: over the workload's roofline limit); wall − GPU is
                 time the GPU waited for the CPU."""
 

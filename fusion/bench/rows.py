@@ -1,18 +1,15 @@
 """One variant's row of Phase 4's benchmark: the :class:`Variant` record (its fields are the JSON's, per variant)
 and the numbers that fill it — median and IQR, speedup and % of the roofline limit (:func:`row_metrics`), the
-output's difference from eager (:func:`max_diffs`, within :func:`tolerance`), and Phase 8's kernels, predicted
-beside measured (:func:`generated_kernels`). The run that measures them is ``fusion.bench.harness``.
+output's difference from eager (measured and judged by :mod:`fusion.bench.accuracy`, the one rule), and Phase 8's
+kernels, predicted beside measured (:func:`generated_kernels`). The run that measures them is ``fusion.bench.harness``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from fusion.bench.counting import flat_tensors
 from fusion.bench.profile import Peaks
 
 
@@ -51,24 +48,6 @@ def row_metrics(
         tflops=workload.flops / median_s / 1e12,
         predicted_speedup=predicted,
     )
-
-
-def max_diffs(out: object, ref: object) -> tuple[float, float]:
-    """(max |out - ref| / max |ref|, max |out - ref|) over every output tensor, in float64."""
-    rel, absolute = 0.0, 0.0
-    outs, refs = flat_tensors(out), flat_tensors(ref)
-    if len(outs) != len(refs):
-        return math.inf, math.inf
-    for o, r in zip(outs, refs, strict=True):
-        r64 = r.detach().double()
-        d = (o.detach().double() - r64).abs().max().item() if r.numel() else 0.0
-        rel = max(rel, d / (r64.abs().max().item() or 1.0) if r.numel() else 0.0)
-        absolute = max(absolute, d)
-    return rel, absolute
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
 
 
 @dataclass

@@ -20,9 +20,7 @@ Run it:   uv run python -m fusion.benchmark --suite [--models resnet18,bert] [--
 from __future__ import annotations
 
 import copy
-import datetime
 import gc
-import json
 import os
 import platform
 import sys
@@ -35,7 +33,8 @@ import torch.nn as nn
 
 from fusion.bench.accuracy import accuracy, tolerance
 from fusion.bench.counting import flat_tensors
-from fusion.bench.profile import device_name, sync_for
+from fusion.bench.profile import sync_for
+from fusion.bench.results import run_meta, save_json
 from fusion.bench.rows import summarize as summarize_times
 from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteModel, scalar_loss
 from fusion.bench.suite_print import HEADER, geomean, row_lines, summarize, summary_lines  # noqa: F401
@@ -382,17 +381,13 @@ def run_suite(
     result = {
         "schema": SCHEMA,
         "meta": {
-            "device": device,
-            "device_name": device_name(device),
-            "torch_version": torch.__version__,
+            **run_meta(device),
             "transformers_version": _version("transformers"),
             "torchvision_version": _version("torchvision"),
-            "python_version": platform.python_version(),
             "dtype": str(cfg.dtype).removeprefix("torch."),
             "sizes": sizes,
             "backends": list(backends),
             "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "models": [],
     }
@@ -413,13 +408,13 @@ def run_suite(
             log(line)
         _free(device)
         if json_path:
-            save(result, json_path)
+            save_json(json_path, result)
     result["summary"] = summarize(result["models"], backends)
     log("summary:")
     for line in summary_lines(result["summary"]):
         log(line)
     if json_path:
-        save(result, json_path)
+        save_json(json_path, result)
     return result
 
 
@@ -436,10 +431,3 @@ def _free(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-
-
-def save(result: dict, path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)

@@ -116,41 +116,30 @@ def _text_inputs(sizes: str, vocab: int) -> tuple[torch.Tensor]:
     return (torch.randint(0, vocab, (batch, seq), generator=g),)
 
 
+def _hf_config(config_cls: type, sizes: str, names: dict[str, str], common: dict, small: dict | None = None):
+    """A HuggingFace config: its defaults (the published model) at ``full`` sizes, else :func:`_small`'s numbers
+    under the config's own names (``names``: ours -> theirs) and ``small``'s extra fields; ``common`` on both."""
+    if sizes == "full":
+        return config_cls(**common)
+    t = _small(sizes)
+    return config_cls(**{theirs: t[ours] for ours, theirs in names.items()}, **(small or {}), **common)
+
+
 def _bert_config(sizes: str):
     from transformers import BertConfig
 
     common = dict(attn_implementation="sdpa", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    if sizes == "full":
-        return BertConfig(**common)  # bert-base: d 768, 12 layers, 12 heads
-    t = _small(sizes)
-    return BertConfig(
-        hidden_size=t["hidden"],
-        num_hidden_layers=t["layers"],
-        num_attention_heads=t["heads"],
-        intermediate_size=t["intermediate"],
-        vocab_size=t["vocab"],
-        max_position_embeddings=t["positions"],
-        **common,
-    )
+    names = dict(hidden="hidden_size", layers="num_hidden_layers", heads="num_attention_heads")
+    names.update(intermediate="intermediate_size", vocab="vocab_size", positions="max_position_embeddings")
+    return _hf_config(BertConfig, sizes, names, common)  # full: bert-base, d 768, 12 layers, 12 heads
 
 
 def _gpt2_config(sizes: str):
     from transformers import GPT2Config
 
     common = dict(attn_implementation="sdpa", use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    if sizes == "full":
-        return GPT2Config(**common)  # gpt2 (124M): d 768, 12 layers, 12 heads
-    t = _small(sizes)
-    return GPT2Config(
-        n_embd=t["hidden"],
-        n_layer=t["layers"],
-        n_head=t["heads"],
-        vocab_size=t["vocab"],
-        n_positions=t["positions"],
-        bos_token_id=0,
-        eos_token_id=0,
-        **common,
-    )
+    names = dict(hidden="n_embd", layers="n_layer", heads="n_head", vocab="vocab_size", positions="n_positions")
+    return _hf_config(GPT2Config, sizes, names, common, dict(bos_token_id=0, eos_token_id=0))  # full: gpt2 (124M)
 
 
 def _llama_config(sizes: str):

@@ -1,4 +1,4 @@
-"""Connected pieces of a set of graph nodes: union-find over producer → consumer edges inside the set."""
+"""Connected pieces of a set of graph nodes: a depth-first walk over the producer → consumer edges inside the set."""
 
 from __future__ import annotations
 
@@ -6,30 +6,26 @@ import torch.fx as fx
 
 
 def connected_pieces(nodes: list[fx.Node]) -> list[list[fx.Node]]:
-    """``nodes`` (in graph order) grouped into the pieces their edges connect, each piece in graph order.
+    """``nodes`` (in graph order) grouped into the pieces their edges connect, each piece in graph order, the pieces
+    in the order of their first node.
 
-    Union by size with path halving over positions: one pass over the nodes and their input edges, near-linear.
+    Each node not yet reached starts a piece; a stack walks from it along inputs and users that lie in the set, and
+    every node it reaches joins that piece: each node and each edge is seen once or twice, linear in the set's size.
     """
-    index = {node: i for i, node in enumerate(nodes)}
-    parent, size = list(range(len(nodes))), [1] * len(nodes)
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]  # path halving
-            i = parent[i]
-        return i
-
-    for i, node in enumerate(nodes):
-        for inp in node.all_input_nodes:
-            j = index.get(inp)
-            if j is None:
-                continue
-            a, b = find(i), find(j)
-            if a != b:
-                if size[a] < size[b]:
-                    a, b = b, a
-                parent[b], size[a] = a, size[a] + size[b]
-    pieces: dict[int, list[fx.Node]] = {}
-    for i, node in enumerate(nodes):
-        pieces.setdefault(find(i), []).append(node)
-    return list(pieces.values())
+    piece_of: dict[fx.Node, int] = dict.fromkeys(nodes, -1)  # -1: not reached yet
+    count = 0
+    for start in nodes:
+        if piece_of[start] >= 0:
+            continue
+        piece_of[start], stack = count, [start]
+        while stack:
+            node = stack.pop()
+            for other in (*node.all_input_nodes, *node.users):
+                if piece_of.get(other) == -1:
+                    piece_of[other] = count
+                    stack.append(other)
+        count += 1
+    pieces: list[list[fx.Node]] = [[] for _ in range(count)]
+    for node in nodes:
+        pieces[piece_of[node]].append(node)
+    return pieces
