@@ -51,6 +51,7 @@ import torch.nn as nn
 import fusion.codegen  # noqa: F401  (Phase 8: importing it registers compile_graph, which the driver calls)
 from fusion import models
 from fusion.aten.capture import decomposition_table
+from fusion.bench.accuracy import acceptable, float64_of, relative_error
 from fusion.common import heading, lesson_cli, max_abs_diff, table
 from fusion.compiler import aot, driver, fold_weights, registry
 from fusion.compiler.driver import PASSES, Options, reports, reset  # noqa: F401  (the pipeline: fusion/compiler/)
@@ -193,9 +194,8 @@ def _compare(
     ours = torch.compile(model, backend="fusion", options=options)
     with torch.no_grad():
         want, got = model(*inputs), ours(*inputs)
-    tol = 1e-2 if want.dtype == torch.bfloat16 else 1e-4
-    diff = max_abs_diff(got, want) / max(want.abs().max().item(), 1e-12)
-    print(f"backend='fusion': max |Δ| / max |eager| = {diff:.1e} ({'ok' if diff < tol else 'TOO LARGE'})")
+    diff, (_, verdict) = relative_error(got, want), acceptable(got, want, float64_of(model, inputs))
+    print(f"backend='fusion': {verdict}")  # Inductor's accuracy rule (fusion.bench.accuracy), the one rule
     print(summary(reports))
     for r in reports:
         print(f"\n{r.table()}")
@@ -212,7 +212,7 @@ def _compare(
     metrics.reset()
     theirs = torch.compile(model, backend="inductor")
     with torch.no_grad():
-        diff_i = max_abs_diff(theirs(*inputs), want) / max(want.abs().max().item(), 1e-12)
+        diff_i = relative_error(theirs(*inputs), want)
     ours_kernels = sum(len(r.kernels) for r in mine)
     ours_library = sum(sum(p.library_calls.values()) for r in mine for p in r.parts)
     rows = [

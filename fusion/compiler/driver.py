@@ -30,6 +30,7 @@ from fusion.compiler import (
     passes,
     random_ops,
     registry,
+    split_reductions,
     wrapper_passes,
 )
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
@@ -96,6 +97,7 @@ PASSES = [
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
     random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks
+    split_reductions.SPLIT_REDUCTIONS,  # before "reorder": the producers then meet the new view (CUDA graphs only)
     passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),

@@ -1,7 +1,7 @@
 """The workspace: which files make it, which phase a file belongs to, ``start``, and the TODOs open or done.
 
 Learner regions live only in the lesson files ``fusion/<module>.py`` of ``fusion.main.PHASES``. Everything else
-(``fusion/kernels/``, ``fusion/bench/``, this package, ``common.py``, the tests) is plumbing and is copied unchanged.
+(``fusion/kernels/``, ``fusion/bench/``, this package, ``common/``, the tests) is plumbing and is copied unchanged.
 The workspace's ``.practice.json`` records every region's phase, file, task and hints, taken from the reference at
 ``start``: the task list never depends on the learner keeping a ``# TODO(human)`` comment.
 """
