@@ -7,6 +7,8 @@
 #     bash scripts/gpu_measure.sh profile    # eager's roundings on CUDA again; where the attention families lose
 #                                            # (torch.profiler: wall vs GPU time, launches, top kernels)
 #     bash scripts/gpu_measure.sh final      # CUDA tests; sums over leading dims; T5, Swin-T profiled; T5, BERT step timed
+#     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
+#     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
@@ -37,7 +39,8 @@ suite() {  # suite BUDGET MODELS BACKENDS
 
 cuda_tests() {  # cuda_tests LIMIT
     step "CUDA tests of Phases 8-9 (generated kernels, launchers, CUDA graphs, attention, eager's roundings)"
-    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py \
+    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py tests/test_random.py \
+        tests/test_split_reductions.py \
         -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes or one_rounding \
 or zero_dim or outer or leading" 2>&1 | tail -15 | tee "$OUT/cuda_tests.log"
 }
@@ -90,6 +93,18 @@ reductions)
     timeout 540 "$PY" scripts/gpu_reductions.py --out "$OUT" $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/reductions.log"
     ;;
-*) echo "part must be numerics, cuda, profile, final or reductions" && exit 2 ;;
+round)
+    cuda_tests 150
+    step "reductions with few outputs (split_reductions on and off, eager, Inductor, the copy-bandwidth limit)"
+    timeout 270 "$PY" scripts/gpu_reductions.py --out "$OUT" $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+        | grep -v "Warning\|_warn_once" | tee "$OUT/reductions.log"
+    step "dropout's mask in the kernel: bits against tl.rand, statistics, seeding, gradients, timing"
+    timeout 140 "$PY" scripts/gpu_random.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+        | grep -v "Warning\|_warn_once" | tee "$OUT/random.log"
+    ;;
+train)
+    suite 560 bert_train,gpt2_train,llama_train,resnet50_train,vit_b_16_train,mobilenet_v2_train eager,fusion,inductor
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round or train" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
