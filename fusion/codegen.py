@@ -60,7 +60,7 @@ from fusion.kernels import triton_runtime as rt
 from fusion.kernels.rows import bind_args
 from fusion.kernels.triton_lang import compute_dtype, const_source, tl_dtype
 from fusion.kernels.triton_values import ValueWriter
-from fusion.kernels.triton_views import unsplit, view_index
+from fusion.kernels.triton_views import stored_index, unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -206,7 +206,7 @@ class KernelWriter(ValueWriter):
         # walk, each dim indexed at its own position); a pointwise kernel walks the broadcast shape of what it stores.
         if reductions and (split := krows.split_by_reductions(region, reductions, self.stored)):
             raise split  # reductions walking different rows (a row's and a column's): one kernel each
-        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK, outer=True) if reductions else None
+        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK, True, self.members) if reductions else None
         if self.rows:
             self.shape, walk, nrow = self.rows.shape, self.rows.walk, len(self.rows.kept)
             self.splits = split_index("xindex", walk[:nrow]) + split_index("rindex", walk[nrow:], "r")
@@ -312,11 +312,9 @@ class KernelWriter(ValueWriter):
 
     def store(self, i: int, node: fx.Node) -> None:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
-        val, source = node.meta["val"], node
-        per_row = self.rows and len(val.shape) == len(self.rows.kept) < len(self.shape)  # (a reduction without keepdim)
-        own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
-        if moved := self.rows and krows.row_permutation(node, self.shape):  # a transposed copy of the rows:
-            source, own = moved[1], [self.index[p] for p in moved[0]]  # its dim d is row dim perm[d]
+        val, (source, at, own) = node.meta["val"], (node, self.index, self.index)
+        if self.rows:  # a whole row, one element per row, a permutation or a reshape of the rows (triton_views)
+            source, at, own = stored_index(node, self.rows, self.index, split_index, offset_expr)
         src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
             src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]
