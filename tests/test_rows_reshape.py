@@ -51,14 +51,16 @@ def other(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.float32 else torch.float32
 
 
-def check(fn, *inputs, renderer: str, kernels: int = 1, **tol):
-    """``fn`` compiled equals eager, in ``kernels`` kernels that all ran on ``renderer``, nothing left to aten."""
+def check(fn, *inputs, renderer: str, kernels: int | None = 1, **tol):
+    """``fn`` compiled equals eager, in ``kernels`` kernels (None: any) that all ran on ``renderer``, nothing left to
+    aten."""
     with c_runtime.use(renderer):
         model = compile_regions(Fn(fn), inputs)
     got, want = model(*inputs), fn(*inputs)
     assert not model.compiled.report.skipped, model.compiled.report.table()
     ran = [lch.owner.ran for lch in model.compiled.launchers]
-    assert ran == [renderer if renderer == "c" else "triton-interpreter"] * kernels, (ran, model.compiled.report)
+    want_ran = renderer if renderer == "c" else "triton-interpreter"
+    assert ran == [want_ran] * (kernels or len(ran)) and ran, (ran, model.compiled.report)
     torch.testing.assert_close(got, want, equal_nan=True, **tol)
     return model
 
@@ -240,3 +242,57 @@ def test_a_transposed_member_is_no_reshape_and_runs_as_aten(renderer):
         torch.testing.assert_close(got, want)
     skipped = [d.nodes for d in model.compiled.report.skipped]
     assert skipped and all("var_mean" not in " ".join(n) and "getitem" not in " ".join(n) for n in skipped), skipped
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The pointwise ops the training profile found missing: sin and cos (Llama's rotary embedding), bitwise_and (masks)
+
+
+def _specials(x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1)
+    flat[:6] = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e4])
+    return x
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float64])
+def test_sin_and_cos_match_eager(renderer, dtype):
+    """The rotary embedding's table: cos and sin of positions times frequencies, a residual after. (A half angle
+    computed in the kernel is not rounded to its dtype before the cos, as Inductor: half inputs go straight in.)"""
+    x, pos = _specials(_rand((3, 17), 0, torch.float64) * 10).to(dtype), torch.arange(17.0).to(dtype)
+
+    def f(x, pos):
+        angle = x * pos if dtype in (torch.float32, torch.float64) else x
+        return angle.cos() + 1, angle.sin() * 2, torch.sin(x) - torch.cos(x)
+
+    tol = {torch.float32: dict(atol=2e-6, rtol=2e-6), torch.float64: {}}.get(dtype, TOL.get(dtype))
+    check(f, x, pos, renderer=renderer, kernels=None, **tol)
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64])
+def test_bitwise_and_of_bools_and_integers_matches_eager(renderer, dtype):
+    """GPT-2's and Llama's masks: a causal mask & a padding mask (bools); integers: & of each bit, negatives too."""
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype in (torch.bool, torch.uint8) else -100
+    a, b = (torch.randint(lo, 100 if dtype != torch.bool else 2, (4, 9), generator=g).to(dtype) for _ in range(2))
+
+    def f(a, b):
+        return (torch.maximum(a, a) & b, (a & b[:1]) == a)
+
+    check(f, a, b, renderer=renderer, kernels=None)
+    if dtype != torch.bool:
+        check(lambda a: (torch.maximum(a, a) & 6,), a, renderer=renderer)  # a Python scalar operand
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+def test_a_causal_and_padding_mask_is_one_kernel(renderer):
+    """transformers' mask: (q >= kv) & padding[kv], then where into a large negative bias."""
+    pad = torch.ones(2, 7, dtype=torch.bool)
+    pad[1, -2:] = False
+
+    def f(pad, q, kv):
+        mask = (q[:, None] >= kv[None, :])[None] & pad[:, None, :]
+        return (torch.where(mask, 0.0, torch.finfo(torch.float32).min),)
+
+    check(f, pad, torch.arange(7), torch.arange(7), renderer=renderer)
