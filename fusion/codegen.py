@@ -277,7 +277,7 @@ class KernelWriter(ValueWriter):
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node=node)
         kept = self.rows.kept  # its value's index: one per kept dim, or (keepdim) one per dim
         if ([index[d] for d in kept] if len(index) == len(self.shape) else list(index)) != self.row:
-            raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
+            raise krows.read_at_another_row(self.region, node)  # a kernel stores it, a second reads it (or aten)
         key = (node, "reduce")
         if key in self.cache:
             return self.cache[key]

@@ -296,3 +296,36 @@ def test_a_causal_and_padding_mask_is_one_kernel(renderer):
         return (torch.where(mask, 0.0, torch.finfo(torch.float32).min),)
 
     check(f, pad, torch.arange(7), torch.arange(7), renderer=renderer)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Llama's backward: a reduction read at another row than its program's
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+def test_a_sum_read_at_other_rows_is_stored_by_a_first_kernel_and_read_by_a_second(renderer):
+    """Grouped-query attention's backward sums k's gradient over the repeated heads (a column walk over dim 2), then
+    the rotary embedding's backward reads the other half of each row (``rotate_half``'s transpose): another row than
+    the program's. The sum and its upcast are one kernel, the rotation a second: nothing runs as aten."""
+    g, cos, sin = _rand((2, 2, 2, 8, 32), 0, torch.bfloat16), _rand((8, 32), 1), _rand((8, 32), 2)
+
+    def f(g, cos, sin):
+        gk = g.float().sum(2)
+        gs = gk * sin
+        return (gk * cos + torch.cat([gs[..., 16:], -gs[..., :16]], -1),)
+
+    model = check(f, g, cos, sin, renderer=renderer, kernels=2, atol=1e-5, rtol=1e-5)
+    assert [k.kind for k in model.compiled.kernels] == ["reduction", "pointwise"]
+
+
+def test_a_lone_sum_read_at_other_rows_still_runs_as_aten():
+    """Without the upcast the first kernel would be the sum alone (a lone op is no kernel): aten's sum, as before."""
+    g, sin = _rand((2, 2, 2, 8, 32), 0), _rand((8, 32), 2)
+
+    def f(g, sin):
+        gs = g.sum(2) * sin
+        return (torch.cat([gs[..., 16:], -gs[..., :16]], -1),)
+
+    model = compile_regions(Fn(f), (g, sin))
+    torch.testing.assert_close(model(g, sin), f(g, sin))
+    assert [d.nodes for d in model.compiled.report.skipped] == [("sum_1",)], model.compiled.report.table()

@@ -270,6 +270,25 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
     return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
 
 
+def read_at_another_row(region, node: fx.Node) -> Unsupported:
+    """Reduction ``node`` is read at another row than the one its program reduces (Llama's rotary embedding after
+    grouped-query attention's backward: the sum over the repeated heads, then ``rotate_half``'s backward reads its
+    other half): :class:`SplitRegion` with ``node`` and its ancestors in the region as the first kernel, which stores
+    it, and the rest as a second kernel, which loads it at any row; a plain :class:`Unsupported` (the reduction runs
+    as an aten call) where that first kernel would be the reduction alone (a lone op is no kernel). Inductor unrolls
+    a reduction of at most 8 elements into a pointwise sum instead, read anywhere with no round trip: not done here."""
+    why = f"{node.name} is read at another row than the one its program reduces"
+    need, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in need and n in region.members:
+            need.add(n)
+            stack += n.all_input_nodes
+    if sum(not is_view_node(n) for n in need) < 2:
+        return Unsupported(why, node)
+    return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, [node])
+
+
 def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     """Where to cut a pointwise region whose outputs do not broadcast together: before the first output (in graph
     order) whose shape does not broadcast with those before it. The first output stays on the first side, so each
