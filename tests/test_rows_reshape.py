@@ -329,3 +329,42 @@ def test_a_lone_sum_read_at_other_rows_still_runs_as_aten():
     model = compile_regions(Fn(f), (g, sin))
     torch.testing.assert_close(model(g, sin), f(g, sin))
     assert [d.nodes for d in model.compiled.report.skipped] == [("sum_1",)], model.compiled.report.table()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The index rule behind it: a flat position of names taken apart without // or %
+
+
+@given(
+    view=st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4),
+    regroup=st.randoms(use_true_random=False),
+)
+def test_digits_takes_a_flat_position_apart_only_where_each_name_stays_inside_its_dim(view, regroup):
+    """``digits(F, shape)`` for ``F`` the flat position of an index of names over ``view``: where it answers, every
+    name lands in a dim it fits and the position is the same, for every value the names take; it answers for the
+    round trip (``shape == view``)."""
+    import itertools
+    import math
+
+    from fusion.codegen import offset_expr
+    from fusion.kernels.triton_views import contiguous, digits
+
+    numel, shape = math.prod(view), []
+    rest = numel
+    while rest > 1:  # another factorisation of the same number of elements
+        f = regroup.choice([d for d in range(2, rest + 1) if rest % d == 0])
+        shape.append(f)
+        rest //= f
+    shape = tuple(regroup.sample(shape, len(shape))) or (1,)
+    names = [f"x{d}" if s > 1 else "0" for d, s in enumerate(view)]
+    flat = offset_expr(names, contiguous(view))
+    assert digits(flat, tuple(view)) == names or flat == "0"
+    got = digits(flat, shape)
+    if got is None:
+        return
+    ranges = {n: s for n, s in zip(names, view, strict=True) if n != "0"}
+    for values in itertools.product(*(range(s) for s in ranges.values())):
+        env = dict(zip(ranges, values, strict=True))
+        at = [env.get(i, 0) for i in got]
+        assert all(0 <= a < s for a, s in zip(at, shape, strict=True)), (view, shape, got)
+        assert sum(a * st_ for a, st_ in zip(at, contiguous(shape), strict=True)) == eval(flat, {}, env)
