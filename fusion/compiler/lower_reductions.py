@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
+from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
@@ -46,6 +47,24 @@ def reduced_dims(r: fx.Node) -> tuple[tuple[int, ...], list[int]]:
     dims = bind_args(r).get("dim")
     dims = [dims] if isinstance(dims, int) else dims or range(len(shape))
     return shape, sorted({d % len(shape) for d in dims}) if shape else []
+
+
+def recombined(e: ir.Affine) -> ir.Affine:
+    """``e`` with every ``m*k*(a // k) + m*(a % k)`` put back together as ``m*a``: a reshape's flat position split
+    over one shape and merged again (a reduction kernel storing a reshape of its rows reads them back that way), so
+    the row it reads is the loop's own row, recognisably, and computed once."""
+    terms = {atom: c for c, atom in e.terms}
+    for atom, c in terms.items():
+        if isinstance(atom, ir.FloorDiv):
+            mod = ir.Mod(
+                ir.Affine(tuple((k, a) for k, a in atom.of.terms if k % atom.by), atom.of.const % atom.by), atom.by
+            )
+            if mod in terms and c == terms[mod] * atom.by:
+                m = terms.pop(mod)
+                del terms[atom]
+                rest = ir.Affine(tuple((k, a) for a, k in terms.items()), e.const)
+                return recombined(add(rest, scale(atom.of, m)))
+    return e
 
 
 def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node], members=()) -> Rows:
@@ -100,9 +119,9 @@ class Reductions:
         read (one index per kept dim, or per dim with keepdim), which must be the row the loop reduces."""
         if not self.rows or node not in self.members:
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node)
-        if index is not None and [self.index[d] for d in self.rows.kept] != (
-            [index[d] for d in self.rows.kept] if len(index) == len(self.shape) else list(index)
-        ):
+        if index is not None and [self.index[d] for d in self.rows.kept] != [
+            recombined(i) for i in ([index[d] for d in self.rows.kept] if len(index) == len(self.shape) else index)
+        ]:
             raise Unsupported(f"{node.name} is read at another row than the one its loop reduces", node)
         key = (node, "reduce")
         if key in self.scopes[0]:

@@ -35,7 +35,7 @@ import torch.fx as fx
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
-from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
+from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
@@ -142,6 +142,7 @@ class Lowering(Reductions):
 
     def value(self, node: fx.Node, index: Sequence[ir.Affine]) -> tuple[str, torch.dtype]:
         """(name, compute dtype) of ``node``'s element at ``index``, computed once per index and scope."""
+        index = [recombined(i) for i in index]  # a reshape split and merged again: the index it was
         key = (node, tuple(index), tuple(self.guards))  # a value under a mask is not the unmasked one
         for scope in reversed(self.scopes):
             if key in scope:
