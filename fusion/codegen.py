@@ -61,7 +61,7 @@ from fusion.kernels import triton_runtime as rt
 from fusion.kernels.rows import bind_args
 from fusion.kernels.triton_lang import compute_dtype, const_source, tl_dtype
 from fusion.kernels.triton_values import ValueWriter
-from fusion.kernels.triton_views import unsplit, view_index
+from fusion.kernels.triton_views import stored_index, unsplit, view_index
 from fusion.regions import FusionRegion, aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -82,11 +82,11 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
     'tmp0 * 2.0'
     """
     packet, bound = node.target.overloadpacket, bind_args(node)
-    # TODO(human): map each pointwise aten op to a Triton expression over args giving torch's result, special values included: binary ops, unary math, relu/maximum/minimum/clamp (NaN propagates: maximum(nan, 0) is nan), where, comparisons, logical_not, clone and alias (the identity); tanh keeps its relative accuracy near 0 (tanh(1e-6 * x) * 1e6 is x to 1e-5); pow with a scalar exponent e as torch: an integer e exact for every sign (x**3 of -2 is -8, x**-2 a reciprocal, nan**0 is 1), e = 0.5 is sqrt and -0.5 rsqrt ((-0.0)**-0.5 is -inf, (-inf)**0.5 and (-inf)**-0.5 are nan), any other e is nan for a negative finite x, and (-inf)**e is inf for e > 0, 0 for e < 0; raise Unsupported(reason) for anything else (div with a rounding_mode included). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code, and every special value above is a case to test. More: test a != a first for NaN (no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) (tl.sigmoid is a @jit helper the interpreter cannot call); tanh is tlang.tanh (no portable tl.tanh; 2*sigmoid(2x)-1 loses every digit near 0); an integer exponent is tlang.int_power (repeated multiplication: exp(log(x)*e) gives NaN for x < 0), 0.5 and -0.5 are tl.sqrt and tl.rsqrt, another finite exponent exp(e*log(x)) with a tl.where for x == -inf (log(-inf) is nan)
+    # TODO(human): map each pointwise aten op to a Triton expression over args giving torch's result, special values included: binary ops, unary math (sin and cos included), bitwise_and (bool and integers, as torch: & of each bit), relu/maximum/minimum/clamp (NaN propagates: maximum(nan, 0) is nan), where, comparisons, logical_not, clone and alias (the identity); tanh keeps its relative accuracy near 0 (tanh(1e-6 * x) * 1e6 is x to 1e-5); pow with a scalar exponent e as torch: an integer e exact for every sign (x**3 of -2 is -8, x**-2 a reciprocal, nan**0 is 1), e = 0.5 is sqrt and -0.5 rsqrt ((-0.0)**-0.5 is -inf, (-inf)**0.5 and (-inf)**-0.5 are nan), any other e is nan for a negative finite x, and (-inf)**e is inf for e > 0, 0 for e < 0; raise Unsupported(reason) for anything else (div with a rounding_mode included). Hint: a dict from the overload packet (aten.add, aten.exp, …) to a format string like '{0} + {1}' covers most ops; add's alpha, clamp's optional bounds and pow's exponent need code, and every special value above is a case to test. More: test a != a first for NaN (no | between a vector and a scalar, the interpreter cannot); sigmoid is 1/(1+exp(-x)) (tl.sigmoid is a @jit helper the interpreter cannot call); tanh is tlang.tanh (no portable tl.tanh; 2*sigmoid(2x)-1 loses every digit near 0); an integer exponent is tlang.int_power (repeated multiplication: exp(log(x)*e) gives NaN for x < 0), 0.5 and -0.5 are tl.sqrt and tl.rsqrt, another finite exponent exp(e*log(x)) with a tl.where for x == -inf (log(-inf) is nan)
     # BEGIN SOLUTION
     a = args
     table_ = {
-        aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}",
+        aten.mul: "{0} * {1}", aten.div: "{0} / {1}", aten.neg: "-{0}", aten.sin: "tl.sin({0})",
         aten.abs: "tl.abs({0})", aten.exp: "tl.exp({0})", aten.log: "tl.log({0})", aten.sqrt: "tl.sqrt({0})",
         aten.rsqrt: "tl.rsqrt({0})", aten.sigmoid: "1.0 / (1.0 + tl.exp(-{0}))", aten.erf: "tl.erf({0})",
         aten.tanh: tlang.tanh("{0}", node.meta["val"].dtype), aten.reciprocal: "1.0 / {0}",
@@ -94,8 +94,8 @@ def pointwise_expr(node: fx.Node, args: list[str]) -> str:
         aten.maximum: "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))",
         aten.minimum: "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))",
         aten.eq: "{0} == {1}", aten.ne: "{0} != {1}", aten.lt: "{0} < {1}", aten.le: "{0} <= {1}",
-        aten.gt: "{0} > {1}", aten.ge: "{0} >= {1}", aten.clone: "{0}", aten.alias: "{0}",
-        aten.logical_not: "{0} == 0",
+        aten.gt: "{0} > {1}", aten.ge: "{0} >= {1}", aten.clone: "{0}", aten.alias: "{0}", aten.cos: "tl.cos({0})",
+        aten.logical_not: "{0} == 0", aten.bitwise_and: "{0} & {1}",
     }  # fmt: skip
     if packet in (aten.add, aten.sub):
         sign, alpha = ("+" if packet is aten.add else "-"), bound.get("alpha", 1)
@@ -208,7 +208,7 @@ class KernelWriter(ValueWriter):
         # walk, each dim indexed at its own position); a pointwise kernel walks the broadcast shape of what it stores.
         if reductions and (split := krows.split_by_reductions(region, reductions, self.stored)):
             raise split  # reductions walking different rows (a row's and a column's): one kernel each
-        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK, outer=True) if reductions else None
+        self.rows = krows.Rows.of(reductions, self.stored, MAX_RBLOCK, True, self.members) if reductions else None
         if self.rows:
             self.shape, walk, nrow = self.rows.shape, self.rows.walk, len(self.rows.kept)
             self.splits = split_index("xindex", walk[:nrow]) + split_index("rindex", walk[nrow:], "r")
@@ -279,7 +279,7 @@ class KernelWriter(ValueWriter):
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node=node)
         kept = self.rows.kept  # its value's index: one per kept dim, or (keepdim) one per dim
         if ([index[d] for d in kept] if len(index) == len(self.shape) else list(index)) != self.row:
-            raise Unsupported(f"{node.name} is read at another row than the one its program reduces")
+            raise krows.read_at_another_row(self.region, node)  # a kernel stores it, a second reads it (or aten)
         key = (node, "reduce")
         if key in self.cache:
             return self.cache[key]
@@ -314,11 +314,9 @@ class KernelWriter(ValueWriter):
 
     def store(self, i: int, node: fx.Node) -> None:
         """Compute stored member ``node`` and write it to ``out_ptr<i>``: a whole row, or one element per row."""
-        val, source = node.meta["val"], node
-        per_row = self.rows and len(val.shape) == len(self.rows.kept) < len(self.shape)  # (a reduction without keepdim)
-        own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
-        if moved := self.rows and krows.row_permutation(node, self.shape):  # a transposed copy of the rows:
-            source, own = moved[1], [self.index[p] for p in moved[0]]  # its dim d is row dim perm[d]
+        val, (source, at, own) = node.meta["val"], (node, self.index, self.index)
+        if self.rows:  # a whole row, one element per row, a permutation or a reshape of the rows (triton_views)
+            source, at, own = stored_index(node, self.rows, self.index, split_index, offset_expr)
         src = self.operand(source, at, val.dtype if val.dtype == torch.bool else compute_dtype(val.dtype))
         if val.dtype == torch.bfloat16:  # rounded here: Triton's interpreter truncates on .to(tl.bfloat16)
             src = self.emit(tlang.cast(src, torch.float32, val.dtype), torch.float32)[0]

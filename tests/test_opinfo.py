@@ -39,7 +39,7 @@ CLAIMED: dict[tuple[str, str], tuple[torch.dtype, ...]] = {
     ("clamp_max", ""): FLOAT, ("pow", ""): FLOAT, ("nn.functional.gelu", ""): FLOAT, ("nn.functional.silu", ""): FLOAT,
     ("nn.functional.hardtanh", ""): FLOAT, ("nn.functional.hardsigmoid", ""): FLOAT, ("sum", ""): FLOAT,
     ("mean", ""): FLOAT, ("amax", ""): FLOAT, ("amin", ""): FLOAT, ("var", ""): FLOAT, ("var_mean", ""): FLOAT,
-    ("softmax", ""): FLOAT,
+    ("softmax", ""): FLOAT, ("sin", ""): FLOAT, ("cos", ""): FLOAT, ("bitwise_and", ""): INT + (torch.bool,),
 }  # fmt: skip
 FULL = os.environ.get("FUSION_OPINFO_FULL") == "1"
 
@@ -56,9 +56,10 @@ def _cases():
     for key, dtypes in CLAIMED.items():
         if FULL:
             cases += [(key, d) for d in dtypes]
-        else:  # float32, and one other claimed dtype chosen by the op's name (every dtype is covered across ops)
-            others = [d for d in dtypes if d != F32]
-            cases += [(key, F32)] + ([(key, others[zlib.crc32(key[0].encode()) % len(others)])] if others else [])
+        else:  # float32 (or the first claimed), and one other chosen by the op's name (every dtype covered across ops)
+            first = F32 if F32 in dtypes else dtypes[0]
+            others = [d for d in dtypes if d != first]
+            cases += [(key, first)] + ([(key, others[zlib.crc32(key[0].encode()) % len(others)])] if others else [])
     return cases
 
 

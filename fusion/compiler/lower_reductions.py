@@ -13,16 +13,18 @@ is rounded once; ``any`` is the largest of ``x != 0`` as 0.0/1.0 (NaN counts as 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
 
+from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
-from fusion.kernels.rows import Rows, bind_args, row_permutation
+from fusion.kernels.rows import Rows, bind_args, row_permutation, row_reshape
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
@@ -47,9 +49,28 @@ def reduced_dims(r: fx.Node) -> tuple[tuple[int, ...], list[int]]:
     return shape, sorted({d % len(shape) for d in dims}) if shape else []
 
 
-def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> Rows:
+def recombined(e: ir.Affine) -> ir.Affine:
+    """``e`` with every ``m*k*(a // k) + m*(a % k)`` put back together as ``m*a``: a reshape's flat position split
+    over one shape and merged again (a reduction kernel storing a reshape of its rows reads them back that way), so
+    the row it reads is the loop's own row, recognisably, and computed once."""
+    terms = {atom: c for c, atom in e.terms}
+    for atom, c in terms.items():
+        if isinstance(atom, ir.FloorDiv):
+            mod = ir.Mod(
+                ir.Affine(tuple((k, a) for k, a in atom.of.terms if k % atom.by), atom.of.const % atom.by), atom.by
+            )
+            if mod in terms and c == terms[mod] * atom.by:
+                m = terms.pop(mod)
+                del terms[atom]
+                rest = ir.Affine(tuple((k, a) for a, k in terms.items()), e.const)
+                return recombined(add(rest, scale(atom.of, m)))
+    return e
+
+
+def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node], members=()) -> Rows:
     """The rows of the region's reductions: every one must reduce the same dims of one shape, every store be a whole
-    row, one element per row (with keepdim or not) or, over trailing dims, a transposed copy of the rows
+    row, one element per row (with keepdim or not), a reshape of the rows (``row_reshape``) or, over trailing dims, a
+    transposed copy of the rows
     (``row_permutation``: MultiheadAttention's ``x.transpose(0, 1)``), else :class:`Unsupported`. Any dims: a CPU loop reads any
     stride (the GPU's coalescing rules of ``Rows.of`` do not apply); the walk is the kept dims, then the reduced."""
     shape, reduced = reduced_dims(reductions[0])
@@ -60,15 +81,20 @@ def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> Rows:
                               f"{shape}: a kernel's reductions reduce the same dims of one shape", r)  # fmt: skip
     kept = [d for d in range(len(shape)) if d not in reduced]
     rows = Rows(shape, len(reduced), math.prod(shape[d] for d in reduced), 1, order=tuple(kept + reduced))
+    reshaped = set()
     for n in stored:
         val = n.meta["val"]
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
         trailing = reduced == list(range(len(kept), len(shape)))
-        if tuple(val.shape) not in (shape, *rows.per_row()) and not (trailing and row_permutation(n, shape)):
-            raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape}, a transposed copy of them "
-                              "nor one element per row: stored by another kernel", n)  # fmt: skip
-    return rows
+        if tuple(val.shape) in (shape, *rows.per_row()):
+            continue
+        if row_reshape(n, shape, members, reductions):  # GPT-2's LayerNorm output as the next Linear's view(-1, d)
+            reshaped.add(n.name)
+        elif not (trailing and row_permutation(n, shape)):
+            raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape}, a reshape or a transposed copy "
+                              "of them nor one element per row: stored by another kernel", n)  # fmt: skip
+    return dataclasses.replace(rows, reshaped=frozenset(reshaped))
 
 
 class Reductions:
@@ -88,10 +114,15 @@ class Reductions:
         self.block, self.scopes = saved
         return result
 
-    def reduce(self, node: fx.Node) -> tuple:
-        """A row reduction, once per row: (name, dtype), or (var, mean) for var_mean."""
+    def reduce(self, node: fx.Node, index: Sequence | None = None) -> tuple:
+        """A row reduction, once per row: (name, dtype), or (var, mean) for var_mean. ``index``: where its value is
+        read (one index per kept dim, or per dim with keepdim), which must be the row the loop reduces."""
         if not self.rows or node not in self.members:
             raise Unsupported(f"{node.name} ({node.target}) is not a row reduction of this kernel", node)
+        if index is not None and [self.index[d] for d in self.rows.kept] != [
+            recombined(i) for i in ([index[d] for d in self.rows.kept] if len(index) == len(self.shape) else index)
+        ]:
+            raise Unsupported(f"{node.name} is read at another row than the one its loop reduces", node)
         key = (node, "reduce")
         if key in self.scopes[0]:
             return self.scopes[0][key]

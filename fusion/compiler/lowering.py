@@ -34,8 +34,8 @@ import torch.fx as fx
 
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
-from fusion.compiler.index_algebra import broadcast, const, offset, var, view_index
-from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, walk_rows
+from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
+from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
@@ -45,9 +45,9 @@ aten, prims = torch.ops.aten, torch.ops.prims
 UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
          aten.sigmoid: "sigmoid", aten.erf: "erf", aten.tanh: "tanh", aten.reciprocal: "reciprocal", aten.relu: "relu",
          aten.logical_not: "logical_not", aten.clone: "identity", aten.alias: "identity", aten.ceil: "ceil",
-         aten.floor: "floor", aten.trunc: "trunc", aten.sign: "sign"}  # fmt: skip
+         aten.floor: "floor", aten.trunc: "trunc", aten.sign: "sign", aten.sin: "sin", aten.cos: "cos"}  # fmt: skip
 BINARY = {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.remainder: "remainder",
-          aten.floor_divide: "floordiv"}  # fmt: skip
+          aten.floor_divide: "floordiv", aten.bitwise_and: "bitwise_and"}  # fmt: skip
 COMPARISONS = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
 LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "and"}  # on bools
 
@@ -72,7 +72,7 @@ class Lowering(Reductions):
         self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
         self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range), innermost last
         if self.reductions:
-            self.rows = walk_rows(self.reductions, self.stored)  # the kept dims, then the reduced ones (any dims)
+            self.rows = walk_rows(self.reductions, self.stored, self.members)  # kept dims, then reduced (any dims)
             self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
             names = [f"x{d}" if d in self.rows.kept else f"r{d}" for d in range(len(self.shape))]
             order = self.rows.walk_dims
@@ -142,6 +142,7 @@ class Lowering(Reductions):
 
     def value(self, node: fx.Node, index: Sequence[ir.Affine]) -> tuple[str, torch.dtype]:
         """(name, compute dtype) of ``node``'s element at ``index``, computed once per index and scope."""
+        index = [recombined(i) for i in index]  # a reshape split and merged again: the index it was
         key = (node, tuple(index), tuple(self.guards))  # a value under a mask is not the unmasked one
         for scope in reversed(self.scopes):
             if key in scope:
@@ -199,11 +200,11 @@ class Lowering(Reductions):
             self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct), mask))
             return out, ct
         if node.target is operator.getitem:
-            return self.reduce(node.args[0])[node.args[1]]
+            return self.reduce(node.args[0], index)[node.args[1]]
         if is_view(node):
             return self.value(node.args[0], view_index(node, index, self.sizes))
         if node.target in REDUCTIONS:
-            return self.reduce(node)
+            return self.reduce(node, index)
         if node.target is tlang.CAT:
             return self.concatenation(node, index), compute(val.dtype)
         if node.target is prims.convert_element_type.default:
@@ -345,6 +346,8 @@ class Lowering(Reductions):
         own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
         if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its
             node, own = moved[1], [self.index[p] for p in moved[0]]  # dim d is the rows' dim perm[d]
+        elif self.rows and node.name in self.rows.reshaped:  # a reshape of the rows: the row's flat position, split
+            own = at = split(offset(self.index, torch.empty(self.shape, device="meta").stride()), val.shape, self.sizes)
         src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))
         self.block.append(ir.Store(f"out{i}", offset(broadcast(own, val.shape), val.stride()), src))
 

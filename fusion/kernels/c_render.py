@@ -90,7 +90,8 @@ CODE_FOR_OP = {
     "neg": lambda a, d, ad: f"(-{a[0]})",
     "abs": lambda a, d, ad: f"{_math('fabs', d)}({a[0]})" if _floating(d) else f"({a[0]} < 0 ? -{a[0]} : {a[0]})",
     "exp": _unary_math("exp"), "log": _unary_math("log"), "sqrt": _unary_math("sqrt"), "erf": _unary_math("erf"),
-    "tanh": _unary_math("tanh"), "ceil": lambda a, d, ad: f"{_math('ceil', d)}({a[0]})" if _floating(d) else a[0],
+    "tanh": _unary_math("tanh"), "sin": _unary_math("sin"), "cos": _unary_math("cos"),
+    "ceil": lambda a, d, ad: f"{_math('ceil', d)}({a[0]})" if _floating(d) else a[0],
     "floor": lambda a, d, ad: f"{_math('floor', d)}({a[0]})" if _floating(d) else a[0],
     "trunc": lambda a, d, ad: f"{_math('trunc', d)}({a[0]})" if _floating(d) else a[0],
     "rsqrt": lambda a, d, ad: f"({_one(d)} / {_math('sqrt', d)}({a[0]}))",
@@ -121,6 +122,7 @@ CODE_FOR_OP = {
     "ge": lambda a, d, ad: f"({a[0]} >= {a[1]})",
     "and": lambda a, d, ad: f"({a[0]} && {a[1]})",
     "or": lambda a, d, ad: f"({a[0]} || {a[1]})",
+    "bitwise_and": lambda a, d, ad: f"(({C_TYPES[d]})({a[0]} & {a[1]}))",  # bool or integer operands of dtype d
     "where": lambda a, d, ad: f"({a[0]} ? {a[1]} : {a[2]})",
     "fma": lambda a, d, ad: f"{_math('fma', d)}({a[0]}, {a[1]}, {a[2]})",  # one rounding (-ffp-contract=off elsewhere)
     "rand": lambda a, d, ad: f"fusion_rand({a[0]}, {a[1]})",  # Philox4x32-10: tl.rand's bits (c_prelude)

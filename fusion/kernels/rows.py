@@ -88,6 +88,7 @@ class Rows:
     looped: bool = False  # the row is longer than one block: reduced in a loop over blocks of RBLOCK
     order: tuple[int, ...] | None = None  # the walk: kept dims then reduced dims (None: the identity)
     column: bool = False  # rows contiguous in memory: XBLOCK >= COALESCED_ROWS on a GPU
+    reshaped: frozenset[str] = frozenset()  # the stored members that are reshapes of the rows (row_reshape)
 
     @property
     def walk_dims(self) -> tuple[int, ...]:
@@ -114,11 +115,13 @@ class Rows:
         return rows, tuple(s if d in self.kept else 1 for d, s in enumerate(self.shape))
 
     @classmethod
-    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int, outer: bool = False) -> Rows:
+    def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int, outer: bool = False,
+           members=None) -> Rows:  # fmt: skip
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
         every reduction reduces the same dims of that shape (the trailing ones, unless ``outer``: any), the rows or
-        a row are contiguous in memory, and every store lies inside the walk (a whole row, or one element per row:
-        anything else would be written out of its bounds). ``outer``: the Triton generator's walks over any dims,
+        a row are contiguous in memory, and every store lies inside the walk (a whole row, one element per row, a
+        transposed copy of trailing rows or, given the region's ``members``, a reshape of the rows: anything else
+        would be written out of its bounds). ``outer``: the Triton generator's walks over any dims,
         with a GPU's rules (whole sectors, enough programs); the C lowering builds its own (``lower_reductions``)."""
         shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
@@ -156,25 +159,29 @@ class Rows:
                                   f"innermost in memory, and the innermost kept dim is not one of >= {COALESCED_ROWS} "
                                   "neighbouring rows: its reads would be scattered (aten's reduction reads them "
                                   "coalesced)", reductions[0])  # fmt: skip
-        per_row = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row()
+        per_row, reshaped = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row(), set()
         for n in stored:
             if not isinstance(n.meta["val"], torch.Tensor):
                 raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
-            if tuple(n.meta["val"].shape) not in (shape, *per_row):
-                if not trailing or row_permutation(n, shape) is None:
-                    raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a permutation"
-                                      " of them nor one element per row: stored by another kernel", n)  # fmt: skip
+            if tuple(n.meta["val"].shape) in (shape, *per_row):
+                continue
+            if members is not None and row_reshape(n, shape, members, reductions):
+                reshaped.add(n.name)
+            elif not trailing or row_permutation(n, shape) is None:
+                raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a reshape or "
+                                  "a permutation of them nor one element per row: stored by another kernel", n)  # fmt: skip
         order = None if trailing else tuple(kept + reduced)
         rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, max_rblock) if column else max_rblock
+        reshaped = frozenset(reshaped)
         if rblock <= block:
-            return cls(shape, nred, rnumel, rblock, order=order, column=column)
+            return cls(shape, nred, rnumel, rblock, order=order, column=column, reshaped=reshaped)
         programs = count // COALESCED_ROWS if column else count  # a column walk: >= 16 neighbouring rows a program
         if programs < LOOPED_MIN_ROWS:
             raise Unsupported(f"{count} row(s) of {rnumel} elements: longer than one block ({block}) and too few "
                               f"to fill the GPU ({programs} program(s) < {LOOPED_MIN_ROWS}); aten splits them",
                               reductions[0])  # fmt: skip
         step = min(COLUMN_LOOP_RBLOCK, max_rblock // 4) if column else max_rblock // 4
-        return cls(shape, nred, rnumel, max(step, 1), looped=True, order=order, column=column)
+        return cls(shape, nred, rnumel, max(step, 1), looped=True, order=order, column=column, reshaped=reshaped)
 
 
 def cat_parts(node: fx.Node, dim: int) -> list[tuple[fx.Node, int, int]]:
@@ -192,6 +199,39 @@ def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], 
     """The shapes of one element per row of ``shape`` (rows of its last ``nred`` dims): keepdim or not."""
     nrow = len(shape) - nred
     return shape[:nrow], shape[:nrow] + (1,) * nred
+
+
+# Views that keep the elements' (contiguous) order: element f of the view is element f of its input, or (expand) the
+# broadcast element of f's index. A permute, a slice, a select or a cat moves elements: not in the list.
+_aten = torch.ops.aten
+ORDERED_VIEWS = frozenset({_aten.view, _aten.reshape, _aten._unsafe_view, _aten.alias, _aten.squeeze, _aten.unsqueeze})
+ORDERED_VIEWS |= {_aten.expand}
+
+
+def row_reshape(node: fx.Node, shape: Sequence[int], members, reductions: Sequence[fx.Node]) -> bool:
+    """Is stored member ``node`` a reshape of the rows (``shape``): as many elements, another shape, and between it
+    and the rows only pointwise ops and views that keep the elements' order (:data:`ORDERED_VIEWS`)? GPT-2's
+    LayerNorm output (b, s, d), read by the next Linear as ``view(-1, d)`` and cast under autocast, is one. Its
+    element at flat position ``f`` is computed from the row elements at ``f`` (and their rows' reductions), so the
+    program holding row element ``i`` stores it at ``i``'s flat position split over the member's shape: no copy, and
+    a contiguous member's offset is that flat position again (``triton_views.stored_index``, the lowering's store).
+    A member reached through a permute or a slice stays refused (the generator would read rows other than its own)."""
+    val = node.meta["val"]
+    if tuple(val.shape) == tuple(shape) or val.numel() != math.prod(shape):
+        return False
+    seen, stack, reduced = set(), [node], set(reductions)
+    while stack:
+        n = stack.pop()
+        if n in seen or n not in members or n in reduced:
+            continue
+        seen.add(n)
+        if n.target is operator.getitem and n.args[0] in reduced:  # var_mean's values: one per row, at its own
+            continue
+        view = is_view_node(n, getitem=False) and getattr(n.target, "overloadpacket", None) not in ORDERED_VIEWS
+        if view or n.target is CAT or is_max_pool(n) or is_depthwise(n):
+            return False
+        stack += n.all_input_nodes
+    return True
 
 
 def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], fx.Node] | None:
@@ -228,6 +268,25 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
     # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better);
     # the identity is no copy to move
     return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
+
+
+def read_at_another_row(region, node: fx.Node) -> Unsupported:
+    """Reduction ``node`` is read at another row than the one its program reduces (Llama's rotary embedding after
+    grouped-query attention's backward: the sum over the repeated heads, then ``rotate_half``'s backward reads its
+    other half): :class:`SplitRegion` with ``node`` and its ancestors in the region as the first kernel, which stores
+    it, and the rest as a second kernel, which loads it at any row; a plain :class:`Unsupported` (the reduction runs
+    as an aten call) where that first kernel would be the reduction alone (a lone op is no kernel). Inductor unrolls
+    a reduction of at most 8 elements into a pointwise sum instead, read anywhere with no round trip: not done here."""
+    why = f"{node.name} is read at another row than the one its program reduces"
+    need, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in need and n in region.members:
+            need.add(n)
+            stack += n.all_input_nodes
+    if sum(not is_view_node(n) for n in need) < 2:
+        return Unsupported(why, node)
+    return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, [node])
 
 
 def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:

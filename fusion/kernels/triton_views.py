@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from fusion.ir.plan import Unsupported
-from fusion.kernels.rows import bind_args
+from fusion.kernels.rows import bind_args, row_permutation
 
 aten = torch.ops.aten
 
@@ -58,12 +58,35 @@ def view_index(node: fx.Node, index: list[str], split_index: Callable, offset_ex
         return out
     if packet in (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze):
         # Any reshape of a contiguous order: the flat position in the view, split again over the input's shape.
-        strides = torch.empty(tuple(node.meta["val"].shape), device="meta").stride()
-        flat = offset_expr(index, strides)
+        if tuple(node.meta["val"].shape) == src_shape:  # view(-1, s, d) of (b, s, d): the identity
+            return list(index)
+        flat = offset_expr(index, contiguous(node.meta["val"].shape))
         if flat == "0":
             return ["0"] * len(src_shape)
-        return [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
+        return digits(flat, src_shape) or [e for _, e in split_index(f"({flat})" if " " in flat else flat, src_shape)]
     raise Unsupported(f"view {node.target} of a value computed in the kernel", node=node)
+
+
+def contiguous(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    return torch.empty(tuple(shape), device="meta").stride()
+
+
+def digits(flat: str, shape: tuple[int, ...]) -> list[str] | None:
+    """``[i0, i1, ...]`` where ``flat`` is ``i0*s0 + i1*s1 + ...`` over the contiguous strides ``s`` of ``shape``, one
+    loop variable (a name) per dim of size > 1, nothing else: the flat position of a reshape taken apart with no
+    ``//`` or ``%``. A reduction kernel's rows come back as its own row index (``x1, x0, r0``), read at the row its
+    program reduces. Exact: each name indexes a dim of a contiguous shape whose strides are these, so it lies inside
+    that dim (a stride the next outer dim's divides). None for anything else (the caller splits ``flat``)."""
+    body = flat[1:-1] if flat.startswith("(") and flat.endswith(")") else flat
+    terms: dict[int, str] = {}
+    for term in body.split(" + "):
+        k, _, name = term.rpartition("*")
+        if not name.isidentifier() or not (k.isdigit() or not k) or int(k or 1) in terms:
+            return None
+        terms[int(k or 1)] = name
+    out = ["0" if size == 1 else terms.pop(st, "") for size, st in zip(shape, contiguous(shape), strict=True)]
+    return out if all(out) and not terms else None
 
 
 def unsplit(index: list[str], stride: tuple[int, ...], split_index: Callable) -> str | None:
@@ -86,3 +109,21 @@ def unsplit(index: list[str], stride: tuple[int, ...], split_index: Callable) ->
         shape.append(outer // inner_stride)
     expected = [e for _, e in split_index(flat, shape)]
     return flat if expected == [i for i, _ in pairs] else None
+
+
+def stored_index(node: fx.Node, rows, index: list[str], split_index: Callable, offset_expr: Callable):
+    """``(source, at, own)`` for a reduction kernel storing member ``node``: it stores ``source``'s element at index
+    ``at`` to ``node``'s element at ``own``, from the program that holds row element ``index`` (``rows``'s shape).
+    A whole row, one element per row (a reduction's value: the kept dims' indices), a transposed copy of the rows
+    (``row_permutation``: its dim d is the rows' dim ``perm[d]``) or a reshape of them (``Rows.reshaped``: the row's flat
+    position split over the member's shape, which a view of the rows reads back as ``index`` itself: ``digits``)."""
+    shape, val = rows.shape, node.meta["val"]
+    if node.name in rows.reshaped:
+        flat = offset_expr(index, contiguous(shape))
+        at = [e for _, e in split_index(f"({flat})" if " " in flat else flat, tuple(val.shape))]
+        return node, at, at
+    per_row = len(val.shape) == len(rows.kept) < len(shape)  # (a reduction without keepdim)
+    at = [index[d] for d in rows.kept] if per_row else index
+    if moved := row_permutation(node, shape):  # a transposed copy of the rows: its dim d is row dim perm[d]
+        return moved[1], at, [index[p] for p in moved[0]]
+    return node, at, at
