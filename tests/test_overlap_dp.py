@@ -25,7 +25,11 @@ from fusion.comms.profile import lanes_of_trace, pack_traces
 pytestmark = pytest.mark.phase10
 
 RESULTS = Path(__file__).resolve().parents[1] / "scripts" / "results"
-RAW = ["h200-2026-11-26-overlap-collectives.json", "h200-2026-11-23-overlap-x2.json"]  # 4xH200 (2 and 4), 2xH200
+RAW = [
+    "h200-2026-11-26-overlap-collectives.json",
+    "h200-2026-11-23-overlap-x2.json",
+    "h100-2026-11-27-overlap-collectives.json",
+]  # 4xH200, 2xH200, 4xH100
 
 
 @pytest.fixture(scope="module", autouse=True)
