@@ -408,7 +408,7 @@ def column_sums(draw):
 
 
 @needs_cc
-@settings(max_examples=12)
+@FEW  # (test_codegen.py draws more of them, with the C renderer too)
 @given(column_sums())
 def test_reductions_over_leading_dims_match_eager(case):
     x, dims, op, keepdim = case
