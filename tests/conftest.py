@@ -45,19 +45,37 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-# Phase 8's own tests run the generated Triton kernels (the learner's exercise is the Triton expressions): on a CPU in
-# Triton's interpreter, whatever renderer CPU kernels use by default (the C renderer, fusion.kernels.c_runtime).
-TRITON_PINNED = ("test_codegen", "test_fuzz", "test_opinfo")
+# The generator's tests (test_codegen, test_fuzz, test_opinfo) run their CPU kernels with the renderer of
+# $FUSION_TEST_RENDERER: by default the C renderer (fusion.kernels.c_runtime) where a compiler is found, else Triton's
+# interpreter. FUSION_TEST_RENDERER=triton runs every one of them in the interpreter (the learner's Triton code end to
+# end). Whatever it says, three kinds of test choose for themselves:
+# * ``@pytest.mark.usefixtures("triton_renderer")``: Phase 8's own rules (the learner's Triton expressions, split_index,
+#   the interpreter's bounds check, the wrong-solution harness) and windows C does not lower (max-pool): always Triton.
+# * a test that takes the ``renderer`` fixture: the interpreter's smoke subset, run with both renderers (one fixed
+#   small case per kernel kind: pointwise, cat, views, row/looped/column reductions, half rounding), so a regression
+#   of either path fails on any CPU.
+# * everything else: the default above (each new kernel costs a C compile, ~0.2 s, once: kernels are cached on disk).
+GENERATOR_TESTS = ("test_codegen", "test_fuzz", "test_opinfo")
+
+
+def generator_renderer() -> str:
+    """The renderer of the generator's tests: $FUSION_TEST_RENDERER, else C where a compiler is found, else Triton."""
+    from fusion.kernels import c_runtime
+
+    name = os.environ.get("FUSION_TEST_RENDERER", "").strip().lower()
+    if name:
+        return c_runtime.check_renderer(name, "FUSION_TEST_RENDERER")
+    return "c" if c_runtime.available()[0] else "triton"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _phase8_tests_run_triton(request):
+def _generator_tests_renderer(request):
     name = request.module.__name__.rpartition(".")[2]
-    if not name.startswith(TRITON_PINNED):
+    if not name.startswith(GENERATOR_TESTS):
         yield
         return
     old = os.environ.get("FUSION_RENDERER")
-    os.environ["FUSION_RENDERER"] = "triton"
+    os.environ["FUSION_RENDERER"] = generator_renderer()
     try:
         yield
     finally:
@@ -67,8 +85,19 @@ def _phase8_tests_run_triton(request):
             os.environ["FUSION_RENDERER"] = old
 
 
+@pytest.fixture(params=["c", "triton"])
+def renderer(request, monkeypatch):
+    """The test runs twice: its CPU kernels compiled from C, then in Triton's interpreter (the smoke subset)."""
+    from fusion.kernels import c_runtime
+
+    if request.param == "c" and not c_runtime.available()[0]:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("FUSION_RENDERER", request.param)
+    return request.param
+
+
 @pytest.fixture
 def triton_renderer(monkeypatch):
-    """A test of the Triton generator's own kernels (windows, depthwise sums) that runs on a CPU: its kernels run in
-    Triton's interpreter. Under the default C renderer a kernel C does not take runs as aten ops instead."""
+    """A test of the Triton generator's own kernels (Phase 8's rules, windows, depthwise sums) that runs on a CPU: its
+    kernels run in Triton's interpreter. Under the default C renderer a kernel C does not take runs as aten ops instead."""
     monkeypatch.setenv("FUSION_RENDERER", "triton")

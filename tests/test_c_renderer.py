@@ -288,7 +288,7 @@ def test_renderer_option_and_variable_are_checked(monkeypatch):
 
 @needs_cc
 def test_c_is_the_default_on_cpu_where_a_compiler_is_found(monkeypatch):
-    monkeypatch.delenv("FUSION_RENDERER", raising=False)  # (tests/conftest.py pins Phase 8's own tests to Triton)
+    monkeypatch.delenv("FUSION_RENDERER", raising=False)  # (tests/conftest.py sets it for the generator's tests)
     assert c_runtime.chosen() == "c"
 
 
@@ -408,7 +408,7 @@ def column_sums(draw):
 
 
 @needs_cc
-@settings(max_examples=12)
+@FEW  # (test_codegen.py draws more of them, with the C renderer too)
 @given(column_sums())
 def test_reductions_over_leading_dims_match_eager(case):
     x, dims, op, keepdim = case

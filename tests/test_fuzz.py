@@ -7,6 +7,10 @@ dtype, integers, bool) and layouts (contiguous, transposed, sliced, channels_las
 Every output a generated kernel writes lives inside a larger buffer whose guard zones are checked after the call:
 an out-of-bounds write is a failure, not heap corruption.
 
+CPU kernels run with the renderer tests/conftest.py picks for the generator's tests (the C renderer where a compiler is
+found, FUSION_TEST_RENDERER=triton for Triton's interpreter); a few programs also run in the interpreter whatever it
+says, and the tests of Triton's float32 registers and of the guard zones' own check run there only.
+
 Run it:   CI=true uv run pytest -q tests/test_fuzz.py                       (a few programs per entry point)
 Soak it:  HYPOTHESIS_PROFILE=fuzz uv run pytest -q tests/test_fuzz.py      (>= 2,000 programs per entry point;
           needs the "fuzz" profile registered in tests/conftest.py; FUSION_FUZZ_EXAMPLES=N works without it)
@@ -28,6 +32,7 @@ from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
 from fusion.codegen import compile_regions
+from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 
 # Each test carries its own phase marker: the generator's (phase8) or the backend's (phase9). No module marker,
@@ -415,9 +420,11 @@ def assert_same(got, want, atol: float, rtol: float, ref=None) -> None:
 
 
 @pytest.mark.phase8
+@pytest.mark.usefixtures("triton_renderer")
 def test_fuzz_found_half_intermediate_overflow_is_judged_by_the_float64_truth():
     """Found by the long run (2026-11-23): |exp(|x|)| ** 3 of a float16 4.62 overflows to inf in eager (every op
-    rounds to float16), not in a fused kernel's float32 registers; log of it is 13.86 in float64 and in ours."""
+    rounds to float16), not in a fused kernel's float32 registers; log of it is 13.86 in float64 and in ours. (The
+    Triton kernel's registers: the C renderer rounds each half op as eager does, so it agrees with eager here.)"""
     program = {"steps": [("unary", "abs", (0,), None), ("unary", "exp", (1,), None), ("pow", "pow", (2,), 3),
                          ("unary", "log", (3,), None)], "outputs": [4]}  # fmt: skip
     inputs = (torch.tensor([[[[4.6211]]]], dtype=torch.float16),)
@@ -430,6 +437,7 @@ def test_fuzz_found_half_intermediate_overflow_is_judged_by_the_float64_truth():
 
 
 @pytest.mark.phase8
+@pytest.mark.usefixtures("triton_renderer")
 def test_fuzz_found_half_intermediate_underflow_is_judged_by_the_float64_truth():
     """Found by the long run: |x| ** 3 of a float16 0.0015 underflows to 0 in eager, log(0) = -inf, -inf ** 1.5 = inf;
     in float32 registers and in float64 the log is -19.5 and its 1.5th power NaN."""
@@ -443,6 +451,7 @@ def test_fuzz_found_half_intermediate_underflow_is_judged_by_the_float64_truth()
 
 
 @pytest.mark.phase8
+@pytest.mark.usefixtures("triton_renderer")
 def test_fuzz_found_half_underflow_to_a_finite_answer_is_judged_by_the_float64_truth():
     program = {"steps": [("binary", "sub", (1, 0), None), ("pow", "pow", (2,), 3), ("pow", "pow", (3,), 1.5)],
                "outputs": [4]}  # fmt: skip
@@ -566,14 +575,21 @@ def test_several_rows_per_program_write_nothing_past_a_partial_last_block(monkey
 
 def run_compiled(program: dict, inputs):
     """``program`` through ``compile_regions``, its outputs inside guard zones (an out-of-bounds write fails), no
-    region refused for an internal error: (outputs, the compiled module)."""
+    region refused for an internal error, every kernel run by the renderer chosen: (outputs, the compiled module)."""
     compiled = compile_regions(Program(program), inputs)
     with guarded_outputs() as allocated:
         got = compiled(*inputs)
     check_guards(allocated)
     for d in compiled.report.skipped:
         assert "internal error" not in d.reason, d.reason
+    assert_ran(compiled)
     return got, compiled
+
+
+def assert_ran(compiled) -> None:
+    """Every kernel of ``compiled`` (CPU tensors) ran with the renderer chosen: compiled from C, or the interpreter."""
+    ran = {lch.owner.ran for lch in compiled.compiled.launchers}
+    assert ran <= {"c" if c_runtime.chosen() == "c" else "triton-interpreter"}, (ran, compiled.report.table())
 
 
 def check_compile_regions(program: dict, inputs) -> None:
@@ -661,6 +677,17 @@ def test_fuzz_compile_regions_equals_eager(case):
 
 
 @pytest.mark.phase8
+@fuzz_settings(ci_examples=4)
+@given(programs())
+def test_fuzz_compile_regions_in_the_interpreter_equals_eager(case):
+    """The same programs in Triton's interpreter (the learner's Triton expressions), whatever the tests' renderer."""
+    from fusion.kernels import c_runtime
+
+    with c_runtime.use("triton"):
+        check_compile_regions(*case)
+
+
+@pytest.mark.phase8
 @fuzz_settings(ci_examples=6)
 @given(programs())
 def test_fuzz_looped_reductions_equal_eager(case):
@@ -718,6 +745,7 @@ def check_fn(fn, *inputs, atol=None, rtol=None):
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
     for d in compiled.report.skipped:
         assert "internal error" not in d.reason, d.reason
+    assert_ran(compiled)
     return compiled
 
 
@@ -789,6 +817,7 @@ def test_issue_24_repro(name):
 
 
 @pytest.mark.phase8
+@pytest.mark.usefixtures("triton_renderer")
 def test_the_guard_zones_catch_an_out_of_bounds_write(monkeypatch):
     """The checker itself: a kernel that writes one element past its output is caught."""
     monkeypatch.setenv("FUSION_BOUNDS_CHECK", "0")  # the interpreter's own check (interp_check) would stop it first

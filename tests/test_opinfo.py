@@ -6,7 +6,9 @@ whole (no op of it cut out to aten). A sample the generator refuses is fine (it 
 as the answer is right. Adding an op to the generator: one table line in ``fusion/codegen.py`` plus one line here.
 
 CI runs float32 and one other dtype per op, two samples each (~40 s on 2 cores); FUSION_OPINFO_FULL=1 runs every
-claimed dtype and every sample.
+claimed dtype and every sample. Kernels run with the renderer tests/conftest.py picks for the generator's tests (the C
+renderer where a compiler is found; FUSION_TEST_RENDERER=triton for Triton's interpreter), and every one must have run
+with it. Phase 8's op table in the interpreter: test_codegen.py's test_every_pointwise_op_in_the_interpreter.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from fusion.codegen import compile_regions
+from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 
 pytestmark = [
@@ -110,6 +113,8 @@ def test_op_matches_eager_on_opinfo_samples(op_db, key, dtype):
         for d in compiled.report.skipped:
             assert "internal error" not in d.reason, d.reason
             reasons.append(d.reason)
+        ran = {lch.owner.ran for lch in compiled.compiled.launchers}
+        assert ran <= {"c" if c_runtime.chosen() == "c" else "triton-interpreter"}, (ran, compiled.report.table())
         generated += compiled.num_kernels > 0 and not compiled.report.skipped
     assert generated, f"{key} {dtype}: no sample generated whole; reasons: {reasons}"
 
