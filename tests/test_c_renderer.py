@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import Fn
 
 from fusion.codegen import compile_regions
 from fusion.compiler.lowering import Lowering
@@ -27,15 +28,6 @@ HAS_CC = c_runtime.available()[0]
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 FEW = settings(max_examples=6)  # each new shape is one more compile (~0.2 s)
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def compiled_in_c(fn, *inputs, kernels: int | None = None):

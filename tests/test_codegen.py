@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from support import Fn
 
 from fusion import codegen, models
 from fusion.codegen import (
@@ -44,15 +45,6 @@ pytestmark = [
     pytest.mark.phase8,
     pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed"),
 ]
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 # Ops with no Triton line (no tl./libdevice function; mapping sin/cos to tl.sin/tl.cos must never break a test):

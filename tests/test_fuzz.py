@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
+from support import Fn
 
 from fusion.codegen import compile_regions
 from fusion.kernels import c_runtime
@@ -719,15 +720,6 @@ def test_fuzz_backend_gradients_equal_eager(case):
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Regression tests: issue 24's repros (each failed before its fix), outputs guarded against out-of-bounds writes
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _r(*shape, dtype=torch.float32, seed=0):

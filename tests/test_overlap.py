@@ -11,6 +11,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from hypothesis import given
 from hypothesis import strategies as st
+from support import with_and_without_overlap
 
 from fusion import overlap
 from fusion.comms import bucket, gloo, inductor, passes
@@ -395,7 +396,6 @@ def test_backend_option_overlap_schedules_a_compiled_distributed_function():
     collective, and the answers equal the unscheduled compile."""
     import torch.distributed._functional_collectives as funcol
 
-    from fusion import backend
     from fusion.comms.capture import _group, ensure_fake_group
 
     ensure_fake_group(2)
@@ -406,12 +406,7 @@ def test_backend_option_overlap_schedules_a_compiled_distributed_function():
         return r * 0.5 + h.sum()
 
     args = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    outs, notes = [], []
-    for opts in ({}, {"overlap": True}):
-        torch._dynamo.reset()
-        backend.reset()
-        outs.append(torch.compile(fn, backend="fusion", options=opts)(*args))
-        notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
+    outs, notes = with_and_without_overlap(fn, args)
     torch.testing.assert_close(outs[1], outs[0])
     assert not notes[0] and notes[1] and all(n[2] != "skipped" for n in notes[1]), notes
 

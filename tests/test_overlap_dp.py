@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
+from support import with_and_without_overlap
 
 from fusion import overlap
 from fusion.comms import fit, inductor, passes, scale
@@ -124,7 +125,6 @@ def test_the_scheduler_reads_a_graph_with_an_in_place_all_reduce():
 
 
 def test_the_backend_pass_reduces_in_place_and_answers_as_unscheduled():
-    from fusion import backend
     from fusion.comms.capture import _group
 
     def fn(a, b, w):
@@ -132,12 +132,7 @@ def test_the_backend_pass_reduces_in_place_and_answers_as_unscheduled():
         return g * 0.5 + (torch.relu(a @ w) * 2.0).sum()
 
     args = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    outs, notes = [], []
-    for opts in ({}, {"overlap": True}):
-        torch._dynamo.reset()
-        backend.reset()
-        outs.append(torch.compile(fn, backend="fusion", options=opts)(*args))
-        notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
+    outs, notes = with_and_without_overlap(fn, args)
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
     assert any(n[2] == "in place" for n in notes[1]), notes[1]
 

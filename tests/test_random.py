@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from support import Fn
 
 from fusion.codegen import compile_regions
 from fusion.compiler import random_ops
@@ -25,15 +26,6 @@ from fusion.kernels import c_runtime
 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
 RENDERERS = ["triton"] + (["c"] if c_runtime.available()[0] else [])
 P = 0.3
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def run_in(renderer: str, fn, *inputs):

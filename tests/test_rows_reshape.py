@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from support import Fn
 
 from fusion import backend, codegen
 from fusion.codegen import compile_regions
@@ -31,15 +32,6 @@ TOL = {torch.float32: {}, torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloa
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
     monkeypatch.setenv("FUSION_STRICT", "1")  # a generator bug fails the test instead of falling back
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _rand(shape, seed, dtype=torch.float32):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from support import Fn
 
 from fusion import backend
 from fusion.aten.capture import aten_inputs
@@ -33,15 +34,6 @@ def small():
     """The pass on CPU graphs, with thresholds scaled to tests' sizes (extents >= 64, chunks >= 4)."""
     with mock.patch.multiple(sr, **SMALL):
         yield
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, f) -> None:
-        super().__init__()
-        self.f = f
-
-    def forward(self, *xs):
-        return self.f(*xs)
 
 
 def split(f, *xs):

@@ -1,0 +1,30 @@
+"""Helpers the test files share (not a test file: no tests here)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Fn(torch.nn.Module):
+    """A function as a module: ``Fn(lambda x: x * 2)``, what the code generator and the backend compile."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def with_and_without_overlap(fn, args) -> tuple[list, list]:
+    """``fn`` compiled by ``backend="fusion"`` without, then with ``options={"overlap": True}``: (the two outputs,
+    the overlap pass's notes of each compile)."""
+    from fusion import backend
+
+    outs, notes = [], []
+    for opts in ({}, {"overlap": True}):
+        torch._dynamo.reset()
+        backend.reset()
+        outs.append(torch.compile(fn, backend="fusion", options=opts)(*args))
+        notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
+    return outs, notes
