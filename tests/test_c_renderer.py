@@ -482,3 +482,35 @@ def test_a_normalization_over_a_leading_dim_stores_whole_columns(dtype):
 
     for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
         close(got, want)
+
+
+@needs_cc
+def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
+    """EfficientNet-B0's BatchNorm+SiLU and squeeze-excite mean over a 7x7 map: H and W are one loop of 49 (a loop
+    of 7 never reaches gcc's vector body), kept and reduced dims alike; the mean's blocks span the whole row. A
+    permuted read keeps its loops apart. Results as eager's."""
+    x, s, b = torch.randn(1, 24, 7, 7), torch.rand(24, 1, 1) + 0.5, torch.randn(24, 1, 1)
+
+    def bn_silu(a, w, c):
+        return torch.nn.functional.silu(a * w + c)
+
+    ((_, kernel),) = lowered(bn_silu, x, s, b)
+    assert [lp.size for lp in kernel.loops][-1] == 7, kernel.describe()  # the IR keeps the tensor's dims
+    src = render(kernel)
+    assert "< 49;" in src and "< 7;" not in src, src[src.index("void ") :]
+    close(compiled_in_c(bn_silu, x, s, b, kernels=1), bn_silu(x, s, b))
+
+    def se_mean(a, w, c):
+        y = torch.nn.functional.silu(a * w + c)
+        return y, y.mean((2, 3), keepdim=True)
+
+    ((_, kernel),) = lowered(se_mean, x, s, b)
+    src = render(kernel)
+    assert "< 49;" in src and "< 7;" not in src and "< 7 ?" not in src, src[src.index("void ") :]
+    for got, want in zip(compiled_in_c(se_mean, x, s, b, kernels=1), se_mean(x, s, b), strict=True):
+        close(got, want)
+
+    y = torch.randn(1, 24, 7, 7).transpose(2, 3)  # W before H in memory: no single walk of both
+    ((_, kernel),) = lowered(lambda a, c: a * 2 + c, y, x)
+    assert "< 49;" not in render(kernel)
+    close(compiled_in_c(lambda a, c: a * 2 + c, y, x, kernels=1), y * 2 + x)
