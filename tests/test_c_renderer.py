@@ -18,7 +18,7 @@ from fusion.codegen import compile_regions
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
-from fusion.kernels.c_render import render
+from fusion.kernels.c_render import one_walk, render
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
 pytestmark = pytest.mark.phase8
@@ -487,8 +487,9 @@ def test_a_normalization_over_a_leading_dim_stores_whole_columns(dtype):
 @needs_cc
 def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
     """EfficientNet-B0's BatchNorm+SiLU and squeeze-excite mean over a 7x7 map: H and W are one loop of 49 (a loop
-    of 7 never reaches gcc's vector body), kept and reduced dims alike; the mean's blocks span the whole row. A
-    permuted read keeps its loops apart. Results as eager's."""
+    of 7 never reaches gcc's vector body), kept and reduced dims alike; the mean's blocks span the whole row, and
+    the stored ``y`` and its mean are one walk of the row (``y`` computed once). A permuted read keeps its loops
+    apart. Results as eager's."""
     x, s, b = torch.randn(1, 24, 7, 7), torch.rand(24, 1, 1) + 0.5, torch.randn(24, 1, 1)
 
     def bn_silu(a, w, c):
@@ -505,6 +506,10 @@ def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
         return y, y.mean((2, 3), keepdim=True)
 
     ((_, kernel),) = lowered(se_mean, x, s, b)
+    walks = [t for t in kernel.body if isinstance(t, ir.ReduceLoop)]
+    assert len(walks) == 2 and len([t for t in one_walk(kernel).body if isinstance(t, ir.ReduceLoop)]) == 1
+    ((_, softmax),) = lowered(lambda a: torch.softmax(a, -1), x)  # each walk reads the fold before it: kept apart
+    assert one_walk(softmax) == softmax
     src = render(kernel)
     assert "< 49;" in src and "< 7;" not in src and "< 7 ?" not in src, src[src.index("void ") :]
     for got, want in zip(compiled_in_c(se_mean, x, s, b, kernels=1), se_mean(x, s, b), strict=True):

@@ -487,9 +487,56 @@ def coalesce(k: ir.Kernel) -> ir.Kernel:
     return dataclasses.replace(k, loops=loops, reduce_loops=reduce_loops, body=body)
 
 
+def _uses(s) -> set[str]:
+    if isinstance(s, ir.ReduceLoop):
+        return set().union(*map(_uses, s.body)) if s.body else set()
+    if isinstance(s, ir.Op):
+        return set(s.args)
+    if isinstance(s, ir.Load):
+        return {s.mask} if s.mask else set()
+    if isinstance(s, (ir.Store, ir.Reduce)):
+        return {s.value}
+    return set()
+
+
+def _defines(s) -> set[str]:
+    if isinstance(s, ir.ReduceLoop):
+        return set().union(*map(_defines, s.body)) if s.body else set()
+    return {s.out} if hasattr(s, "out") else set()
+
+
+def one_walk(k: ir.Kernel) -> ir.Kernel:
+    """``k`` with a walk of the row that only stores (no fold) joined to the walk before it when it reads nothing
+    that walk or the statements between them define (a folded row's mean): squeeze-excite's ``y = silu(bn(x))``
+    stored and ``y.mean((2, 3))`` folded in one pass over ``x``, where two passes computed ``y`` twice (the exp
+    and the division); gcc computes the repeated expressions once. Each store and each fold sees the same values
+    in the same order as before."""
+    body = list(k.body)
+    i = 0
+    while i < len(body):
+        if isinstance(body[i], ir.ReduceLoop):
+            j, between = i + 1, set()
+            while j < len(body) and not isinstance(body[j], ir.ReduceLoop):
+                between |= _defines(body[j])
+                j += 1
+            later = body[j] if j < len(body) else None
+            if (
+                later is not None
+                and not any(isinstance(s, ir.Reduce) for s in later.body)
+                and not _uses(later) & (between | _defines(body[i]))
+            ):
+                body[i] = ir.ReduceLoop((*body[i].body, *later.body))
+                del body[j]
+                continue
+        i += 1
+    return k if len(body) == len(k.body) else dataclasses.replace(k, body=tuple(body))
+
+
 def render(kernel: ir.Kernel) -> str:
     """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``. Contiguous
     neighbouring loops are merged first (:func:`coalesce`). A column walk (a reduction whose rows are strided and
     whose innermost kept dim is contiguous) in tiles (:class:`_Columns`)."""
     kernel = coalesce(kernel)
-    return (_Columns if _Columns.takes(kernel) else _Writer)(kernel).source()
+    if _Columns.takes(kernel):
+        return _Columns(kernel).source()
+    return _Writer(one_walk(kernel)).source()
