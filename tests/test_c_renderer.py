@@ -19,7 +19,7 @@ from fusion.codegen import compile_regions
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
-from fusion.kernels.c_render import render
+from fusion.kernels.c_render import one_walk, render
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
 pytestmark = pytest.mark.phase8
@@ -474,3 +474,56 @@ def test_a_normalization_over_a_leading_dim_stores_whole_columns(dtype):
 
     for got, want in zip(compiled_in_c(fn, x, kernels=1), fn(x), strict=True):
         close(got, want)
+
+
+@needs_cc
+def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
+    """EfficientNet-B0's BatchNorm+SiLU and squeeze-excite mean over a 7x7 map: H and W are one loop of 49 (a loop
+    of 7 never reaches gcc's vector body), kept and reduced dims alike; the mean's blocks span the whole row, and
+    the stored ``y`` and its mean are one walk of the row (``y`` computed once). A permuted read keeps its loops
+    apart. Results as eager's."""
+    x, s, b = torch.randn(1, 24, 7, 7), torch.rand(24, 1, 1) + 0.5, torch.randn(24, 1, 1)
+
+    def bn_silu(a, w, c):
+        return torch.nn.functional.silu(a * w + c)
+
+    ((_, kernel),) = lowered(bn_silu, x, s, b)
+    assert [lp.size for lp in kernel.loops][-1] == 7, kernel.describe()  # the IR keeps the tensor's dims
+    src = render(kernel)
+    assert "< 49;" in src and "< 7;" not in src, src[src.index("void ") :]
+    close(compiled_in_c(bn_silu, x, s, b, kernels=1), bn_silu(x, s, b))
+
+    def se_mean(a, w, c):
+        y = torch.nn.functional.silu(a * w + c)
+        return y, y.mean((2, 3), keepdim=True)
+
+    ((_, kernel),) = lowered(se_mean, x, s, b)
+    walks = [t for t in kernel.body if isinstance(t, ir.ReduceLoop)]
+    assert len(walks) == 2 and len([t for t in one_walk(kernel).body if isinstance(t, ir.ReduceLoop)]) == 1
+    ((_, softmax),) = lowered(lambda a: torch.softmax(a, -1), x)  # each walk reads the fold before it: kept apart
+    assert one_walk(softmax) == softmax
+    src = render(kernel)
+    assert "< 49;" in src and "< 7;" not in src and "< 7 ?" not in src, src[src.index("void ") :]
+    for got, want in zip(compiled_in_c(se_mean, x, s, b, kernels=1), se_mean(x, s, b), strict=True):
+        close(got, want)
+
+    y = torch.randn(1, 24, 7, 7).transpose(2, 3)  # W before H in memory: no single walk of both
+    ((_, kernel),) = lowered(lambda a, c: a * 2 + c, y, x)
+    assert "< 49;" not in render(kernel)
+    close(compiled_in_c(lambda a, c: a * 2 + c, y, x, kernels=1), y * 2 + x)
+
+
+@needs_cc
+def test_exp_of_float32_is_within_one_ulp_and_sigmoid_tanh_within_eager_s_reach():
+    """fusion_expf's polynomial runs in fused multiply-adds where the CPU has them (``__FMA__``), two roundings a
+    step elsewhere: either way exp stays within 1 ulp of the float64 value over its whole finite range, sigmoid and
+    tanh (which call it) within 2.5 ulp (eager's sigmoid is 2.35 ulp off here)."""
+    assert "__builtin_fmaf" in render(lowered(lambda a: a.exp() * 2, torch.randn(4))[0][1])
+    x = torch.cat([torch.linspace(-104, 89, 1 << 20), torch.randn(1 << 16) * 5])
+    for fn, most in ((torch.exp, 1.0), (torch.sigmoid, 2.5), (torch.tanh, 2.5)):
+        got = compiled_in_c(lambda a, fn=fn: fn(a).abs(), x, kernels=1).double()
+        want = fn(x.double()).abs()
+        ok = (want > 1e-30) & (want < 3e38)
+        spacing = (torch.nextafter(want.float(), torch.tensor(float("inf"))) - want.float()).double()
+        ulps = ((got - want).abs() / spacing)[ok]
+        assert ulps.max() <= most, (fn.__name__, ulps.max().item())
