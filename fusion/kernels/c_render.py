@@ -20,11 +20,11 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels.c_prelude import PRELUDE
+from fusion.kernels.ir_loops import coalesce, one_walk
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
 SUM_BLOCK = 64  # elements of a row a sum folds in SIMD lanes; the blocks' sums are then added pairwise
@@ -420,116 +420,6 @@ class _Columns(_Writer):
         self.emit("}", 1)
         self.emit("}", 0)
         return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
-
-
-def _affines(s) -> list[ir.Affine]:
-    if isinstance(s, (ir.Load, ir.Store)):
-        return [s.offset]
-    return [s.expr] if isinstance(s, ir.Index) else []
-
-
-def _coef(e: ir.Affine, var: str) -> int:
-    return sum(c for c, atom in e.terms if atom == ir.Var(var))
-
-
-def _drop(e: ir.Affine, var: str) -> ir.Affine:
-    return ir.Affine(tuple(t for t in e.terms if t[1] != ir.Var(var)), e.const)
-
-
-def _fuse(loops: tuple[ir.Loop, ...], exprs: list[ir.Affine]) -> tuple[tuple[ir.Loop, ...], set[str]]:
-    """``loops`` with each pair of neighbours that every index walks as one loop (``a`` outer, ``b`` inner: ``a``'s
-    coefficient is ``b``'s times ``b``'s size in every expression, neither under a ``//`` or ``%``) made one loop:
-    ``b`` over ``a.size * b.size`` elements; the merged-away variables."""
-    out, gone = list(loops), set()
-    for i in range(len(out) - 2, -1, -1):
-        a, b = out[i], out[i + 1]
-        nested = any(
-            {a.var, b.var} & atom.of.variables() for e in exprs for _, atom in e.terms if not isinstance(atom, ir.Var)
-        )
-        if nested or any(_coef(e, a.var) != _coef(e, b.var) * b.size for e in exprs):
-            continue
-        out[i : i + 2] = [ir.Loop(b.var, a.size * b.size)]
-        exprs[:] = [_drop(e, a.var) for e in exprs]
-        gone.add(a.var)
-    return tuple(out), gone
-
-
-def coalesce(k: ir.Kernel) -> ir.Kernel:
-    """``k`` with neighbouring loops that every index walks contiguously merged into one (kept loops among
-    themselves, reduce loops among themselves): a channel's 7x7 feature map is one loop of 49, so the innermost loop
-    is long enough to run in SIMD lanes (a loop of 7 never reaches gcc's vector body: EfficientNet-B0's 7x7 and
-    14x14 maps ran scalar, 3-4 ns an element). A sum's blocks then span the merged row (blocks of :data:`SUM_BLOCK`
-    of the whole row, added pairwise), as a contiguous row's do. The values computed are the same; only the
-    loops' shape changes."""
-    exprs = [e for s in k.statements() for e in _affines(s)]
-    loops, gone = _fuse(k.loops, exprs)
-    reduce_loops, gone_r = _fuse(k.reduce_loops, exprs)
-    gone |= gone_r
-    if not gone:
-        return k
-
-    def rewrite(s):
-        if isinstance(s, ir.ReduceLoop):
-            return ir.ReduceLoop(tuple(rewrite(t) for t in s.body))
-        if isinstance(s, (ir.Load, ir.Store)):
-            e = s.offset
-            for v in gone:
-                e = _drop(e, v)
-            return dataclasses.replace(s, offset=e)
-        if isinstance(s, ir.Index):
-            e = s.expr
-            for v in gone:
-                e = _drop(e, v)
-            return dataclasses.replace(s, expr=e)
-        return s
-
-    body = tuple(rewrite(s) for s in k.body)
-    return dataclasses.replace(k, loops=loops, reduce_loops=reduce_loops, body=body)
-
-
-def _uses(s) -> set[str]:
-    if isinstance(s, ir.ReduceLoop):
-        return set().union(*map(_uses, s.body)) if s.body else set()
-    if isinstance(s, ir.Op):
-        return set(s.args)
-    if isinstance(s, ir.Load):
-        return {s.mask} if s.mask else set()
-    if isinstance(s, (ir.Store, ir.Reduce)):
-        return {s.value}
-    return set()
-
-
-def _defines(s) -> set[str]:
-    if isinstance(s, ir.ReduceLoop):
-        return set().union(*map(_defines, s.body)) if s.body else set()
-    return {s.out} if hasattr(s, "out") else set()
-
-
-def one_walk(k: ir.Kernel) -> ir.Kernel:
-    """``k`` with a walk of the row that only stores (no fold) joined to the walk before it when it reads nothing
-    that walk or the statements between them define (a folded row's mean): squeeze-excite's ``y = silu(bn(x))``
-    stored and ``y.mean((2, 3))`` folded in one pass over ``x``, where two passes computed ``y`` twice (the exp
-    and the division); gcc computes the repeated expressions once. Each store and each fold sees the same values
-    in the same order as before."""
-    body = list(k.body)
-    i = 0
-    while i < len(body):
-        if isinstance(body[i], ir.ReduceLoop):
-            j, between = i + 1, set()
-            while j < len(body) and not isinstance(body[j], ir.ReduceLoop):
-                between |= _defines(body[j])
-                j += 1
-            later = body[j] if j < len(body) else None
-            if (
-                later is not None
-                and not any(isinstance(s, ir.Reduce) for s in later.body)
-                and not _uses(later) & (between | _defines(body[i]))
-            ):
-                body[i] = ir.ReduceLoop((*body[i].body, *later.body))
-                del body[j]
-                continue
-        i += 1
-    return k if len(body) == len(k.body) else dataclasses.replace(k, body=tuple(body))
 
 
 def render(kernel: ir.Kernel) -> str:
