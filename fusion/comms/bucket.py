@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from fusion.comms.capture import short
 from fusion.comms.units import OverlapGraph, Unit
+from fusion.fxutils.finish import relint
 
 
 def _key(u: Unit) -> tuple:
@@ -103,6 +104,5 @@ def apply_buckets(gm: fx.GraphModule, plan: BucketPlan) -> fx.GraphModule:
         for w, s in zip(waits, starts, strict=True):
             graph.erase_node(w)
             graph.erase_node(s)
-    graph.lint()
-    gm.recompile()
+    relint(gm)
     return gm

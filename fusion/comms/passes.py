@@ -25,6 +25,7 @@ from fusion.comms.bucket import apply_buckets, plan_buckets
 from fusion.comms.capture import is_collective, is_wait
 from fusion.comms.cost import CostModel
 from fusion.comms.units import OverlapGraph, ScheduleError, apply_order, check_regions, check_schedule
+from fusion.fxutils.finish import relint
 
 PASS = "overlap"
 measured: CostModel | None = None  # set_cost_model(): a host's measured figures, for every rank's pass alike
@@ -98,8 +99,7 @@ def all_reduce_in_place(gm: fx.GraphModule) -> list[str]:
             n.target = c10d.all_reduce_.default
             done.append(n.name)
     if done:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return done
 
 

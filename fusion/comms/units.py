@@ -27,6 +27,7 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node
 from fusion.comms.capture import is_collective, is_wait, short
 from fusion.comms.cost import Cost, CostModel, node_bytes
+from fusion.fxutils.finish import relint
 
 
 def holds_input(start: fx.Node) -> bool:
@@ -387,6 +388,5 @@ def apply_order(gm: fx.GraphModule, graph: OverlapGraph, order: list[Unit]) -> f
             else:
                 prev.append(n)
             prev = n
-    fx_graph.lint()
-    gm.recompile()
+    relint(gm)
     return gm

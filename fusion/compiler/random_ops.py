@@ -33,6 +33,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import reinterpret
 from fusion.compiler import passes
+from fusion.fxutils.finish import relint
 
 aten = torch.ops.aten
 RAND_OPS = (aten.rand.default, aten.rand_like.default)
@@ -183,8 +184,7 @@ def seed_random(gm: fx.GraphModule, note) -> int:
         note("random", [r.name for r in rands], "rewritten",
              f"{len(rands)} random op(s) -> philox_rand in the kernels that read them; one seeds draw per call on {device}")  # fmt: skip
     if count:
-        graph.lint()
-        gm.recompile()
+        relint(gm)
     return count
 
 

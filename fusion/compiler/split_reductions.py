@@ -54,6 +54,7 @@ import torch
 import torch.fx as fx
 
 from fusion.compiler.passes import Pass, noted
+from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta
 from fusion.kernels.rows import COALESCED_ROWS, COLUMN_RBLOCK
 
@@ -268,8 +269,7 @@ def split_reductions(gm: fx.GraphModule, note: Callable[..., None], target: int 
              f"{plan.programs} program(s) of {walk} over {plan.extent}: S = {plan.splits} partials each")  # fmt: skip
         count += 1
     if count:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return count
 
 
