@@ -152,3 +152,44 @@ def test_a_graph_without_kernels_still_runs_its_max_pool_as_aten():
     torch.testing.assert_close(got, _pool(x))
     noted = [p for r in backend.reports for part in r.parts for p in part.passes if p[0] == "prims to aten"]
     assert noted and noted[0][1] == "1 prims call(s)", backend.reports[0].table()
+
+
+def _train_step(model, x, monkeypatch, min_cut: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """One compiled forward + backward: the loss, the gradients, and how many tensors each forward graph saves."""
+    from fusion.compiler import driver
+
+    saved, original = [], driver.kernels
+
+    def spy(gm, part, opts):
+        if part.kind == "forward":
+            saved.append(len(next(n for n in gm.graph.nodes if n.op == "output").args[0]) - 1)  # all but the output
+        return original(gm, part, opts)
+
+    monkeypatch.setattr(driver, "kernels", spy)
+    torch._dynamo.reset()
+    model.zero_grad()
+    loss = torch.compile(model, backend="fusion", options={"min_cut": min_cut})(x).square().sum()
+    loss.backward()
+    monkeypatch.setattr(driver, "kernels", original)
+    return loss.detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+@pytest.mark.parametrize("min_cut", [False, True])
+def test_min_cut_partitioner_saves_fewer_values_and_keeps_the_gradients(monkeypatch, min_cut):
+    """``options={"min_cut": True}``: AOTAutograd's min-cut partitioner (Inductor's) cuts the joint graph so the
+    forward saves fewer tensors (the backward recomputes GELU's pointwise chain); loss and gradients stay eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.LayerNorm(32)).double()
+    x = torch.randn(8, 16, dtype=torch.float64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss, grads, saved = _train_step(model, x, monkeypatch, min_cut)
+    model.zero_grad()
+    want = model(x).square().sum()
+    want.backward()
+    torch.testing.assert_close(loss, want.detach())
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(saved) == 1
+    if min_cut:  # fewer than the default partitioner saves for the same model
+        assert saved[0] < _train_step(model, x, monkeypatch, False)[2][0]

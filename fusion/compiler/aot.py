@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from fusion.common import is_todo
 from fusion.compiler.attention import CAPTURE_PASSES
-from fusion.compiler.pass_base import run_stage
+from fusion.compiler.pass_base import current, run_stage
 from fusion.kernels.precompile import warm_pool
 
 aten = torch.ops.aten
@@ -64,8 +64,20 @@ def lower_with_aot(
         inference_compiler=inference_compiler,
         decompositions=decompositions,
         keep_inference_input_mutations=True,
+        **partitioner(options if options is not None else current()),
     )
     return backend(gm, example_inputs)
+
+
+def partitioner(options: object) -> dict:
+    """How the joint graph is cut into forward and backward: ``options={"min_cut": True}`` picks AOTAutograd's min-cut
+    rematerialization (what Inductor uses: the backward recomputes cheap pointwise values from fewer saved tensors);
+    otherwise its default partitioner (every value the backward reads is saved by the forward)."""
+    if options is None or not getattr(options, "enabled", {}).get("min_cut", False):
+        return {}
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return {"partition_fn": min_cut_rematerialization_partition}
 
 
 def placeholders(gm: fx.GraphModule) -> list[fx.Node]:

@@ -32,8 +32,10 @@ class Options:
     """``options={...}`` of ``torch.compile(..., backend="fusion")``: one switch per pass, plus ``codegen``."""
 
     # Switches that are stages of the pipeline, not passes: codegen (regions -> generated Triton kernels) and
-    # cudagraphs (replay each inference graph as one CUDA graph: fusion.compiler.cudagraphs; a no-op on a CPU).
-    STAGES = {"codegen": True, "cudagraphs": False}
+    # cudagraphs (replay each inference graph as one CUDA graph: fusion.compiler.cudagraphs; a no-op on a CPU);
+    # min_cut (training: AOTAutograd's min-cut partitioner saves fewer activations and recomputes cheap pointwise ops
+    # in the backward, as Inductor does; off: its default partitioner saves every value the backward reads).
+    STAGES = {"codegen": True, "cudagraphs": False, "min_cut": False}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
         listed = {p.name for p in passes}  # the stages' passes, where the driver's list does not name them
