@@ -1016,6 +1016,7 @@ def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     turn off by default."""
     from fusion.bench import suite as S
 
+    B.register_lessons()  # backend="fusion" is Phase 9's (also when this test runs alone)
     seen = []
     monkeypatch.setattr(S.torch, "compile", lambda model, **kw: seen.append(kw.get("options")) or model)
     S.compile_with("fusion+no-conv1x1", nn.Identity())
@@ -1023,8 +1024,11 @@ def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     S.compile_with("fusion+fold+cudagraphs", nn.Identity())
     S.compile_with("fusion", nn.Identity())
     S.compile_with("fusion+cudagraphs+with-depthwise", nn.Identity())
+    S.compile_with("fusion+ir+cudagraphs", nn.Identity())  # a flag with a value: where Triton kernels come from
     assert seen == [{"conv1x1": False}, {"conv1x1_forward": True}, {"fold_bn": True, "cudagraphs": True}, None,
-                    {"cudagraphs": True, "depthwise": True}]  # fmt: skip
+                    {"cudagraphs": True, "depthwise": True},
+                    {"triton_source": "ir", "cudagraphs": True}]  # fmt: skip
+    assert S.is_ablation("fusion+ir") and not S.is_ablation("fusion") and not S.is_ablation("fusion+bogus")
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
         S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+conv1x1"], device="cpu")
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):

@@ -64,15 +64,18 @@ CUDAGRAPHS = (
 
 
 PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
-FUSION_FLAGS = {"fold": "fold_bn", "cudagraphs": "cudagraphs"}  # fusion+fold, fusion+cudagraphs: the option they set
+# fusion+fold, fusion+cudagraphs: the option they set to True; fusion+ir / fusion+region: where Triton kernels are
+# rendered from (the kernel IR, or the region as Phase 8 writes it): options={"triton_source": ...}
+FUSION_FLAGS = {"fold": "fold_bn", "cudagraphs": "cudagraphs", "ir": ("triton_source", "ir"),
+                "region": ("triton_source", "region")}  # fmt: skip
 
 
 def is_ablation(backend: str) -> bool:
-    """``fusion+`` with at least one ``no-<pass>``/``with-<pass>`` switch, the rest ``fold``/``cudagraphs`` flags."""
+    """``fusion+`` followed by ``no-<pass>``/``with-<pass>`` switches and flags of :data:`FUSION_FLAGS`, any mix."""
     parts = backend.split("+")
     switched = [p.partition("-")[0] in PASS_SWITCHES for p in parts[1:]]
     flags = [p in FUSION_FLAGS for p in parts[1:]]
-    return parts[0] == "fusion" and any(switched) and all(s or f for s, f in zip(switched, flags, strict=True))
+    return parts[0] == "fusion" and len(parts) > 1 and all(s or f for s, f in zip(switched, flags, strict=True))
 
 
 def compile_with(backend: str, model: nn.Module) -> Callable:
@@ -90,7 +93,8 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
             if switch in PASS_SWITCHES:
                 options[name] = PASS_SWITCHES[switch]
             else:
-                options[FUSION_FLAGS[f]] = True
+                option, value = FUSION_FLAGS[f] if isinstance(FUSION_FLAGS[f], tuple) else (FUSION_FLAGS[f], True)
+                options[option] = value
         return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
         return torch.compile(model)
@@ -306,7 +310,7 @@ def _cpuinfo() -> list[str]:
 
 
 def _timed(fn: Callable, name: str, cfg: SuiteConfig) -> Callable:
-    if name in CUDAGRAPHS and cfg.device == "cuda":
+    if (name in CUDAGRAPHS or "cudagraphs" in name.split("+")) and cfg.device == "cuda":
 
         def step():
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last one's outputs may be overwritten
