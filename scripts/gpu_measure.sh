@@ -10,6 +10,10 @@
 #     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
+#     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
+#                                            # optionally the CUDA tests, then the suite's models x backends in one call
+#                                            # (e.g. BACKENDS=eager,fusion+region,fusion+ir: Triton from the region or
+#                                            # from the kernel IR, measured in one process per model)
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -102,9 +106,13 @@ round)
     timeout 140 "$PY" scripts/gpu_random.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/random.log"
     ;;
+suite)
+    [ "${CUDA_TESTS_S:-0}" -gt 0 ] && cuda_tests "$CUDA_TESTS_S"
+    suite $((570 - (SECONDS - start))) "${MODELS:?MODELS=a,b}" "${BACKENDS:?BACKENDS=x,y}"
+    ;;
 train)
     suite 560 bert_train,gpt2_train,llama_train,resnet50_train,vit_b_16_train,mobilenet_v2_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round or train" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, suite or train" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
