@@ -312,6 +312,103 @@ def test_the_readme_table_is_the_drivers_stage_list():
         assert f"`{stage.module}`" in cell, f"README's row {stage.name!r} does not name `{stage.module}`"
 
 
+# The import walk of a region: from the driver, through the stage modules in the stage order. A stage module may reach
+# (import, through modules that are no stage's, or look up through fusion.compiler.registry) a later stage's module,
+# never an earlier one's; the driver, which names every stage, is where the walk starts. Each back-edge the walk meets
+# today is listed here with why it is there: fixing one means deleting its line, and a new one fails the test.
+KNOWN_BACK_EDGES = {
+    # Phase 8's compile_graph (the lesson) drives regions -> rendering -> partition itself: it calls Phase 6's
+    # build_fusion_regions, so "rendering" reaches "regions".
+    ("fusion.codegen", "fusion.regions"): "Phase 8's compile_graph calls Phase 6's regions (it is a driver too)",
+    # The lesson shows a region as C: run() lowers it (lower_region) for the demo; compile_graph does not.
+    ("fusion.codegen", "fusion.compiler.lowering"): "Phase 8's run() lowers a region to show it as C",
+    # The C path lowers a rendered region when the partition accepts its plan (Worklist.done -> lower_plan): the
+    # lowering runs after Triton's rendering, not before it as the stage order says, until rendering reads the IR.
+    ("fusion.compiler.partition", "fusion.compiler.lowering"): "Worklist.done lowers each plan for the C renderer",
+}
+
+
+def stage_modules() -> list[str]:
+    """The driver's STAGES as module names, in stage order, each once."""
+    from fusion.compiler.driver import STAGES
+
+    return list(dict.fromkeys(s.module.removesuffix(".py").replace("/", ".") for s in STAGES))
+
+
+def registry_lookups(source: str) -> set[str]:
+    """The lessons a module reaches by name through the registry: ``registry.get("compile_graph")``,
+    ``registry.lazy("fold_bn")`` or an alias of either called with a name of ``registry.PROVIDERS``."""
+    from fusion.compiler.registry import PROVIDERS
+
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
+            if node.args[0].value in PROVIDERS:
+                found.add(PROVIDERS[node.args[0].value][1])
+    return found
+
+
+def walk_graph() -> dict[str, set[str]]:
+    """The import graph, plus an edge from each module that imports the registry to the lessons it looks up."""
+    graph, mods = import_graph(), modules()
+    for name, deps in graph.items():
+        if "fusion.compiler.registry" in deps:
+            deps |= registry_lookups(mods[name].read_text(encoding="utf-8")) - {name}
+    return graph
+
+
+def stage_walk(graph: dict[str, set[str]], order: list[str], root: str) -> tuple[set[str], list[list[str]]]:
+    """(the stage modules the walk from ``root`` enters, its back-edges as paths): from each stage module entered,
+    every path through non-stage modules to the next stage module it meets is one step; a step to a module earlier
+    in ``order`` than the one it leaves (``root`` aside) is a back-edge."""
+    entered, todo, back = set(), [root], []
+    while todo:
+        here = todo.pop()
+        if here in entered:
+            continue
+        entered.add(here)
+        paths, stack = {here: [here]}, [here]
+        while stack:  # depth-first through modules that are no stage's
+            mod = stack.pop()
+            for dep in sorted(graph.get(mod, ())):
+                if dep in paths:
+                    continue
+                paths[dep] = [*paths[mod], dep]
+                if dep in order:
+                    todo.append(dep)
+                    if here != root and order.index(dep) < order.index(here):
+                        back.append(paths[dep])
+                else:
+                    stack.append(dep)
+    return entered & set(order), sorted(back)
+
+
+def test_the_stage_walk_finds_a_back_edge_through_a_helper():
+    order = ["s1", "s2", "s3"]
+    graph = {"root": {"s1", "s2"}, "s1": {"helper"}, "helper": {"s3"}, "s2": {"s3"}, "s3": set()}
+    assert stage_walk(graph, order, "root") == ({"s1", "s2", "s3"}, [])
+    graph["s3"] = {"util"}
+    graph["util"] = {"s2"}
+    assert stage_walk(graph, order, "root") == ({"s1", "s2", "s3"}, [["s3", "util", "s2"]])
+    assert registry_lookups("registry.get('compile_graph')\nlesson('fold_bn')\nf('x')") == {
+        "fusion.codegen",
+        "fusion.backend",
+    }
+
+
+def test_the_import_walk_of_a_region_enters_each_stage_module_once_in_stage_order():
+    """From the driver, the README's stage modules are each entered, and no step goes back to an earlier stage's
+    module except the known back-edges (each with its reason in KNOWN_BACK_EDGES)."""
+    order = stage_modules()
+    entered, back = stage_walk(walk_graph(), order, "fusion.compiler.driver")
+    assert entered == set(order), f"stage modules the driver's walk never enters: {sorted(set(order) - entered)}"
+    found = {(path[0], path[-1]): " -> ".join(path) for path in back}
+    new = {edge: path for edge, path in found.items() if edge not in KNOWN_BACK_EDGES}
+    assert not new, f"the walk goes back to an earlier stage's module: {sorted(new.values())}"
+    gone = sorted(set(KNOWN_BACK_EDGES) - set(found))
+    assert not gone, f"fixed back-edges: delete them from KNOWN_BACK_EDGES: {gone}"
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # One definition of a phase's tests: each test carries exactly one phase marker (phase1 … phase10) or `tooling`, so
 # `pytest -m phaseN` (and `practice check N`, which runs exactly that) never runs a test of another phase.

@@ -5,7 +5,8 @@
 * :mod:`fusion.compiler.registry` — the one point through which the lessons hand over what the learner writes
   (Phase 8's ``compile_graph``, Phase 9's ``fold_bn``, ``compile_aten_graph`` and ``lower``, Phase 10's
   ``overlap_pass``; Phases 2, 3, 5 and 7's passes for Phase 4's benchmark).
-* :mod:`fusion.ir.plan` — the types between stages: ``Region``, ``Kernel``, ``KernelPlan``, ``Unsupported``.
+* :mod:`fusion.ir.plan` — the types between stages: ``Region``, ``Kernel``, ``KernelPlan``, ``Unsupported``, and
+  ``LaunchPlan``, which :mod:`fusion.compiler.launch_plans` makes from a ``KernelPlan`` for the runtime (data alone).
 * :mod:`fusion.compiler.aot` — the AOTAutograd glue: lowering a Dynamo graph to aten (with
   ``fusion.aten.capture.decomposition_table``, the one table of Phases 6, 8 and 9), the boxed calling convention,
   re-decomposing a rewritten graph.

@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
+from fusion.compiler.launch_plans import launch_plan
 from fusion.compiler.lowering import lower_plan
 from fusion.compiler.pass_base import run_stage
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES, map_prims
@@ -103,6 +104,11 @@ class Worklist:
                 plan.ir_refused = e
         if self.c_cpu and (why := c_runtime.refusal(plan, self.triton)) is not None:  # C does not take it: aten
             self.refuse(plan.kernel.region, why)
+            return
+        try:  # what the runtime holds: the launch as data (fusion.compiler.launch_plans)
+            plan.launch = launch_plan(plan)
+        except Unsupported as e:
+            self.refuse(plan.kernel.region, e)
             return
         self.plans.append(plan)
         members = [n.name for n in plan.kernel.region.nodes]
@@ -200,7 +206,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
     for p in plans:
         seen[p.kernel.name] += 1
         names.append(p.kernel.name if calls[p.kernel.name] == 1 else f"{p.kernel.name}_call{seen[p.kernel.name]}")
-    kernels = {name: rt.RegionKernel(p) for name, p in zip(names, plans, strict=True)}
+    kernels = {name: rt.RegionKernel(p.launch or launch_plan(p)) for name, p in zip(names, plans, strict=True)}
     groups = [Group(name, p.kernel.region.nodes, p.inputs, p.outputs) for name, p in zip(names, plans, strict=True)]
     place_after_producers(gm, groups)
 

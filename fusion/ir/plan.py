@@ -5,7 +5,10 @@
 * :class:`Region` — a group of fusible aten nodes one kernel computes (Phase 6 builds them; its lesson type
   ``fusion.regions.FusionRegion`` adds the byte costs).
 * :class:`Kernel` — one generated kernel: its name, its Triton source, the region it computes.
-* :class:`KernelPlan` — everything a launch needs besides the tensors: arguments, specialisation, grid.
+* :class:`KernelPlan` — the generator's answer at compile time: the kernel, its argument nodes, specialisation, grid.
+* :class:`LaunchPlan` — what the runtime holds instead: the same launch as data alone (no ``fx.Node``, no torch
+  object): argument specs, the grid, and how each output comes back (``fusion.ir.views``: a stored tensor, a strided
+  view of one, or aten steps by name). ``fusion.compiler.launch_plans`` builds it from a KernelPlan.
 * :class:`Unsupported` — the generator's refusal, with the reason and the node it could not take.
 """
 
@@ -20,6 +23,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
 from fusion.ir import kernel_ir
+from fusion.ir.views import Recipe
 
 
 class Unsupported(Exception):
@@ -107,9 +111,32 @@ class Kernel:
 GeneratedKernel = Kernel  # the name Phase 8's text and older code use
 
 
+class LaunchGeometry:
+    """The launch grid of a plan with ``grid``, ``constexprs``, ``xnumel``, ``xblock`` and ``min_xblock`` (both plans)."""
+
+    grid: int
+    constexprs: dict[str, int]
+    xnumel: int
+    xblock: int
+    min_xblock: int
+
+    def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
+        """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
+        more in the interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its
+        rows (:func:`rows_per_program`)."""
+        if not self.xnumel:
+            constexprs = dict(self.constexprs)
+            xblock = rows_per_program(self.grid, constexprs["RBLOCK"], device.type == "cuda", self.min_xblock)
+            return -(-self.grid // xblock), {**constexprs, "XBLOCK": xblock}
+        cap = self.xblock if device.type == "cuda" else 16384
+        block = min(cap, next_power_of_2(self.xnumel))
+        return -(-self.xnumel // block), {"XBLOCK": block}
+
+
 @dataclass
-class KernelPlan:
-    """Everything a launch needs besides the tensors, decided at code-generation time."""
+class KernelPlan(LaunchGeometry):
+    """Everything a launch needs besides the tensors, decided at code-generation time (in terms of the graph's
+    nodes: the partition wires the call with them; the runtime gets the :class:`LaunchPlan` made from it)."""
 
     kernel: Kernel
     inputs: list[fx.Node]  # external inputs, in kernel-argument order
@@ -126,17 +153,49 @@ class KernelPlan:
     # the region does not lower to it (its node, where it names one, is where the partition cuts the region).
     ir: kernel_ir.Kernel | None = None
     ir_refused: Unsupported | None = None
+    launch: LaunchPlan | None = None  # the run-time plan, once the partition has made it
 
-    def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
-        """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
-        more in the interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its
-        rows (:func:`rows_per_program`)."""
-        if not self.xnumel:
-            xblock = rows_per_program(self.grid, self.constexprs["RBLOCK"], device.type == "cuda", self.min_xblock)
-            return -(-self.grid // xblock), {**self.constexprs, "XBLOCK": xblock}
-        cap = self.xblock if device.type == "cuda" else 16384
-        block = min(cap, next_power_of_2(self.xnumel))
-        return -(-self.xnumel // block), {"XBLOCK": block}
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor a launch is specialised on (an input) or allocates (a stored output): sizes, strides, dtype's name."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # "float32": torch.<dtype>
+
+
+@dataclass(frozen=True)
+class InputSpec(TensorSpec):
+    """An input: also its node's name (for errors) and whether its address can move from call to call (a graph
+    input or a view, which may start anywhere: Triton's 16-byte alignment is checked per call for those)."""
+
+    name: str = ""
+    movable: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan(LaunchGeometry):
+    """A kernel's launch as data alone, what ``fusion.kernels.triton_runtime.RegionKernel`` holds: no ``fx.Node``, no
+    torch object. The launch passes ``(*inputs, *stored)`` (its *buffers*, in this order) and returns one tensor per
+    recipe of ``results`` (``fusion.ir.views``)."""
+
+    name: str  # the kernel's name (what the profiler shows), and its function's name in ``source``
+    source: str  # Triton source
+    kind: str  # "pointwise" or "reduction"
+    ops: tuple[str, ...]  # the aten ops it computes, one per line of the body
+    inputs: tuple[InputSpec, ...]
+    stored: tuple[TensorSpec, ...]
+    results: tuple[Recipe, ...]
+    device: str  # where its tensors live ("cpu", "cuda:0"); "" for a kernel without tensors
+    grid: int
+    constexprs: tuple[tuple[str, int], ...]  # e.g. (("RBLOCK", 1024),)
+    num_warps: int = 4
+    xnumel: int = 0
+    xblock: int = 1024
+    min_xblock: int = 1
+    ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR (the C renderer's input), where it lowered
+    ir_refused: str = ""  # why it did not lower, where it did not
 
 
 # A reduction kernel's block of XBLOCK rows x RBLOCK lanes, as a table (Inductor autotunes over a few such configs):

@@ -128,13 +128,10 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
     todo, queued = [], set()  # one compile per distinct (code, types, config) of the graph
     for k in kernels:
         plan = k.plan
-        devices = {n.meta["val"].device for n in plan.inputs}
-        if not devices or any(d.type != "cuda" for d in devices):
+        if not plan.inputs or not plan.device.startswith("cuda"):
             continue
-        device = next(iter(devices))
-        grid, constexprs = k.config(device)
-        dtypes = tuple(str(m[2]).removeprefix("torch.") for m in plan.input_meta)
-        dtypes += tuple(str(spec[2]).removeprefix("torch.") for spec in k._out_specs)
+        grid, constexprs = k.config(torch.device(plan.device))
+        dtypes = tuple(spec.dtype for spec in (*plan.inputs, *plan.stored))
         source = shared_source(k.kernel.source)  # what the first launch will load: kernels of one code compile once
         key = (source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
         if grid > 0 and key not in _WARMED and key not in queued:

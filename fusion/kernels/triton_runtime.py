@@ -5,8 +5,9 @@
   source with ``inspect``, so a kernel must live in a real file (Inductor's ``PyCodeCache`` does the same). Kernels
   for CPU tensors are defined with ``TRITON_INTERPRET=1`` set (only while their module is imported), so they run in
   Triton's interpreter; kernels for CUDA tensors are compiled by Triton.
-* :class:`RegionKernel` — one :class:`~fusion.ir.plan.KernelPlan` as a module: check the inputs against what
-  the source was specialised for, allocate the outputs, launch on the grid, rebuild escaping views.
+* :class:`RegionKernel` — one :class:`~fusion.ir.plan.LaunchPlan` (data alone) as a module: check the inputs
+  against what the source was specialised for, allocate the outputs, launch on the grid, return the outputs by the
+  plan's recipes (``fusion.ir.views``: a stored tensor, a strided view of one, or aten steps by name).
   ``_launcher(inputs)`` returns the bare launch (the timing module launches it alone).
 * :class:`Launcher` — the call a compiled graph makes per kernel: inputs checked on the first call only, outputs
   from precomputed specs, and on CUDA the compiled kernel's own launcher instead of the JIT's dispatch (those
@@ -29,16 +30,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node, reinterpret, same_layout, strided_view, view_root
-from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan
+from fusion.aten.nodes import reinterpret, same_layout
+from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan, LaunchPlan
+from fusion.ir.views import Take, ViewOf, runner
 from fusion.kernels import c_runtime, interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
 
-__all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "Launcher", "RegionKernel", "ShapeMismatchError", "load_kernel"]
-__all__ += ["cache_dir", "triton_status"]
+__all__ = ["GeneratedKernel", "Kernel", "KernelPlan", "LaunchPlan", "Launcher", "RegionKernel", "ShapeMismatchError"]
+__all__ += ["cache_dir", "load_kernel", "triton_status"]
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Is Triton here?
@@ -216,21 +217,22 @@ class RegionKernel(torch.nn.Module):
     :attr:`launch` (a :class:`Launcher`) instead: no ``Module.__call__``, the check on its first call only.
     """
 
-    def __init__(self, plan: KernelPlan) -> None:
+    def __init__(self, plan: LaunchPlan) -> None:
         super().__init__()
         self.plan = plan
         self._compiled: dict[bool, object] = {}
         # Decided once, not per call (the per-call Python is what a small kernel's wall time is made of).
-        vals = [node.meta["val"] for node in plan.stored]
-        self._out_specs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in vals]
+        self._out_specs = [(s.shape, s.stride, getattr(torch, s.dtype)) for s in plan.stored]
+        self._in_dtypes = [getattr(torch, s.dtype) for s in plan.inputs]
         self._configs: dict[str, tuple[int, dict[str, int]]] = {}  # device type -> (programs, constexprs)
         self.renderer = c_runtime.chosen()  # of CPU launches: "c" (fusion.kernels.c_runtime) or "triton"
         self.ran, self.c_refused = "", ""  # what ran the kernel ("c", "triton-interpreter", "triton"); why not C
         self.launch = Launcher(self)
 
     @property
-    def kernel(self) -> GeneratedKernel:
-        return self.plan.kernel
+    def kernel(self) -> LaunchPlan:
+        """The kernel's name, source, kind and ops: the plan holds them (the region stays with the compiler)."""
+        return self.plan
 
     def _function(self, interpret: bool):
         fn = self._compiled.get(interpret)
@@ -249,11 +251,15 @@ class RegionKernel(torch.nn.Module):
 
     def check(self, inputs: Sequence[torch.Tensor]) -> None:
         """Raise :class:`ShapeMismatchError` unless every input has the shape, strides and dtype generated for."""
-        for node, t, want in zip(self.plan.inputs, inputs, self.plan.input_meta, strict=True):
-            if t.shape != want[0] or t.dtype != want[2] or (t.stride() != want[1] and not same_layout(t, want[1])):
+        for want, t, dtype in zip(self.plan.inputs, inputs, self._in_dtypes, strict=True):
+            if (
+                t.shape != want.shape
+                or t.dtype != dtype
+                or (t.stride() != want.stride and not same_layout(t, want.stride))
+            ):
                 raise ShapeMismatchError(
-                    f"{self.kernel.name}: input {node.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
-                    f"but the kernel was generated for {want[0]} stride {want[1]} {want[2]}. Fix: compile again "
+                    f"{self.kernel.name}: input {want.name} is {tuple(t.shape)} stride {tuple(t.stride())} {t.dtype}, "
+                    f"but the kernel was generated for {want.shape} stride {want.stride} {dtype}. Fix: compile again "
                     "with example inputs of the shapes (and memory layout) you call it with"
                 )
 
@@ -318,11 +324,9 @@ class Launcher:
         self.static_refused = ""  # why torch's static launcher was not used, if it was not
         self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
         plan = owner.plan
-        where: dict[fx.Node, tuple[int, int]] = {n: (1, i) for i, n in enumerate(plan.stored)}
-        for i, n in enumerate(plan.inputs):
-            where.setdefault(n, (0, i))
-        picks = [where.get(n) or _view_pick(n, where) for n in plan.outputs]
-        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt op by op in Python
+        picks = [_view_pick(r, len(plan.inputs)) for r in plan.results]
+        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt by aten steps in Python
+        self._rebuild = [runner(r) for r in plan.results]  # each result from the launch's buffers, by its recipe
         self._plain = picks == [(1, i) for i in range(len(plan.stored))]  # the outputs are the stored tensors
         self.alloc: Callable | None = None  # (size, stride, dtype) -> an output on the inputs' device: the 1st call
         self._specs: list[tuple] = []
@@ -335,10 +339,8 @@ class Launcher:
             return tuple(
                 both[p[0]][p[1]] if len(p) == 2 else reinterpret(both[p[0]][p[1]], *p[2:]) for p in self._picks
             )
-        plan = self.owner.plan
-        values: dict[fx.Node, object] = dict(zip(plan.stored, outs, strict=True))
-        values.update(zip(plan.inputs, inputs, strict=True))
-        return tuple(_rebuild(node, values) for node in plan.outputs)
+        buffers = (*inputs, *outs)
+        return tuple(rebuild(buffers) for rebuild in self._rebuild)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         if self.spy is not None:
@@ -386,8 +388,8 @@ class Launcher:
                     # Only an input that can move checks its alignment per call: a graph input or a view (a slice
                     # may start anywhere). Anything else is a fresh allocation of this graph (512-byte aligned).
                     self._aligned = [
-                        i for i, (t, n) in enumerate(zip(inputs, owner.plan.inputs, strict=True))
-                        if t.data_ptr() % 16 == 0 and (n.op == "placeholder" or is_view_node(n))
+                        i for i, (t, spec) in enumerate(zip(inputs, owner.plan.inputs, strict=True))
+                        if t.data_ptr() % 16 == 0 and spec.movable
                     ]  # fmt: skip
                     self.direct, self.kind = static_launcher(compiled, grid, len(inputs) + len(outs), device), "static"
                 except Exception as e:  # noqa: BLE001 - no static launcher in this torch: Triton's own
@@ -415,18 +417,10 @@ def _empty_strided(size, stride, dtype, *, device):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
-def _view_pick(node: fx.Node, where: dict[fx.Node, tuple[int, int]]) -> tuple | None:
-    """An escaping view of an input or a stored tensor as (inputs or outs, position, size, stride, offset step)."""
-    base = view_root(node)
-    view = strided_view(node, base) if base is not node and base in where else None
-    return None if view is None else (*where[base], *view)
-
-
-def _rebuild(node: fx.Node, values: dict[fx.Node, object]) -> object:
-    """An escaping view is not written by the kernel: apply the view op to the tensor it aliases, here in Python."""
-    if node in values:
-        return values[node]
-    args = fx.node.map_arg(node.args, lambda n: _rebuild(n, values))
-    kwargs = fx.node.map_arg(node.kwargs, lambda n: _rebuild(n, values))
-    values[node] = node.target(*args, **kwargs)
-    return values[node]
+def _view_pick(recipe, inputs: int) -> tuple | None:
+    """A result that is a buffer or a strided view of one as (inputs or outs, position[, size, stride, offset step]);
+    None for a recipe of aten steps (``fusion.ir.views``)."""
+    if not isinstance(recipe, (Take, ViewOf)):
+        return None
+    at = (0, recipe.index) if recipe.index < inputs else (1, recipe.index - inputs)
+    return at if isinstance(recipe, Take) else (*at, recipe.sizes, recipe.strides, recipe.offset)

@@ -1,0 +1,105 @@
+"""A :class:`~fusion.ir.plan.KernelPlan` (the generator's answer, in terms of the graph's nodes) as the
+:class:`~fusion.ir.plan.LaunchPlan` the runtime holds: data alone, decided here, at compile time.
+
+* :func:`launch_plan` — the argument specs from the nodes' ``meta["val"]``, and each escaping value of the region as a
+  recipe of ``fusion.ir.views`` records over the launch's buffers (inputs, then stored tensors).
+* :func:`recipe` — one value: the buffer itself (:class:`~fusion.ir.views.Take`), a strided view of the first buffer
+  its chain of views reaches (:class:`~fusion.ir.views.ViewOf`: one ``as_strided`` at run time, whatever the chain),
+  else the chain's ops by name (:class:`~fusion.ir.views.Steps`: ``view.dtype`` reinterprets bytes, no strides do).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from fusion.aten.nodes import is_view_node, strided_view
+from fusion.ir.plan import InputSpec, KernelPlan, LaunchPlan, TensorSpec, Unsupported
+from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf
+
+__all__ = ["launch_plan", "recipe"]
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def launch_plan(plan: KernelPlan) -> LaunchPlan:
+    """``plan`` as data: raises :class:`~fusion.ir.plan.Unsupported` for an escaping value no recipe describes (the
+    partition then runs the region as aten ops)."""
+    where: dict[fx.Node, int] = {}
+    for i, n in enumerate(plan.inputs):
+        where.setdefault(n, i)
+    for i, n in enumerate(plan.stored):
+        where[n] = len(plan.inputs) + i  # a value both read and stored is the stored one (as the kernel wrote it)
+    metas = plan.input_meta or [_meta(n.meta["val"]) for n in plan.inputs]
+    inputs = tuple(
+        InputSpec(tuple(shape), tuple(stride), _dtype(dtype), n.name, n.op == "placeholder" or is_view_node(n))
+        for n, (shape, stride, dtype) in zip(plan.inputs, metas, strict=True)
+    )
+    stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], _dtype(n.meta["val"].dtype)) for n in plan.stored)
+    devices = {str(n.meta["val"].device) for n in (*plan.inputs, *plan.stored) if "val" in n.meta}
+    refused = plan.ir_refused
+    kernel = plan.kernel
+    return LaunchPlan(
+        kernel.name, kernel.source, kernel.kind, tuple(kernel.ops), inputs, stored,
+        tuple(recipe(n, where) for n in plan.outputs), min(devices) if devices else "",
+        plan.grid, tuple(plan.constexprs.items()), plan.num_warps, plan.xnumel, plan.xblock, plan.min_xblock,
+        plan.ir, "" if refused is None else str(refused),
+    )  # fmt: skip
+
+
+def _meta(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
+    return tuple(val.shape), tuple(val.stride()), val.dtype
+
+
+def recipe(node: fx.Node, where: dict[fx.Node, int]) -> Recipe:
+    """How the launch returns ``node``, given the buffer index of every node it has a tensor for (``where``)."""
+    if node in where:
+        return Take(where[node])
+    base = node
+    while base not in where and base.op == "call_function" and is_view_node(base) and _source(base) is not None:
+        base = _source(base)
+    if base in where and (view := strided_view(node, base)) is not None:
+        return ViewOf(where[base], *view)
+    steps: list[Step] = []
+    done: dict[fx.Node, int] = {}
+
+    def value(a: object) -> object:
+        if isinstance(a, fx.Node):
+            if a in where:
+                return Ref(where[a])
+            if a not in done:
+                done[a] = emit(a)
+            return Prev(done[a])
+        if isinstance(a, (list, tuple)):
+            return tuple(value(x) for x in a)
+        if isinstance(a, (torch.dtype, torch.memory_format, torch.layout)):
+            return TorchName(str(a).removeprefix("torch."))
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        raise Unsupported(f"{node.name} escapes the region as a view with an argument {a!r} that is not data")
+
+    def emit(n: fx.Node) -> int:
+        if n.op != "call_function":
+            raise Unsupported(f"{node.name} escapes the region through {n.name} ({n.op}), which the launch has not got")
+        if n.target is operator.getitem:
+            op = "getitem"
+        elif isinstance(n.target, torch._ops.OpOverload):
+            op = f"{n.target.namespace}.{n.target._opname}.{n.target._overloadname}"
+        else:
+            raise Unsupported(f"{node.name} escapes the region through {n.name} ({n.target}), not an op by name")
+        args, kwargs = value(n.args), tuple((k, value(v)) for k, v in n.kwargs.items())
+        steps.append(Step(op, args, kwargs))
+        return len(steps) - 1
+
+    emit(node)
+    return Steps(tuple(steps))
+
+
+def _source(node: fx.Node) -> fx.Node | None:
+    """The tensor a view reads (its first argument), or None."""
+    first = node.args[0] if node.args else None
+    return first if isinstance(first, fx.Node) else None
