@@ -49,7 +49,9 @@ def _bit_equal(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got.isnan(), nan), "NaN where eager has none (or none where it has one)"
     ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]
     diff = (got.view(ints) != want.view(ints)) & ~nan
-    assert not diff.any(), f"{int(diff.sum())} element(s) differ from eager's .to(): {got[diff][:4]} vs {want[diff][:4]}"
+    assert not diff.any(), (
+        f"{int(diff.sum())} element(s) differ from eager's .to(): {got[diff][:4]} vs {want[diff][:4]}"
+    )
 
 
 SIZES = [0, 1, 7, 1023, 1024, 1025, 3001]
@@ -145,7 +147,9 @@ def _aten_graph(model, x, kind="forward"):
 
     from fusion.aten.capture import decomposition_table
 
-    f = aot_module(model, fw_compiler=keep("forward"), bw_compiler=keep("backward"), decompositions=decomposition_table())
+    f = aot_module(
+        model, fw_compiler=keep("forward"), bw_compiler=keep("backward"), decompositions=decomposition_table()
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = f(x)
     out.float().sum().backward()
@@ -233,7 +237,9 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
         runs[on] = (loss, grads, _calls(backend.reports, "convert_element_type"), _calls(backend.reports, "combo_cast"),
                     notes)  # fmt: skip
         assert not any(r.error for r in backend.reports)
-    (loss, grads, casts_on, combos_on, notes_on), (loss_off, grads_off, casts_off, combos_off, notes_off) = runs.values()
+    (loss, grads, casts_on, combos_on, notes_on), (loss_off, grads_off, casts_off, combos_off, notes_off) = (
+        runs.values()
+    )
     # eager's loss and gradients (bfloat16 autocast: the compiled step rounds where eager's kernels do not)
     torch.testing.assert_close(loss, want, rtol=1.6e-2, atol=1e-5)
     scale = max(g.abs().max().item() for g in want_grads.values())

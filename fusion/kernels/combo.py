@@ -145,7 +145,12 @@ class ComboKernel:
         device = xs[0].device
         fn = rt.load_kernel(self.source, self.name, interpret=device.type != "cuda")
         compiled = fn[(self.grid,)](*xs, *outs, num_warps=NUM_WARPS)
-        if device.type == "cuda" and self.direct is None and not self.fallback and not any(x.data_ptr() & 15 for x in xs):
+        if (
+            device.type == "cuda"
+            and self.direct is None
+            and not self.fallback
+            and not any(x.data_ptr() & 15 for x in xs)
+        ):
             try:
                 self.direct = static_launcher(compiled, self.grid, 2 * len(xs), device)
             except Exception as e:  # noqa: BLE001 - no static launcher here: the JIT call each time
