@@ -254,3 +254,34 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
     assert casts_on == casts_off - grouped and grouped >= 16, (casts_on, casts_off, notes_on)
     for k, v in model.state_dict().items():  # the caller's model: untouched
         assert torch.equal(v, state[k]) and v.dtype == state[k].dtype, k
+
+
+@needs_triton
+@pytest.mark.tooling
+def test_kernel_compiles_for_an_h100_without_one():
+    """The source Triton compiles for CUDA (the GPU path, which no CPU test runs): to PTX for sm_90 with the
+    pointers 16-byte aligned, each cast one round-to-nearest-even conversion."""
+    import importlib.util
+    import sys
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    numels = [5, 1024, 3001]
+    src, name = combo.kernel_source(numels, [torch.float32] * 3, torch.bfloat16)
+    path = rt.source_path(src, name)
+    spec = importlib.util.spec_from_file_location(f"combo_test_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    signature = {f"in{i}": "*fp32" for i in range(3)} | {f"out{i}": "*bf16" for i in range(3)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
+    try:
+        compiled = triton.compile(
+            ASTSource(getattr(module, name), signature, attrs=attrs), target=GPUTarget("cuda", 90, 32)
+        )
+    except (ImportError, RuntimeError, FileNotFoundError) as e:  # no NVIDIA back-end or ptxas in this Triton
+        pytest.skip(f"Triton cannot compile for CUDA here: {type(e).__name__}: {e}")
+    ptx = compiled.asm["ptx"]
+    assert "cvt.rn.bf16" in ptx and "cvt.rz" not in ptx

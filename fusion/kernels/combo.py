@@ -96,17 +96,17 @@ def kernel_source(numels: Sequence[int], dtypes: Sequence[torch.dtype], dst: tor
 
     def branch(members: list[int], depth: int) -> None:
         pad = "    " * depth
-        if len(members) == 1:
-            i = members[0]
+        if len(members) == 1:  # each branch its own names: nothing is defined on both sides of an if (no yields)
+            i, to = members[0], TL_DTYPES[dst]
             first = "pid" if starts[i] == 0 else f"(pid - {starts[i]})"
-            lines.append(f"{pad}offs = {first} * {BLOCK} + tl.arange(0, {BLOCK})")
+            lines.append(f"{pad}offs{i} = {first} * {BLOCK} + tl.arange(0, {BLOCK})")
             if numels[i] % BLOCK:
-                lines.append(f"{pad}mask = offs < {numels[i]}")
-                lines.append(f"{pad}x = tl.load(in{i} + offs, mask=mask)")
-                lines.append(f"{pad}tl.store(out{i} + offs, x.to({TL_DTYPES[dst]}), mask=mask)")
+                lines.append(f"{pad}mask{i} = offs{i} < {numels[i]}")
+                lines.append(f"{pad}x{i} = tl.load(in{i} + offs{i}, mask=mask{i})")
+                lines.append(f"{pad}tl.store(out{i} + offs{i}, x{i}.to({to}), mask=mask{i})")
             else:
-                lines.append(f"{pad}x = tl.load(in{i} + offs)")
-                lines.append(f"{pad}tl.store(out{i} + offs, x.to({TL_DTYPES[dst]}))")
+                lines.append(f"{pad}x{i} = tl.load(in{i} + offs{i})")
+                lines.append(f"{pad}tl.store(out{i} + offs{i}, x{i}.to({to}))")
             return
         half = len(members) // 2
         lines.append(f"{pad}if pid < {starts[members[half]]}:")
@@ -177,22 +177,50 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cpu" and c_runtime.chosen() == "triton" and rt.triton_status()[0]
 
 
+class ComboPlan:
+    """What a combo cast of inputs like ``xs`` to ``dtype`` does, worked out once: each output's (size, stride,
+    dtype), allocated by the fast allocator of the generated kernels (``triton_runtime.empty_strided_on``); which
+    inputs the combo kernel copies (dense, floating, not empty) and which aten copies (the rest, if not empty)."""
+
+    def __init__(self, xs: Sequence[torch.Tensor], dtype: torch.dtype, triton: bool) -> None:
+        device = xs[0].device
+        self.specs = []
+        for x in xs:
+            out = torch.empty_like(x, dtype=dtype)  # once: the layout empty_like gives (a dense input's strides)
+            self.specs.append((tuple(out.shape), tuple(out.stride()), dtype))
+        picked = [i for i, x in enumerate(xs) if x.device == device and x.dtype in FLOATS and x.numel() and is_dense(x)]
+        self.picked = picked if triton and dtype in FLOATS else []
+        self.copied = [i for i, x in enumerate(xs) if x.numel() and i not in set(self.picked)]
+        self.kernel = kernel_for([xs[i] for i in self.picked], dtype) if self.picked else None
+        self.alloc = rt.empty_strided_on(device)
+
+    def __call__(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        alloc = self.alloc
+        outs = [alloc(size, stride, dtype) for size, stride, dtype in self.specs]
+        if self.kernel is not None:
+            self.kernel([xs[i] for i in self.picked], [outs[i] for i in self.picked])
+        for i in self.copied:
+            outs[i].copy_(xs[i])
+        return outs
+
+
+_PLANS: dict[tuple, ComboPlan] = {}
+
+
 def combo_cast(xs: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
     """Each of ``xs`` cast to ``dtype`` (a new tensor each, as ``empty_like(x, dtype=dtype)`` lays it out: a dense
     input's strides). The dense floating-point inputs of one device are copied by one combo kernel where
-    :func:`use_triton` says so; every other input by aten's ``copy_`` (the same rounding; an empty one: nothing)."""
-    outs = [torch.empty_like(x, dtype=dtype) for x in xs]
-    kernel: list[int] = []
-    if xs and dtype in FLOATS and use_triton(xs[0].device):
-        device = xs[0].device
-        kernel = [i for i, x in enumerate(xs) if x.device == device and x.dtype in FLOATS and x.numel() and is_dense(x)]
-    if kernel:
-        kernel_for([xs[i] for i in kernel], dtype)([xs[i] for i in kernel], [outs[i] for i in kernel])
-    done = set(kernel)
-    for i, (x, out) in enumerate(zip(xs, outs, strict=True)):
-        if i not in done:
-            out.copy_(x)
-    return outs
+    :func:`use_triton` says so; every other input by aten's ``copy_`` (the same rounding; an empty one: nothing).
+    The plan (:class:`ComboPlan`) is cached per (shapes, strides, dtypes, device)."""
+    if not xs:
+        return []
+    device = xs[0].device
+    triton = use_triton(device)
+    key = (dtype, device, triton, *[(x.shape, x.stride(), x.dtype, x.device) for x in xs])
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = ComboPlan(xs, dtype, triton)
+    return plan(xs)
 
 
 def combo_cast_fake(xs: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
