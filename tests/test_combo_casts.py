@@ -180,6 +180,7 @@ def test_pass_groups_weight_casts_and_gradient_casts_and_nothing_else():
             (left,) = _casts(gm)  # scale's: left to the mul's kernel
             assert aten.mul.Tensor in [u.target for u in left.users]
             assert combos[0].args[1] == torch.bfloat16
+            assert combos[0].prev.op == "placeholder"  # before the first op: it cuts no run of fusible ops
         else:  # the GEMM gradients of a and b, cast back to float32, grouped before the output
             assert combos[0].args[1] == torch.float32 and combos[0].next.target is operator.getitem
             assert all(u.next.op in ("output", "call_function") for u in combos[0].users)
@@ -234,12 +235,12 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
         backend.reset()
         loss, grads = _step(model, ids, {"combo_casts": on})
         notes = [row for r in backend.reports for p in r.parts for row in p.passes if row[0] == "combo casts"]
+        kernels = sum(len(r.kernels) for r in backend.reports)
         runs[on] = (loss, grads, _calls(backend.reports, "convert_element_type"), _calls(backend.reports, "combo_cast"),
-                    notes)  # fmt: skip
+                    notes, kernels)  # fmt: skip
         assert not any(r.error for r in backend.reports)
-    (loss, grads, casts_on, combos_on, notes_on), (loss_off, grads_off, casts_off, combos_off, notes_off) = (
-        runs.values()
-    )
+    (loss, grads, casts_on, combos_on, notes_on, kernels_on) = runs[True]
+    (loss_off, grads_off, casts_off, combos_off, notes_off, kernels_off) = runs[False]
     # eager's loss and gradients (bfloat16 autocast: the compiled step rounds where eager's kernels do not)
     torch.testing.assert_close(loss, want, rtol=1.6e-2, atol=1e-5)
     scale = max(g.abs().max().item() for g in want_grads.values())
@@ -252,6 +253,7 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
     assert combos_on == 2 and combos_off == 0 and not notes_off
     grouped = sum(int(n[1].split()[0]) for n in notes_on)
     assert casts_on == casts_off - grouped and grouped >= 16, (casts_on, casts_off, notes_on)
+    assert kernels_on == kernels_off  # the combo nodes stand where they split no region (top, end)
     for k, v in model.state_dict().items():  # the caller's model: untouched
         assert torch.equal(v, state[k]) and v.dtype == state[k].dtype, k
 

@@ -18,8 +18,11 @@ implementation is one generated Triton kernel for the whole list (``fusion.kerne
   and every reader of the cast is a library op (:data:`LIBRARY_OPS`: a GEMM, a convolution, attention), the graph's
   output (a forward saving the bfloat16 weight for the backward), or a view whose readers are such. Then no region
   can take the cast: Phase 6 joins a cast only with fusible neighbours, and a view does not make a region. The
-  combo node stands where the group's first cast stood; every input is a graph input, so nothing waits for it.
-  The price: the cast weights live from the first cast on (in a forward, at most the bfloat16 weights' bytes).
+  combo node stands before the graph's first op; every input is a graph input, so nothing waits for it. Not where
+  the first cast stood: a cast is fusible, the combo node is not, and Phase 6 cuts the run of consecutive fusible
+  ops at it, so a region around that spot would split in two (at the top, and before the output below, it cuts
+  nothing). The price: the cast weights live from the graph's start (at most the bfloat16 weights' bytes; in a
+  training forward they are mostly saved for the backward anyway).
 * **Gradient casts** (:data:`GRADIENTS`; in practice a backward graph's weight gradients): a cast whose only
   reader is the graph's output and whose input is a library op's result (a GEMM's, through views nobody else
   reads). The combo node stands just before the output. Decided so because it delays no other work: a graph
@@ -187,15 +190,16 @@ def combo_casts(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         if where is not None:
             groups.setdefault((where, xv.dtype, dtype, xv.device), []).append((node, x))
     output = next(iter(graph.find_nodes(op="output")))
+    first = next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))  # the graph's first op
     count = 0
     for (where, src, dst, device), members in groups.items():
         if len(members) < MIN_GROUP:
             continue
         for start in range(0, len(members), MAX_TENSORS):
             chunk = members[start : start + MAX_TENSORS]
-            at = chunk[0][0] if where == "early" else output
+            at = first if where == "early" else output
             node = _replace(graph, chunk, dst, at)
-            place = "where the first stood" if where == "early" else "before the output"
+            place = "at the top" if where == "early" else "before the output"
             note("combo casts", [f"{len(chunk)} casts"], "one kernel",
                  f"{len(chunk)} {where} casts {src} -> {dst} on {device} in one kernel ({node.name}, {place})")  # fmt: skip
             count += len(chunk)
