@@ -5,8 +5,9 @@ The kernel runs here in Triton's interpreter on CPU tensors (``triton_renderer``
 for float32 -> bfloat16/float16 (NaN, infinities, subnormals, overflow, ties rounded to even), sizes 0, 1 and odd,
 100 tensors in one launch, transposed (dense) inputs in the kernel and sliced (not dense) ones through aten. The
 pass is CUDA-gated; ``ON_CPU`` lets it rewrite CPU graphs: a tiny HF BERT training step under bfloat16 autocast
-through ``backend="fusion"`` gives eager's loss and gradients, bit-equal to the step with the pass off, with fewer
-cast calls in the backend's report; the caller's model is not changed.
+through ``backend="fusion"`` (its combo kernels interpreted, the other kernels in C) gives eager's loss and gradients,
+bit-equal to the step with the pass off, with fewer cast calls in the backend's report and as many generated
+kernels; the caller's model is not changed.
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
     from fusion import backend
 
     monkeypatch.setattr(cc, "ON_CPU", True)
+    monkeypatch.setattr(combo, "use_triton", lambda device: True)  # the combo kernel in Triton's interpreter
     model = _bert()
     model.train()
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -256,6 +258,37 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
     assert kernels_on == kernels_off  # the combo nodes stand where they split no region (top, end)
     for k, v in model.state_dict().items():  # the caller's model: untouched
         assert torch.equal(v, state[k]) and v.dtype == state[k].dtype, k
+
+
+@needs_triton
+@pytest.mark.phase9
+def test_conv_net_training_step_groups_conv_weights_and_their_gradients(monkeypatch):
+    """Convolutions too: the weights' casts before ``convolution``, the gradients ``convolution_backward`` gives
+    cast back to float32, each group one call; the same gradients as without the pass."""
+    from fusion import backend
+
+    monkeypatch.setattr(cc, "ON_CPU", True)
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for on in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1), torch.nn.Flatten(),
+            torch.nn.Linear(4 * 6 * 6, 5),
+        )  # fmt: skip
+        torch._dynamo.reset()
+        backend.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.compile(model, backend="fusion", options={"combo_casts": on})(x)
+        out.float().pow(2).mean().backward()
+        parts = {p.kind: p for r in backend.reports for p in r.parts}
+        runs[on] = [p.grad for p in model.parameters()], parts
+    (grads, parts), (grads_off, parts_off) = runs[True], runs[False]
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_off, strict=True))
+    for kind in ("forward", "backward"):
+        assert parts[kind].library_calls["combo_cast"] == 1 and "combo_cast" not in parts_off[kind].library_calls
+    grouped = [row[1] for row in parts["backward"].passes if row[0] == "combo casts"]
+    assert grouped == ["5 casts"]  # two convolutions' and the Linear's weight gradients, the convolutions' biases
 
 
 @needs_triton

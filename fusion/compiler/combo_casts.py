@@ -53,6 +53,7 @@ from fusion.aten.nodes import is_view_node, same_layout
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.kernels import combo
+from fusion.kernels.cudnn import cudnn_conv_bias_add_relu, cudnn_conv_bias_relu
 
 aten, prims = torch.ops.aten, torch.ops.prims
 NAME = "fusion::combo_cast"
@@ -62,7 +63,7 @@ GRADIENTS = True  # backward graphs: the gradients' casts that are graph outputs
 MIN_GROUP = 2  # fewer casts than this in a group: left as they are
 MAX_TENSORS = 128  # casts per combo node at most (256 pointers: 2 KiB of kernel parameters)
 
-# Library ops that read a cast's value as it is (never fused with it): GEMMs, convolutions, attention
+# Library calls that read a cast's value as it is (never fused with it): GEMMs, convolutions, attention
 LIBRARY_OPS = frozenset(
     getattr(getattr(aten, name), overload)
     for name, overload in (
@@ -76,7 +77,7 @@ LIBRARY_OPS = frozenset(
         ("_scaled_dot_product_flash_attention_for_cpu_backward", "default"),
     )
     if hasattr(aten, name)
-)  # fmt: skip
+) | {cudnn_conv_bias_relu, cudnn_conv_bias_add_relu}  # fmt: skip  # pass "epilogue"'s convolutions (inference)
 
 
 def _define() -> torch._ops.OpOverload:

@@ -103,7 +103,6 @@ PASSES = [
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
     passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
-    combo_casts.COMBO_CASTS,  # after "reorder": it places its nodes at the top and at the end (CUDA graphs only)
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(epilogue.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
@@ -113,6 +112,7 @@ PASSES = [
     passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
     passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
                 doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
+    combo_casts.COMBO_CASTS,  # after its readers' rewrites (GEMMs, convs); its nodes at the top and the end (CUDA)
     passes.Pass("overlap", noted(lesson("overlap_pass")), default=False,
                 doc="Phase 10: collectives started early, waited late, hidden behind whole regions"),
     *attention.CAPTURE_PASSES,  # stage "capture": Dynamo's graph, before AOTAutograd
