@@ -188,6 +188,34 @@ def test_pass_groups_weight_casts_and_gradient_casts_and_nothing_else():
     assert [n[2] for n in notes] == ["one kernel", "one kernel"] and "in one kernel" in notes[0][3]
 
 
+@pytest.mark.tooling
+def test_a_weight_the_graph_writes_keeps_its_cast_where_it_is(monkeypatch):
+    """A graph input written in place (pass ``reinplace``'s BatchNorm statistics, a compiled optimizer step) is not
+    cast at the top: moved across the write, the cast would read the other value."""
+    import torch.fx as fx
+
+    monkeypatch.setattr(cc, "ON_CPU", True)
+    g = fx.Graph()
+    w1, w2, w3, x, new = (g.placeholder(n) for n in ("w1", "w2", "w3", "x", "new"))
+    real = {w1: torch.randn(4, 4), w2: torch.randn(4, 4), w3: torch.randn(4, 4), x: torch.randn(2, 4).bfloat16()}
+    real[new] = torch.randn(4, 4)
+    written = g.call_function(aten.copy_.default, (w2, new))
+    casts = [g.call_function(prims.convert_element_type.default, (w, torch.bfloat16)) for w in (w1, w2, w3)]
+    y = x
+    for c in casts:
+        y = g.call_function(aten.mm.default, (y, c))
+    g.output((y, written))
+    for n in g.nodes:
+        if n.op == "placeholder":
+            n.meta["val"] = real[n]
+        elif n.op == "call_function":
+            n.meta["val"] = n.target(*fx.node.map_arg(n.args, lambda a: a.meta["val"]))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert cc.combo_casts(gm, lambda *a: None) == 2
+    (combo_node,) = [n for n in gm.graph.nodes if n.target is cc.COMBO_CAST]
+    assert [a.name for a in combo_node.args[0]] == ["w1", "w3"] and [c.args[0].name for c in _casts(gm)] == ["w2"]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # A tiny BERT training step through the backend
 

@@ -133,28 +133,48 @@ def _read_as_is(user: fx.Node) -> bool:
     return False
 
 
-def _library_result(x: fx.Node) -> bool:
-    """Is ``x`` a library op's result, possibly through views that nothing else reads (so no region reaches the cast
-    through them)?"""
+def _library_root(x: fx.Node) -> fx.Node | None:
+    """The library op's result ``x`` is, possibly through views that nothing else reads (so no region reaches the
+    cast through them), or None."""
     while x.op == "call_function" and is_view_node(x, getitem=False):
-        if len(x.users) != 1:
-            return False
+        if len(x.users) != 1 or not isinstance(x.args[0], fx.Node):
+            return None
         x = x.args[0]
-        if not isinstance(x, fx.Node):
-            return False
+    op = x
     if x.op == "call_function" and x.target is operator.getitem and isinstance(x.args[0], fx.Node):
-        x = x.args[0]
-    return x.op == "call_function" and x.target in LIBRARY_OPS
+        op = x.args[0]
+    return x if op.op == "call_function" and op.target in LIBRARY_OPS else None
+
+
+def _written(x: fx.Node) -> bool:
+    """Does an op of the graph write ``x`` (or a view of it) in place? Pass ``reinplace`` makes BatchNorm's running
+    statistics such writes, and a compiled step may update a parameter: a cast moved across the write would read
+    the other value."""
+    for u in x.users:
+        if u.op != "call_function":
+            continue
+        if getattr(getattr(u.target, "_schema", None), "is_mutable", False):
+            return True
+        if is_view_node(u, getitem=False) and _written(u):
+            return True
+    return False
 
 
 def early(node: fx.Node, x: fx.Node) -> bool:
-    """A cast of a graph input whose readers read it as it is (module docstring): a group at its first member."""
-    return x.op in ("placeholder", "get_attr") and bool(node.users) and all(_read_as_is(u) for u in node.users)
+    """A cast of a graph input nothing writes, whose readers read it as it is (module docstring): its group's node
+    stands at the top."""
+    if x.op not in ("placeholder", "get_attr") or not node.users or _written(x):
+        return False
+    return all(_read_as_is(u) for u in node.users)
 
 
 def gradient(node: fx.Node, x: fx.Node) -> bool:
-    """A cast read only by the graph's output, of a library op's result: a group just before the output."""
-    return bool(node.users) and all(u.op == "output" for u in node.users) and _library_result(x)
+    """A cast read only by the graph's output, of a library op's result nothing writes: a group just before the
+    output."""
+    if not node.users or any(u.op != "output" for u in node.users):
+        return False
+    root = _library_root(x)
+    return root is not None and not _written(root)
 
 
 def _replace(graph: fx.Graph, members: list[tuple[fx.Node, fx.Node]], dtype: torch.dtype, at: fx.Node) -> fx.Node:
