@@ -27,18 +27,21 @@ implementation is one generated Triton kernel for the whole list (``fusion.kerne
   reader is the graph's output and whose input is a library op's result (a GEMM's, through views nobody else
   reads). The combo node stands just before the output. Decided so because it delays no other work: a graph
   returns its outputs at once, when it ends (AOTAutograd's backward every gradient), so nothing can read a gradient
-  before the last op anyway; the casts only move from where each GEMM finished to the end. The price is memory: each bfloat16 gradient lives until the end (the float32
-  gradients live until the end in any case), at most the bfloat16 gradients' bytes, where a backward's activations
-  are mostly freed already.
+  before the last op anyway; the casts only move from where each GEMM finished to the end. Memory: while the
+  backward runs, a finished gradient waits as bfloat16 (2 bytes an element) instead of float32 (4); at the end,
+  when the combo kernel writes the float32 gradients, every bfloat16 one is still alive: 2 bytes more per gradient
+  element than before, at a point where the backward's activations are freed already. ``GRADIENTS = False``
+  leaves these casts where they are.
 
 What is refused (stays an aten cast): a cast whose input is not dense (a flat copy would misplace it) or whose
 output is laid out unlike its input, a cast of a dynamic shape, non-float dtypes, a group of one cast (nothing to
-save), a cast read by a pointwise op, a reduction or indexing (it fuses into their kernel: better than a combo).
+save), a cast read by a pointwise op, a reduction or indexing (it fuses into their kernel: better than a combo),
+and a cast of a tensor the graph writes in place (moved across the write, it would read the other value).
 Groups over :data:`MAX_TENSORS` casts are cut into several combo nodes (a kernel's parameters stay small).
 
 CUDA only, as ``split_reductions`` (:data:`ON_CPU`, which the tests set, lets it rewrite CPU graphs): on a CPU the
-C renderer's runtime makes a cast a cheap C call, and the op's CPU implementation is a loop of aten copies (Triton's
-interpreter under ``FUSION_RENDERER=triton``). Switch it off with ``options={"combo_casts": False}``.
+op's implementation is a loop of aten copies, the same copies as before in one call (Triton's interpreter under
+``FUSION_RENDERER=triton``: tests), so there is little to gain. Switch it off with ``options={"combo_casts": False}``.
 """
 
 from __future__ import annotations
