@@ -189,6 +189,21 @@ def test_pass_groups_weight_casts_and_gradient_casts_and_nothing_else():
 
 
 @pytest.mark.tooling
+def test_a_large_group_is_cut_into_several_combo_nodes(monkeypatch):
+    torch.manual_seed(0)
+    model, x = Linears(), torch.randn(3, 8)
+    gm = _aten_graph(model, x, "forward")
+    args = [torch.randn(v.shape, dtype=v.dtype) for v in (n.meta["val"] for n in gm.graph.find_nodes(op="placeholder"))]
+    want = gm(*args)
+    monkeypatch.setattr(cc, "ON_CPU", True)
+    monkeypatch.setattr(cc, "MAX_TENSORS", 2)
+    assert cc.combo_casts(gm, lambda *a: None) == 5
+    assert [len(n.args[0]) for n in gm.graph.nodes if n.target is cc.COMBO_CAST] == [2, 2, 1]
+    for got, w in zip(gm(*args), want, strict=True):
+        assert torch.equal(got, w)
+
+
+@pytest.mark.tooling
 def test_a_weight_the_graph_writes_keeps_its_cast_where_it_is(monkeypatch):
     """A graph input written in place (pass ``reinplace``'s BatchNorm statistics, a compiled optimizer step) is not
     cast at the top: moved across the write, the cast would read the other value."""

@@ -37,7 +37,7 @@ What is refused (stays an aten cast): a cast whose input is not dense (a flat co
 output is laid out unlike its input, a cast of a dynamic shape, non-float dtypes, a group of one cast (nothing to
 save), a cast read by a pointwise op, a reduction or indexing (it fuses into their kernel: better than a combo),
 and a cast of a tensor the graph writes in place (moved across the write, it would read the other value).
-Groups over :data:`MAX_TENSORS` casts are cut into several combo nodes (a kernel's parameters stay small).
+Groups over :data:`MAX_TENSORS` casts are cut into several combo nodes (torch's static launcher takes so many).
 
 CUDA only, as ``split_reductions`` (:data:`ON_CPU`, which the tests set, lets it rewrite CPU graphs): on a CPU the
 op's implementation is a loop of aten copies, the same copies as before in one call (Triton's interpreter under
@@ -64,7 +64,10 @@ NAME = "fusion::combo_cast"
 ON_CPU = False  # the gate: CUDA graphs only; tests set it to rewrite CPU graphs
 GRADIENTS = True  # backward graphs: the gradients' casts that are graph outputs too (module docstring)
 MIN_GROUP = 2  # fewer casts than this in a group: left as they are
-MAX_TENSORS = 128  # casts per combo node at most (256 pointers: 2 KiB of kernel parameters)
+# Casts per combo node at most: 2 pointers each, 116 in all, within the 120 arguments of torch's static launcher
+# (MAX_ARGS of torch/csrc/inductor/static_cuda_launcher.cpp as we read it; not checked here, no GPU). Past it the
+# kernel still runs, through Triton's JIT call (kernels/combo.py falls back): correct, ~100 us more Python a call.
+MAX_TENSORS = 58
 
 # Library calls that read a cast's value as it is (never fused with it): GEMMs, convolutions, attention
 LIBRARY_OPS = frozenset(
@@ -214,15 +217,18 @@ def combo_casts(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         if where is not None:
             groups.setdefault((where, xv.dtype, dtype, xv.device), []).append((node, x))
     output = next(iter(graph.find_nodes(op="output")))
-    first = next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))  # the graph's first op
-    count = 0
+    count, top = 0, None
     for (where, src, dst, device), members in groups.items():
         if len(members) < MIN_GROUP:
             continue
         for start in range(0, len(members), MAX_TENSORS):
             chunk = members[start : start + MAX_TENSORS]
-            at = first if where == "early" else output
-            node = _replace(graph, chunk, dst, at)
+            # early: the graph's first op, or just after the previous chunk's getitems (a cast it replaced may have
+            # been the first op, and is gone); gradients: the output
+            if where == "early":
+                at = top or next(n for n in graph.nodes if n.op not in ("placeholder", "get_attr"))
+            node = _replace(graph, chunk, dst, at if where == "early" else output)
+            top = list(node.users)[-1].next if where == "early" else top
             place = "at the top" if where == "early" else "before the output"
             note("combo casts", [f"{len(chunk)} casts"], "one kernel",
                  f"{len(chunk)} {where} casts {src} -> {dst} on {device} in one kernel ({node.name}, {place})")  # fmt: skip
