@@ -514,6 +514,37 @@ def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
 
 
 @needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_what_a_loop_computes_the_same_at_every_step_is_computed_once_before_it(dtype):
+    """A BatchNorm's per-channel scale (rsqrt of the variance) under a row sum, and a squeeze-excite gate
+    (sigmoid of a per-channel value) over a pointwise map: computed once per row / per channel, before the inner
+    loop (gcc does not hoist them out of a blocked omp simd sum), with the same values; rows of 600 elements (past
+    one block of ROW_SUM_BLOCK, with a tail)."""
+    x, m, v = torch.randn(1, 5, 20, 30, dtype=dtype), torch.randn(5, dtype=dtype), torch.rand(5, dtype=dtype) + 0.5
+
+    def bn_silu_mean(a, mean, var):
+        y = torch.nn.functional.silu((a - mean[:, None, None]) * torch.rsqrt(var[:, None, None] + 1e-5))
+        return y, y.mean((2, 3))
+
+    ((_, kernel),) = lowered(bn_silu_mean, x, m, v)
+    src = render(kernel)
+    body = src[src.index("void ") :]
+    assert body.index("sqrt") < body.index("omp simd reduction"), body
+    for got, want in zip(compiled_in_c(bn_silu_mean, x, m, v, kernels=1), bn_silu_mean(x, m, v), strict=True):
+        close(got, want)
+
+    def gate(a, s):
+        return a * torch.sigmoid(s)[:, :, None, None]
+
+    s = torch.randn(1, 5, dtype=dtype)
+    ((_, kernel),) = lowered(gate, x, s)
+    body = render(kernel)[render(kernel).index("void ") :]
+    inner = body.rindex("for (int64_t")
+    assert body.index("exp") < inner, body
+    close(compiled_in_c(gate, x, s, kernels=1), gate(x, s))
+
+
+@needs_cc
 def test_exp_of_float32_is_within_one_ulp_and_sigmoid_tanh_within_eager_s_reach():
     """fusion_expf's polynomial runs in fused multiply-adds where the CPU has them (``__FMA__``), two roundings a
     step elsewhere: either way exp stays within 1 ulp of the float64 value over its whole finite range, sigmoid and

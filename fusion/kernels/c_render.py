@@ -5,8 +5,10 @@ compiler (``fusion.kernels.c_runtime``) and called through ctypes on CPU tensors
   pointwise op is one line here (and one in the lowering).
 * Loops: a pointwise kernel nests its loops outermost first, the innermost contiguous in memory (gcc vectorizes it:
   ``restrict`` pointers, no calls that alias); the outer loops are shared by OpenMP threads (``collapse``; a 1-D
-  kernel is cut into blocks of :data:`BLOCK`). A reduction kernel shares its rows; each row runs its reduce loops in
-  order (softmax: max, then sum, then the stores): a sum from +0.0 in blocks of :data:`SUM_BLOCK`, each in SIMD
+  kernel is cut into blocks of :data:`BLOCK`); what reads no innermost variable (a per-channel gate) is computed
+  once per step of the outer loops (``ir_loops.invariant``). A reduction kernel shares its rows; each row runs its reduce loops in
+  order (softmax: max, then sum, then the stores), what reads no reduce variable computed once before the walk
+  (``ir_loops.hoist``): a sum from +0.0 in blocks of :data:`ROW_SUM_BLOCK`, each in SIMD
   lanes of partial sums, the blocks' sums added pairwise (``omp simd reduction``: the one reassociation allowed, deterministic for a given binary),
   max/min sequentially from -inf/+inf. A column walk (``x.sum(0)``: strided rows, the innermost kept dim contiguous)
   runs in tiles of :data:`TILE` neighbouring columns, the reduced dims outside and the tile innermost (SIMD), with
@@ -24,10 +26,11 @@ import math
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels.c_prelude import PRELUDE
-from fusion.kernels.ir_loops import coalesce, one_walk
+from fusion.kernels.ir_loops import coalesce, hoist, invariant, one_walk
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
-SUM_BLOCK = 64  # elements of a row a sum folds in SIMD lanes; the blocks' sums are then added pairwise
+SUM_BLOCK = 64  # elements down a column a sum folds one by one; the blocks' sums are then added pairwise
+ROW_SUM_BLOCK = 256  # elements of a row a sum folds in SIMD lanes (16 a lane with AVX-512): fewer lane reductions
 TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
 TILE_VAR = "cj"  # a column walk's position inside its tile
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
@@ -221,12 +224,12 @@ class _Writer:
         else:
             raise TypeError(f"not a statement of the kernel IR: {s!r}")
 
-    def fold_levels(self, v: str, size: int, folds: list, d: int, at: str, line) -> None:
+    def fold_levels(self, v: str, size: int, folds: list, d: int, at: str, line, block: int = SUM_BLOCK) -> None:
         """Close a block of a blocked sum and carry its partial ``<out>_p`` into the levels, a binary counter (level k
         holds the sum of 2^k blocks), then, after the last block, add the levels into ``<out>``. ``at``: a column
         walk's tile index (``[j]``, its lines written through ``line``: :meth:`_Columns.each`)."""
         self.emit("}", d + 1)
-        self.emit(f"int64_t {v}_c = {v}_b / {SUM_BLOCK}, {v}_k = 0;", d + 1)
+        self.emit(f"int64_t {v}_c = {v}_b / {block}, {v}_k = 0;", d + 1)
         self.emit(f"for (; {v}_c & 1; {v}_c >>= 1, {v}_k++) {{", d + 1)
         for f in folds:
             line(f"{f.out}_p{at} = {f.out}_l[{v}_k]{at} + {f.out}_p{at};", d + 2)
@@ -234,7 +237,7 @@ class _Writer:
         for f in folds:
             line(f"{f.out}_l[{v}_k]{at} = {f.out}_p{at};", d + 1)
         self.emit("}", d)
-        self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {SUM_BLOCK - 1}) / {SUM_BLOCK}; {v}_c; {v}_k++, "
+        self.emit(f"for (int64_t {v}_k = 0, {v}_c = ({size} + {block - 1}) / {block}; {v}_c; {v}_k++, "
                   f"{v}_c >>= 1) {{", d)  # fmt: skip
         self.emit(f"if ({v}_c & 1) {{", d + 1)
         for f in folds:
@@ -243,7 +246,7 @@ class _Writer:
         self.emit("}", d)
 
     def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
-        """The loop over a row's elements. A sum folds blocks of :data:`SUM_BLOCK` elements of the innermost dim in
+        """The loop over a row's elements. A sum folds blocks of :data:`ROW_SUM_BLOCK` elements of the innermost dim in
         SIMD lanes of partial sums and adds the blocks' sums pairwise (a binary counter of levels): small terms
         beside a large one are summed together first, as eager's cascade and a GPU's tree sum them. Max and min fold
         one by one."""
@@ -263,12 +266,12 @@ class _Writer:
             v, size = rloops[-1].var, rloops[-1].size
             for f in folds:  # block sums combined pairwise: level k holds the sum of 2^k blocks
                 self.emit(f"{C_TYPES[f.dtype]} {f.out}_l[64];", d)
-            self.emit(f"for (int64_t {v}_b = 0; {v}_b < {size}; {v}_b += {SUM_BLOCK}) {{", d)
+            self.emit(f"for (int64_t {v}_b = 0; {v}_b < {size}; {v}_b += {ROW_SUM_BLOCK}) {{", d)
             acc = {f.out: f"{f.out}_p" for f in folds}
             for f in folds:
                 self.emit(f"{C_TYPES[f.dtype]} {acc[f.out]} = 0;", d + 1)
             self.emit(f"#pragma omp simd reduction(+:{', '.join(acc.values())})", d + 1)
-            end = f"{v}_b + {SUM_BLOCK} < {size} ? {v}_b + {SUM_BLOCK} : {size}"
+            end = f"{v}_b + {ROW_SUM_BLOCK} < {size} ? {v}_b + {ROW_SUM_BLOCK} : {size}"
             self.emit(f"for (int64_t {v} = {v}_b; {v} < ({end}); {v}++) {{", d + 1)
         for s in loop.body:
             if isinstance(s, ir.Reduce):
@@ -276,7 +279,7 @@ class _Writer:
             else:
                 self.statement(s, d + 2 * blocked)
         if blocked:
-            self.fold_levels(v, size, folds, d, "", self.emit)
+            self.fold_levels(v, size, folds, d, "", self.emit, ROW_SUM_BLOCK)
         self.emit("}", d - 1)
         self.emit("}", depth)
 
@@ -300,17 +303,26 @@ class _Writer:
                 f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2
             )
             self.emit(f"for (int64_t {lp.var} = {lp.var}_o; {lp.var} < {lp.var}_e; {lp.var}++) {{", 2)
-            depth, closers = 3, [2, 1]
+            depth, closers, body = 3, [2, 1], list(k.body)
         else:
             shared = loops[:-1] if k.kind == "pointwise" else loops  # a pointwise kernel's innermost loop: SIMD
             if shared:
                 collapse = f" collapse({len(shared)})" if len(shared) > 1 else ""
                 self.emit(f"#pragma omp parallel for{collapse} {omp}", 1)
-            for lp in loops:
+            hoisted, body = [], list(k.body)
+            if k.kind == "pointwise" and shared and loops[-1].size > 0:  # once per step of the shared loops
+                hoisted, body = invariant(body, {loops[-1].var})
+            for lp in loops[:-1] if hoisted else loops:
                 self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
             self.emit("{", 1)
             depth, closers = 2, [1]
-        for s in k.body:
+            if hoisted:
+                for s in hoisted:
+                    self.statement(s, 2)
+                inner = loops[-1]
+                self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 2)
+                depth, closers = 3, [2, 1]
+        for s in body:
             self.statement(s, depth)
         for d in closers:
             self.emit("}", d)
@@ -429,4 +441,4 @@ def render(kernel: ir.Kernel) -> str:
     kernel = coalesce(kernel)
     if _Columns.takes(kernel):
         return _Columns(kernel).source()
-    return _Writer(one_walk(kernel)).source()
+    return _Writer(hoist(one_walk(kernel))).source()

@@ -244,7 +244,9 @@ def _cpu() -> str:
 
 class CKernel:
     """A compiled C kernel: ``kernel(*inputs, *outputs)`` on CPU tensors (pointers to their first elements), the
-    threads torch uses (``torch.get_num_threads()``)."""
+    threads torch uses (``torch.get_num_threads()``). Measured on EfficientNet-B0's smallest kernel (one thread):
+    1.45 us a call, of which the ctypes call itself 1.05 us (argtypes set once); a launch through its ``Launcher``
+    ~3.0 us (the output's allocation 1.4 us). ``map(Tensor.data_ptr, ...)`` instead of the list saved nothing."""
 
     def __init__(self, fn, name: str, source: str, nargs: int) -> None:
         self.fn, self.name, self.source = fn, name, source

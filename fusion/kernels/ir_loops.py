@@ -6,6 +6,10 @@ renderer (``fusion.kernels.c_render``) applies both.
   7x7 feature map one loop of 49: long enough for SIMD lanes).
 * :func:`one_walk` — a walk of a row that only stores joins the walk before it when it reads nothing that walk
   defines (squeeze-excitation's values stored and their mean folded in one pass).
+* :func:`invariant` / :func:`hoist` — what a loop's body computes the same at every step (a channel's BatchNorm
+  scale, ``rsqrt(var + eps)``; a squeeze-excite gate, ``sigmoid(s[c])``) computed once before the loop: a sum over a
+  row no longer takes a square root and a division per element (gcc hoists them out of a plain loop, not out of a
+  blocked ``omp simd`` sum).
 """
 
 from __future__ import annotations
@@ -123,3 +127,34 @@ def one_walk(k: ir.Kernel) -> ir.Kernel:
                 continue
         i += 1
     return k if len(body) == len(k.body) else dataclasses.replace(k, body=tuple(body))
+
+
+def invariant(body, over: set[str]) -> tuple[list, list]:
+    """(the statements of ``body`` that read none of the loop variables ``over``, directly or through a value
+    defined in ``body``; the rest), each list in the body's order. A store and a fold stay in the loop."""
+    hoisted, kept, varying = [], [], set()
+    for s in body:
+        moves = isinstance(s, (ir.Load, ir.Index, ir.Const, ir.Op)) and not (_uses(s) & varying)
+        moves = moves and not any(e.variables() & over for e in _affines(s))
+        if moves:
+            hoisted.append(s)
+        else:
+            kept.append(s)
+            varying |= _defines(s)
+    return hoisted, kept
+
+
+def hoist(k: ir.Kernel) -> ir.Kernel:
+    """``k`` with each walk of a row computing what reads no reduce variable once per row, before the walk (the same
+    values: only where they are computed moves). A row of no element keeps its body (a load moved out would run)."""
+    if k.kind != "reduction" or not k.reduce_loops or any(lp.size <= 0 for lp in k.reduce_loops):
+        return k
+    over, body, moved = {lp.var for lp in k.reduce_loops}, [], False
+    for s in k.body:
+        if isinstance(s, ir.ReduceLoop):
+            out, kept = invariant(s.body, over)
+            moved |= bool(out)
+            body += [*out, ir.ReduceLoop(tuple(kept))]
+        else:
+            body.append(s)
+    return dataclasses.replace(k, body=tuple(body)) if moved else k
