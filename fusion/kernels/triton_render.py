@@ -111,47 +111,36 @@ def _logical(op: str):
     return lambda a, d, ad: f"(({a[0]}.to(tl.int32) {op} {a[1]}.to(tl.int32)) != 0)"
 
 
+def _f(fmt: str):
+    return lambda a, d, ad: fmt.format(*a)
+
+
+MAXIMUM = "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))"  # NaN wins
+MINIMUM = "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"
 # IR op -> Triton expression: (operands, the op's dtype, the operands' dtypes) -> source.
 CODE_FOR_OP = {
-    "identity": lambda a, d, ad: a[0],
-    "neg": lambda a, d, ad: f"(-{a[0]})",
-    "abs": lambda a, d, ad: f"tl.abs({a[0]})",
-    "exp": lambda a, d, ad: f"tl.exp({a[0]})", "log": lambda a, d, ad: f"tl.log({a[0]})",
-    "sqrt": lambda a, d, ad: f"tl.sqrt({a[0]})", "rsqrt": lambda a, d, ad: f"tl.rsqrt({a[0]})",
-    "erf": lambda a, d, ad: f"tl.erf({a[0]})", "sin": lambda a, d, ad: f"tl.sin({a[0]})",
-    "cos": lambda a, d, ad: f"tl.cos({a[0]})",
-    "sigmoid": lambda a, d, ad: f"(1.0 / (1.0 + tl.exp(-{a[0]})))",
-    "tanh": lambda a, d, ad: _tanh(a[0], d),
-    "reciprocal": lambda a, d, ad: f"(1.0 / {a[0]})",
-    "relu": lambda a, d, ad: f"tl.where({a[0]} < 0, 0, {a[0]})",  # NaN < 0 is false: NaN stays
-    "logical_not": lambda a, d, ad: f"({a[0]} == 0)",
+    "identity": _f("{0}"), "neg": _f("(-{0})"), "abs": _f("tl.abs({0})"), "exp": _f("tl.exp({0})"),
+    "log": _f("tl.log({0})"), "sqrt": _f("tl.sqrt({0})"), "rsqrt": _f("tl.rsqrt({0})"), "erf": _f("tl.erf({0})"),
+    "sin": _f("tl.sin({0})"), "cos": _f("tl.cos({0})"), "sigmoid": _f("(1.0 / (1.0 + tl.exp(-{0})))"),
+    "tanh": lambda a, d, ad: _tanh(a[0], d), "reciprocal": _f("(1.0 / {0})"),
+    "relu": _f("tl.where({0} < 0, 0, {0})"),  # NaN < 0 is false: NaN stays
+    "logical_not": _f("({0} == 0)"),
     "ceil": lambda a, d, ad: f"tl.ceil({a[0]})" if _floating(d) else a[0],
     "floor": lambda a, d, ad: f"tl.floor({a[0]})" if _floating(d) else a[0],
     "trunc": _trunc, "sign": _sign, "to": _to,
-    "round_float16": lambda a, d, ad: f"{a[0]}.to(tl.float16).to(tl.float32)",
-    "round_bfloat16": lambda a, d, ad: f"{a[0]}.to(tl.bfloat16).to(tl.float32)",
-    "add": lambda a, d, ad: f"({a[0]} + {a[1]})",
-    "sub": lambda a, d, ad: f"({a[0]} - {a[1]})",
-    "mul": lambda a, d, ad: f"({a[0]} * {a[1]})",
-    "truediv": lambda a, d, ad: _div(a[0], a[1], d),
-    "truncdiv": _truncdiv, "floordiv": _floordiv, "remainder": _remainder,
-    "maximum": lambda a, d, ad: f"tl.where({a[0]} != {a[0]}, {a[0]}, tl.where({a[0]} > {a[1]}, {a[0]}, {a[1]}))",
-    "minimum": lambda a, d, ad: f"tl.where({a[0]} != {a[0]}, {a[0]}, tl.where({a[0]} < {a[1]}, {a[0]}, {a[1]}))",
-    "pow": _pow,
-    "eq": lambda a, d, ad: f"({a[0]} == {a[1]})", "ne": lambda a, d, ad: f"({a[0]} != {a[1]})",
-    "lt": lambda a, d, ad: f"({a[0]} < {a[1]})", "le": lambda a, d, ad: f"({a[0]} <= {a[1]})",
-    "gt": lambda a, d, ad: f"({a[0]} > {a[1]})", "ge": lambda a, d, ad: f"({a[0]} >= {a[1]})",
-    "and": _logical("&"), "or": _logical("|"),
-    "bitwise_and": lambda a, d, ad: f"({a[0]} & {a[1]})",
-    "where": lambda a, d, ad: f"tl.where({a[0]}, {a[1]}, {a[2]})",
-    "fma": lambda a, d, ad: f"tl.fma({a[0]}, {a[1]}, {a[2]})",
-    "rand": lambda a, d, ad: f"_philox_rand({a[0]}, {a[1]})",  # tl.rand's bits (triton_lang.RAND_FUNCTION)
+    "round_float16": _f("{0}.to(tl.float16).to(tl.float32)"), "round_bfloat16": _f("{0}.to(tl.bfloat16).to(tl.float32)"),
+    "add": _f("({0} + {1})"), "sub": _f("({0} - {1})"), "mul": _f("({0} * {1})"),
+    "truediv": lambda a, d, ad: _div(a[0], a[1], d), "truncdiv": _truncdiv, "floordiv": _floordiv,
+    "remainder": _remainder, "maximum": _f(MAXIMUM), "minimum": _f(MINIMUM), "pow": _pow,
+    "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"), "le": _f("({0} <= {1})"),
+    "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"), "and": _logical("&"), "or": _logical("|"),
+    "bitwise_and": _f("({0} & {1})"), "where": _f("tl.where({0}, {1}, {2})"), "fma": _f("tl.fma({0}, {1}, {2})"),
+    "rand": _f("_philox_rand({0}, {1})"),  # tl.rand's bits (triton_lang.RAND_FUNCTION)
 }  # fmt: skip
 assert set(CODE_FOR_OP) == ir.OPS, sorted(set(CODE_FOR_OP) ^ ir.OPS)
 
 IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}  # what masked lanes hold
-STEP = {"sum": "{0} + {1}", "max": CODE_FOR_OP["maximum"](["{0}", "{1}"], "", ()),
-        "min": CODE_FOR_OP["minimum"](["{0}", "{1}"], "", ())}  # fmt: skip
+STEP = {"sum": "{0} + {1}", "max": MAXIMUM, "min": MINIMUM}  # a looped fold's partials, block by block
 
 
 @functools.cache
@@ -374,7 +363,8 @@ class _Writer:
         for s in loop.body:
             if isinstance(s, ir.Reduce):
                 acc = f"{s.out}_acc"
-                self.emit(f"{acc} = {STEP[s.op].format(acc, self.fold(s, self.ref(s.value)))}", depth + 1)
+                self.emit(f"{s.out}_block = {self.fold(s, self.ref(s.value))}", depth + 1)
+                self.emit(f"{acc} = {STEP[s.op].format(acc, f'{s.out}_block')}", depth + 1)
             else:
                 self.statement(s, depth + 1)
         self.seen.pop()
