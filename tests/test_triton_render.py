@@ -322,4 +322,6 @@ def test_torch_compile_with_the_ir_source():
 
     owners = [lch.owner for r in reports for p in r.parts for lch in p.launchers()]
     assert owners and all(o.triton_source == "ir" and o.ran == "triton-interpreter" for o in owners)
+    launchers = [lch for r in reports for p in r.parts for lch in p.launchers()]
+    assert set(triton_ir_runtime.sources(launchers).values()) == {"ir"}
     torch._dynamo.reset()

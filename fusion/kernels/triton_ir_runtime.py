@@ -13,7 +13,8 @@ source a Triton kernel comes from.
   (``c_runtime.chosen() == "triton"``); a region the lowering refuses keeps the region writer's kernel.
 * :func:`lower_for` — at code generation: the plan's kernel IR (``plan.ir``, or ``plan.ir_refused``) where the IR
   source applies (the compiler hands in its lowering: this folder never imports it).
-* :func:`kernel_for` — at a ``RegionKernel``'s construction: its :class:`IRKernel`, or None and why not.
+* :func:`kernel_for` — at a ``RegionKernel``'s construction: its :class:`IRKernel`, or None and why not;
+  :func:`sources` — which source each kernel Triton ran came from (the report's column).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
-from fusion.kernels.triton_render import Launch, render
+from fusion.kernels.triton_render import render
 
 SOURCES = ("region", "ir")
 DEFAULT = "region"
@@ -141,6 +142,12 @@ def kernel_for(plan, load) -> tuple[IRKernel | None, str]:
         return None, "Triton renderer failed: " + fallback_reason(e, "the Triton renderer of the kernel IR")
 
 
-def launch_of(kernel: ir.Kernel) -> Launch:
-    """The launch facts of ``kernel`` (its block sizes and warps), without loading anything."""
-    return render(kernel)[1]
+def sources(launchers) -> dict[str, str]:
+    """Kernel name -> the source of the Triton kernel that ran it (``"ir"``, or ``"region: <why not the IR>"``), for
+    the kernels of ``launchers`` (a compiled graph's, a ``PartReport``'s) that Triton ran so far (not C's)."""
+    out = {}
+    for lch in launchers:
+        owner = lch.owner
+        if getattr(owner, "ran", "").startswith("triton"):
+            out[lch.__name__] = "ir" if owner.triton_source == "ir" else f"region: {owner.ir_refused}"
+    return out
