@@ -247,6 +247,7 @@ def test_fma_rounds_once():
         (lambda x: torch.softmax(x, -1), torch.empty(128, 20000)),
         (lambda x: (x * 2).sum(0), _r(64, 48)),
         (lambda x: (x * 2).sum(0), torch.empty(300, 2048)),
+        (lambda x: (x * 2).mean((2, 3)), torch.empty(4, 64, 7, 7).to(memory_format=torch.channels_last)),
     ],
 )
 def test_launch_facts_are_the_region_writers(fn, x):
