@@ -166,20 +166,6 @@ def literal(value: object, dtype: str) -> str:
     return f"tl.full([], {int(value)}, {TL[dtype]})"
 
 
-def index_source(e: ir.Affine) -> str:
-    """An index in Triton (every value >= 0: ``//`` and ``%`` round alike on a GPU and in the interpreter)."""
-    terms = []
-    for coef, atom in e.terms:
-        if isinstance(atom, ir.Var):
-            a = atom.name
-        else:
-            a = f"(({index_source(atom.of)}) {'//' if isinstance(atom, ir.FloorDiv) else '%'} {atom.by})"
-        terms.append(a if coef == 1 else f"{coef}*{a}")
-    if e.const or not terms:
-        terms.append(str(e.const))
-    return " + ".join(terms)
-
-
 def _top(e: ir.Affine, sizes: dict[str, int]) -> int:
     """The largest value of ``e`` over the loops (every coefficient and index >= 0)."""
     out = e.const
@@ -277,7 +263,7 @@ class _Writer:
         along (a constant offset: every lane the one element), masked to the rows and lanes that exist."""
         have = self.axes(offset)
         need = need | have or frozenset("x")
-        text = f"{buf} + ({index_source(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
+        text = f"{buf} + ({ir.index_text(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
         mask = "xmask & rmask" if need == {"x", "r"} else "rmask" if need == {"r"} else "xmask"
         return text, mask + (f" & {guard}" if guard else "")
 
@@ -302,7 +288,7 @@ class _Writer:
             self.define(s, s.out, s.dtype, load, level, ("load", s.buffer, s.offset, s.dtype, guard), depth)
         elif isinstance(s, ir.Index):
             level = self.axes(s.expr)
-            expr = index_source(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
+            expr = ir.index_text(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
             self.define(s, s.out, "int64", expr, level, ("index", s.expr), depth)
         elif isinstance(s, ir.Const):
             key = ("const", repr(s.value), type(s.value), s.dtype)
