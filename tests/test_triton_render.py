@@ -190,6 +190,17 @@ def test_column_reductions_walk_neighbouring_rows():
     assert k.launch.column and k.launch.looped and k.launch.rblock == 64
 
 
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=3), st.data())
+def test_reductions_over_drawn_dims(shape, data):
+    """Any reduced dims (trailing, leading, middle) of a drawn shape, transposed or not: the rows the IR walks."""
+    dims = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
+    x = _r(*shape)
+    if len(shape) >= 2 and data.draw(st.booleans()):
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    rendered(lambda x: ((x * 2).sum(dims, keepdim=True) + (x - 1).amax(dims, keepdim=True)) * x, x)
+
+
 @pytest.mark.parametrize("n", [7, 300])
 def test_sum_max_min_propagate_nan(n):
     x = _r(5, n)
