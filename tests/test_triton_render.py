@@ -91,6 +91,7 @@ POINTWISE = {
     "broadcast": (lambda x, b: (x * 2 + b).relu(), (_r(5, 7), _r(7, seed=1))),
     "transposed": (lambda x, y: x.t() * y + 1, (_r(6, 4), _r(4, 6, seed=1))),
     "sliced": (lambda x: (x[:, 1::2] * 3).exp() - x[:, 0:8:2], (_r(5, 9),)),
+    "split_flat": (lambda x: (x * 2).reshape(4, 6, 10).permute(0, 2, 1).reshape(40, 6) + 1, (_r(24, 10),)),
     "size_one": (lambda x, y: (x + y) * y, (_r(3, 1, 4), _r(1, 5, 1, seed=1))),
     "channels_last": (lambda x: (x * 2).sigmoid() + x, (_r(2, 3, 4, 5).to(memory_format=torch.channels_last),)),
     "reshape": (lambda x: (x * 2).reshape(4, 6, 10).permute(0, 2, 1) + 1, (_r(24, 10),)),
@@ -271,6 +272,16 @@ def test_launch_facts_are_the_region_writers(fn, x):
     assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise") == bool(plan.xnumel)
     if launch.kind == "reduction":
         assert (launch.rblock, launch.min_xblock) == (plan.constexprs["RBLOCK"], plan.min_xblock)
+
+
+def test_index_source_parenthesises_each_floor_division_and_remainder():
+    a, b = ir.Var("a"), ir.Var("b")
+    inner = ir.Affine(((1, a), (3, b)), 1)
+    e = ir.Affine(((2, ir.FloorDiv(inner, 4)), (1, ir.Mod(inner, 5)), (7, b)), 2)
+    for va in range(6):
+        for vb in range(6):
+            want = 2 * ((va + 3 * vb + 1) // 4) + (va + 3 * vb + 1) % 5 + 7 * vb + 2
+            assert eval(triton_render.index_source(e), {"a": va, "b": vb}) == want  # noqa: S307
 
 
 def test_offsets_past_two_to_the_31_are_int64():

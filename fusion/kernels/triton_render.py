@@ -166,6 +166,19 @@ def literal(value: object, dtype: str) -> str:
     return f"tl.full([], {int(value)}, {TL[dtype]})"
 
 
+def index_source(e: ir.Affine) -> str:
+    """An index in Triton, every ``//`` and ``%`` of its own operand parenthesised (every value >= 0: they round
+    alike on a GPU and in the interpreter's numpy)."""
+
+    def atom(a) -> str:
+        if isinstance(a, ir.Var):
+            return a.name
+        return f"(({index_source(a.of)}) {'//' if isinstance(a, ir.FloorDiv) else '%'} {a.by})"
+
+    terms = [atom(a) if c == 1 else f"{c}*{atom(a)}" for c, a in e.terms]
+    return " + ".join(terms + [str(e.const)] * bool(e.const or not terms))
+
+
 def _top(e: ir.Affine, sizes: dict[str, int]) -> int:
     """The largest value of ``e`` over the loops (every coefficient and index >= 0)."""
     out = e.const
@@ -263,7 +276,7 @@ class _Writer:
         along (a constant offset: every lane the one element), masked to the rows and lanes that exist."""
         have = self.axes(offset)
         need = need | have or frozenset("x")
-        text = f"{buf} + ({ir.index_text(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
+        text = f"{buf} + ({index_source(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
         mask = "xmask & rmask" if need == {"x", "r"} else "rmask" if need == {"r"} else "xmask"
         return text, mask + (f" & {guard}" if guard else "")
 
@@ -288,7 +301,7 @@ class _Writer:
             self.define(s, s.out, s.dtype, load, level, ("load", s.buffer, s.offset, s.dtype, guard), depth)
         elif isinstance(s, ir.Index):
             level = self.axes(s.expr)
-            expr = ir.index_text(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
+            expr = index_source(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
             self.define(s, s.out, "int64", expr, level, ("index", s.expr), depth)
         elif isinstance(s, ir.Const):
             key = ("const", repr(s.value), type(s.value), s.dtype)
