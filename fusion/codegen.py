@@ -49,11 +49,11 @@ from fusion import models
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.common import heading, lesson_cli, shorten
 from fusion.compiler import registry
-from fusion.compiler.lowering import lower_region
+from fusion.compiler.lowering import lower_plan, lower_region
 from fusion.compiler.partition import CompiledGraph, CompiledModel, Worklist, ensure_meta
 from fusion.ir.plan import GeneratedKernel, KernelPlan, Unsupported, row_warps
 from fusion.kernels import rows as krows
-from fusion.kernels import timing
+from fusion.kernels import timing, triton_ir_runtime
 from fusion.kernels import triton_blocks as blocks
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_lang as tlang
@@ -366,8 +366,10 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
     if writer.rows:
         rows, rblock = writer.rows.count, writer.rows.rblock
         least = krows.COALESCED_ROWS if writer.rows.column else 1  # a column walk: whole sectors a warp
-        return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock, least), min_xblock=least)  # fmt: skip
-    return KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape), tlang.pointwise_block(region))  # fmt: skip
+        plan = KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock, least), min_xblock=least)  # fmt: skip
+    else:
+        plan = KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape), tlang.pointwise_block(region))  # fmt: skip
+    return triton_ir_runtime.lower_for(plan, lower_plan)  # options={"triton_source": "ir"}: its kernel IR as well
 
 
 # ----------------------------------------------------------------------------------------------------------------------

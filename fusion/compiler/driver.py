@@ -35,6 +35,7 @@ from fusion.compiler import (
     wrapper_passes,
 )
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
+from fusion.kernels import triton_ir_runtime
 from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
 
 
@@ -123,7 +124,20 @@ PASSES = [
 class Options(passes.Options):
     """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
     ``codegen`` (regions -> generated kernels; False runs the aten graph as it is), ``cudagraphs`` (off by default:
-    inference graphs replayed as CUDA graphs) and ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``)."""
+    inference graphs replayed as CUDA graphs), ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``) and
+    ``triton_source`` of Triton kernels ("region" or "ir": ``kernels/triton_ir_runtime.py``)."""
+
+    def __init__(self, passes_, options: dict | None = None) -> None:
+        options = dict(options or {})
+        self.triton_source = options.pop("triton_source", None)  # None: $FUSION_TRITON_SOURCE, else "region"
+        if self.triton_source is not None:
+            triton_ir_runtime.check_source(self.triton_source, "options={'triton_source': ...}")
+        super().__init__(passes_, options)
+
+    def in_renderer(self, generate, *args):
+        """Code generation with this call's renderer of CPU kernels and source of Triton kernels."""
+        with triton_ir_runtime.use(self.triton_source):
+            return super().in_renderer(generate, *args)
 
     @classmethod
     def parse(cls, options: dict | None) -> Options:

@@ -1,0 +1,407 @@
+"""The Triton renderer: a kernel IR record (``fusion.ir.kernel_ir``) -> one ``@triton.jit`` kernel and the facts its
+launch needs (:class:`Launch`), the second renderer beside ``fusion.kernels.c_render``. Launched from data alone by
+``fusion.kernels.triton_ir_runtime``.
+
+* One table, :data:`CODE_FOR_OP`: an IR op -> a Triton expression of its operands. The numerics are the region
+  writer's (``fusion/codegen.py`` with ``triton_lang``): maximum/minimum/max/min propagate NaN, tanh is
+  ``triton_lang.tanh`` (its series near 0), a half value is rounded by ``.to(tl.float16/bfloat16).to(tl.float32)``
+  (the runtime makes the interpreter's bfloat16 conversion exact), ``rand`` is ``triton_lang.RAND_FUNCTION`` (bit
+  for bit ``tl.rand``), ``fma`` is ``tl.fma``, a float32 division ``tl.math.div_rn`` (IEEE, as eager and as the
+  region writer's means), integer floor division and remainder with torch's signs whatever ``//`` and ``%`` round
+  to (the GPU truncates, the interpreter's numpy floors: both corrected), anything -> bool is ``!= 0``.
+* A pointwise kernel: XBLOCK lanes of a flat index over the kernel's loops (already in the output's memory order,
+  the innermost contiguous), split into the loop variables with ``//`` and ``%``, masked by ``xindex < numel``.
+* A reduction kernel: XBLOCK rows a program (``xindex``, a column) by RBLOCK lanes of a row (``rindex``). A row that
+  fits one block is reduced in registers (one ``tl.reduce``); a longer one in a loop over blocks per
+  :class:`~fusion.ir.kernel_ir.ReduceLoop`, folding XBLOCK x RBLOCK partials (sum from +0.0, max/min propagating
+  NaN), then one ``tl.reduce``; what a row needs after a fold is computed again in the next loop (the IR says so).
+  A column walk (``x.sum(0)``: the innermost kept loop contiguous in memory) is the same tile with the rows as the
+  neighbouring addresses: XBLOCK >= 16 of them a program, short blocks of a row.
+* Block sizes and warps are the region writer's table, so the GPU timings compare renderers, not tunings: a
+  pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on a GPU and 4 warps; a reduction's RBLOCK
+  is ``rows.Rows.of``'s rule (the row's power of two up to :data:`MAX_RBLOCK` = ``codegen.MAX_RBLOCK``, a column
+  walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4 or ``rows.COLUMN_LOOP_RBLOCK``),
+  XBLOCK ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the interpreter takes the larger blocks
+  ``KernelPlan.launch_config`` gives it (each program costs it ~1 ms of Python).
+* Offsets are int32 unless some index can reach 2**31 (then the flat index is int64, so every product is).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from fusion.ir import kernel_ir as ir
+from fusion.ir.plan import next_power_of_2, row_warps, rows_per_program
+from fusion.kernels.ir_loops import coalesce
+from fusion.kernels.rows import COALESCED_ROWS, COLUMN_LOOP_RBLOCK, COLUMN_RBLOCK
+from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES
+
+MAX_RBLOCK = 16384  # fusion.codegen.MAX_RBLOCK: the longest row held in registers whole (a lesson: not imported)
+INTERPRETER_BLOCK = 16384  # a pointwise program's elements in Triton's interpreter (KernelPlan.launch_config)
+
+TL = {"bool": "tl.int1", "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
+      "int64": "tl.int64", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+      "float64": "tl.float64"}  # fmt: skip
+
+
+def _floating(d: str) -> bool:
+    return d in ("float16", "bfloat16", "float32", "float64")
+
+
+def _div(a: str, b: str, d: str) -> str:
+    return f"tl.math.div_rn({a}, {b})" if d == "float32" else f"({a} / {b})"
+
+
+def _tanh(x: str, d: str) -> str:
+    """``triton_lang.tanh``: (1 - e) / (1 + e), e = exp(-2|x|), and near 0 its Taylor series."""
+    big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({x}))) / (1.0 + tl.exp(-2.0 * tl.abs({x})))"
+    series = "0.0"
+    for c in reversed(TANH_SERIES):
+        series = f"({c!r} + {x} * {x} * {series})"
+    return f"tl.where(tl.abs({x}) < {0.05 if d == 'float64' else 0.55}, {x} * (1.0 + {x} * {x} * {series}), {big})"
+
+
+def _to(a, d, ad):
+    if d == "bool":
+        return a[0] if ad[0] == "bool" else f"({a[0]} != 0)"
+    x = f"tl.where({a[0]}, 1, 0)" if ad[0] == "bool" else a[0]
+    return f"{x}.to({TL['float32' if d in ('float16', 'bfloat16') else d]})"
+
+
+def _floordiv(a, d, ad):
+    x, y = a
+    if not _floating(d):  # q rounded either way by //: one step down where the remainder's sign is not y's
+        return f"({x} // {y} - tl.where(({x} % {y} != 0) & (({x} % {y} < 0) != ({y} < 0)), 1, 0)).to({TL[d]})"
+    m = f"({x} % {y})"  # fmod; then c10's div_floor_floating
+    q = f"({_div(f'({x} - {m})', y, d)} - tl.where(({m} != 0) & (({y} < 0) != ({m} < 0)), 1.0, 0.0))"
+    f = f"(tl.floor({q}) + tl.where({q} - tl.floor({q}) > 0.5, 1.0, 0.0))"
+    return f"tl.where({y} == 0, {_div(x, y, d)}, tl.where({q} != 0, {f}, {_div(x, y, d)} * 0.0))"
+
+
+def _truncdiv(a, d, ad):
+    if _floating(d):
+        return _trunc([_div(a[0], a[1], d)], d, ad)
+    x, y = a
+    return f"({x} // {y} + tl.where(({x} % {y} != 0) & (({x} % {y} < 0) != ({x} < 0)), 1, 0)).to({TL[d]})"
+
+
+def _remainder(a, d, ad):
+    m = f"({a[0]} % {a[1]})"  # C's (and fmod's) sign on a GPU, numpy's in the interpreter: moved to the divisor's
+    return f"tl.where(({m} != 0) & (({m} < 0) != ({a[1]} < 0)), {m} + {a[1]}, {m})"
+
+
+def _trunc(a, d, ad):
+    return f"tl.where({a[0]} < 0, tl.ceil({a[0]}), tl.floor({a[0]}))" if _floating(d) else a[0]
+
+
+def _sign(a, d, ad):
+    x = a[0]
+    s = f"(tl.where({x} > 0, 1, 0) - tl.where({x} < 0, 1, 0)).to({TL[d]})"
+    return f"tl.where({x} != {x}, {x}, {s})" if _floating(d) else s
+
+
+def _pow(a, d, ad):  # a non-integer exponent (the lowering writes integer ones as products): the region writer's
+    x, e = a
+    return f'tl.where({x} == float("-inf"), tl.where({e} < 0, 0.0, float("inf")), tl.exp(tl.log({x}) * {e}))'
+
+
+def _logical(op: str):
+    return lambda a, d, ad: f"(({a[0]}.to(tl.int32) {op} {a[1]}.to(tl.int32)) != 0)"
+
+
+def _f(fmt: str):
+    return lambda a, d, ad: fmt.format(*a)
+
+
+MAXIMUM = "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))"  # NaN wins
+MINIMUM = "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"
+# IR op -> Triton expression: (operands, the op's dtype, the operands' dtypes) -> source.
+CODE_FOR_OP = {
+    "identity": _f("{0}"), "neg": _f("(-{0})"), "abs": _f("tl.abs({0})"), "exp": _f("tl.exp({0})"),
+    "log": _f("tl.log({0})"), "sqrt": _f("tl.sqrt({0})"), "rsqrt": _f("tl.rsqrt({0})"), "erf": _f("tl.erf({0})"),
+    "sin": _f("tl.sin({0})"), "cos": _f("tl.cos({0})"), "sigmoid": _f("(1.0 / (1.0 + tl.exp(-{0})))"),
+    "tanh": lambda a, d, ad: _tanh(a[0], d), "reciprocal": _f("(1.0 / {0})"),
+    "relu": _f("tl.where({0} < 0, 0, {0})"),  # NaN < 0 is false: NaN stays
+    "logical_not": _f("({0} == 0)"),
+    "ceil": lambda a, d, ad: f"tl.ceil({a[0]})" if _floating(d) else a[0],
+    "floor": lambda a, d, ad: f"tl.floor({a[0]})" if _floating(d) else a[0],
+    "trunc": _trunc, "sign": _sign, "to": _to,
+    "round_float16": _f("{0}.to(tl.float16).to(tl.float32)"), "round_bfloat16": _f("{0}.to(tl.bfloat16).to(tl.float32)"),
+    "add": _f("({0} + {1})"), "sub": _f("({0} - {1})"), "mul": _f("({0} * {1})"),
+    "truediv": lambda a, d, ad: _div(a[0], a[1], d), "truncdiv": _truncdiv, "floordiv": _floordiv,
+    "remainder": _remainder, "maximum": _f(MAXIMUM), "minimum": _f(MINIMUM), "pow": _pow,
+    "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"), "le": _f("({0} <= {1})"),
+    "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"), "and": _logical("&"), "or": _logical("|"),
+    "bitwise_and": _f("({0} & {1})"), "where": _f("tl.where({0}, {1}, {2})"), "fma": _f("tl.fma({0}, {1}, {2})"),
+    "rand": _f("_philox_rand({0}, {1})"),  # tl.rand's bits (triton_lang.RAND_FUNCTION)
+}  # fmt: skip
+assert set(CODE_FOR_OP) == ir.OPS, sorted(set(CODE_FOR_OP) ^ ir.OPS)
+
+IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}  # what masked lanes hold
+STEP = {"sum": "{0} + {1}", "max": MAXIMUM, "min": MINIMUM}  # a looped fold's partials, block by block
+
+
+@functools.cache
+def _combine(op: str) -> str:
+    """The function a fold's last ``tl.reduce`` names: a sum Triton's own ``_sum_combine`` where it has one (the
+    interpreter then sums with numpy's pairwise sum, as the region writer's), max/min ours (NaN propagates)."""
+    if op != "sum":
+        return {"max": "_maximum", "min": "_minimum"}[op]
+    try:
+        import triton.language as tl
+    except ImportError:
+        return "_add"
+    return "tl.standard._sum_combine" if hasattr(tl.standard, "_sum_combine") else "_add"
+
+
+def literal(value: object, dtype: str) -> str:
+    """A constant as a 0-d Triton value of its dtype (a bare literal would be a float32 or an int32)."""
+    if dtype == "bool":
+        return f"tl.full([], {int(bool(value))}, tl.int1)"
+    if _floating(dtype):
+        v = float(value)
+        return f"tl.full([], {repr(v) if math.isfinite(v) else f'float({str(v)!r})'}, {TL[dtype]})"
+    return f"tl.full([], {int(value)}, {TL[dtype]})"
+
+
+def index_source(e: ir.Affine) -> str:
+    """An index in Triton, every ``//`` and ``%`` of its own operand parenthesised (every value >= 0: they round
+    alike on a GPU and in the interpreter's numpy)."""
+
+    def atom(a) -> str:
+        if isinstance(a, ir.Var):
+            return a.name
+        return f"(({index_source(a.of)}) {'//' if isinstance(a, ir.FloorDiv) else '%'} {a.by})"
+
+    terms = [atom(a) if c == 1 else f"{c}*{atom(a)}" for c, a in e.terms]
+    return " + ".join(terms + [str(e.const)] * bool(e.const or not terms))
+
+
+def _top(e: ir.Affine, sizes: dict[str, int]) -> int:
+    """The largest value of ``e`` over the loops (every coefficient and index >= 0)."""
+    out = e.const
+    for k, a in e.terms:
+        out += k * (sizes[a.name] - 1 if isinstance(a, ir.Var) else _top(a.of, sizes) // a.by if
+                    isinstance(a, ir.FloorDiv) else min(a.by - 1, _top(a.of, sizes)))  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launch of the rendered kernel needs besides its tensors (the IR's buffers, in call order): the
+    elements (``numel``, pointwise) or rows (``numel``, reduction) the grid covers, a row's ``rnumel`` lanes in
+    blocks of ``rblock`` (``looped``: a loop over blocks), a pointwise program's ``xblock`` elements on a GPU, the
+    fewest rows a reduction program takes (``min_xblock``: a column walk's), and ``num_warps``."""
+
+    name: str
+    kind: str
+    numel: int
+    rnumel: int = 1
+    rblock: int = 0
+    looped: bool = False
+    column: bool = False
+    xblock: int = POINTWISE_BLOCK
+    min_xblock: int = 1
+    num_warps: int = 4
+
+    def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
+        """(programs, constexprs), as ``KernelPlan.launch_config`` chooses them for the region writer's kernel."""
+        if self.kind == "pointwise":
+            block = min(self.xblock if cuda else INTERPRETER_BLOCK, next_power_of_2(self.numel))
+            return -(-self.numel // block), {"XBLOCK": block}
+        xblock = rows_per_program(self.numel, self.rblock, cuda, self.min_xblock)
+        return -(-self.numel // xblock), {"XBLOCK": xblock, "RBLOCK": self.rblock}
+
+
+def _column(k: ir.Kernel) -> bool:
+    """``rows.Rows.of``'s column walk read off the IR: a row's elements scattered (a reduce loop's stride above a
+    kept loop's, the reduced dims not trailing or not contiguous) while the innermost kept loop is contiguous and at
+    least :data:`~fusion.kernels.rows.COALESCED_ROWS` long. The strides are the first load that walks the row."""
+    loads = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Load)]
+    red = {lp.var for lp in k.reduce_loops}
+    load = next((t for t in loads if t.offset.variables() & red), None)
+    if load is None or not k.loops:
+        return False
+    coef = {a.name: c for c, a in load.offset.terms if isinstance(a, ir.Var)}
+    rows_st = [(coef.get(lp.var, 0), lp.size) for lp in k.loops]
+    lanes_st = [coef.get(lp.var, 0) for lp in k.reduce_loops]
+    dims = [int(v[1:]) if v[1:].isdigit() else -1 for v in (lp.var for lp in (*k.loops, *k.reduce_loops))]
+    trailing = max(dims[: len(k.loops)]) < min(dims[len(k.loops) :]) if k.reduce_loops else True
+    if not (lanes_st and max(lanes_st) > min(st for st, _ in rows_st) and (trailing or lanes_st[-1] != 1)):
+        return False
+    return rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
+
+
+def launch_facts(k: ir.Kernel) -> Launch:
+    """The block sizes and warps of the region writer's table (see the module's docstring) for kernel ``k``."""
+    numel = math.prod(lp.size for lp in k.loops)
+    if k.kind != "reduction":
+        return Launch(k.name, "pointwise", numel)
+    rnumel, column = math.prod(lp.size for lp in k.reduce_loops), _column(k)
+    rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, MAX_RBLOCK) if column else MAX_RBLOCK
+    looped = rblock > block
+    if looped:
+        rblock = max(min(COLUMN_LOOP_RBLOCK, MAX_RBLOCK // 4) if column else MAX_RBLOCK // 4, 1)
+    least = COALESCED_ROWS if column else 1
+    warps = row_warps(numel, rblock, least)
+    return Launch(k.name, "reduction", numel, rnumel, rblock, looped, column, min_xblock=least, num_warps=warps)
+
+
+class _Writer:
+    def __init__(self, k: ir.Kernel, launch: Launch) -> None:
+        self.k, self.launch = k, launch
+        self.buffers = {b.name: b for b in k.buffers}
+        self.kept, self.red = {lp.var for lp in k.loops}, {lp.var for lp in k.reduce_loops}
+        self.reduction = k.kind == "reduction"
+        self.dtypes: dict[str, str] = {}
+        self.level: dict[str, frozenset[str]] = {}  # value -> the axes it varies along: "x" (rows/lanes), "r"
+        self.alias: dict[str, str] = {}  # a value computed again -> the value it repeats (one load, one op)
+        self.seen: list[dict] = [{}]  # statement key -> value, per scope (a looped reduction's loop: its own)
+        self.lines: list[str] = []
+
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("    " * depth + line)
+
+    def ref(self, name: str) -> str:
+        return self.alias.get(name, name)
+
+    def axes(self, e: ir.Affine) -> frozenset[str]:
+        v = e.variables()
+        return frozenset(("x",) * bool(v & self.kept) + ("r",) * bool(v & self.red))
+
+    def address(self, buf: str, offset: ir.Affine, need: frozenset[str], guard: str | None) -> tuple[str, str]:
+        """(pointer, mask) of a load or store: the pointer spans the axes its offset, its value or its guard vary
+        along (a constant offset: every lane the one element), masked to the rows and lanes that exist."""
+        have = self.axes(offset)
+        need = need | have or frozenset("x")
+        text = f"{buf} + ({index_source(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
+        mask = "xmask & rmask" if need == {"x", "r"} else "rmask" if need == {"r"} else "xmask"
+        return text, mask + (f" & {guard}" if guard else "")
+
+    def define(self, s, out: str, dtype: str, expr: str, level: frozenset[str], key: tuple, depth: int) -> None:
+        self.dtypes[out], self.level[out] = dtype, level
+        for scope in reversed(self.seen):
+            if key in scope:
+                self.alias[out] = scope[key]
+                return
+        self.seen[-1][key] = out
+        self.emit(f"{out} = {expr}", depth)
+
+    def statement(self, s, depth: int) -> None:
+        if isinstance(s, ir.Load):
+            b, guard = self.buffers[s.buffer], s.mask and self.ref(s.mask)
+            need = self.axes(s.offset) | (self.level[guard] if guard else frozenset())
+            ptr, mask = self.address(s.buffer, s.offset, need, guard)
+            load = f"tl.load({ptr}, mask={mask}{', other=0' if guard else ''})"
+            if TL[b.dtype] != TL[s.dtype]:
+                load += f".to({TL[s.dtype]})"
+            level = (need or frozenset("x")) if self.reduction else frozenset("x")
+            self.define(s, s.out, s.dtype, load, level, ("load", s.buffer, s.offset, s.dtype, guard), depth)
+        elif isinstance(s, ir.Index):
+            level = self.axes(s.expr)
+            expr = index_source(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
+            self.define(s, s.out, "int64", expr, level, ("index", s.expr), depth)
+        elif isinstance(s, ir.Const):
+            key = ("const", repr(s.value), type(s.value), s.dtype)
+            self.define(s, s.out, s.dtype, literal(s.value, s.dtype), frozenset(), key, depth)
+        elif isinstance(s, ir.Op):
+            args = [self.ref(a) for a in s.args]
+            expr = CODE_FOR_OP[s.op](args, s.dtype, [self.dtypes[a] for a in args])
+            level = frozenset().union(*(self.level[a] for a in args))
+            self.define(s, s.out, s.dtype, expr, level, ("op", s.op, tuple(args), s.dtype), depth)
+        elif isinstance(s, ir.Store):
+            b, v = self.buffers[s.buffer], self.ref(s.value)
+            vd = self.dtypes[v]
+            if b.dtype == "bool" and vd != "bool":
+                v = f"({v} != 0)"
+            elif TL[b.dtype] != TL[vd]:
+                v = f"{v}.to({TL[b.dtype]})"
+            ptr, mask = self.address(s.buffer, s.offset, self.level[self.ref(s.value)], None)
+            self.emit(f"tl.store({ptr}, {v}, mask={mask})", depth)
+        elif isinstance(s, ir.ReduceLoop):
+            self.reduce_loop(s, depth)
+        else:
+            raise TypeError(f"not a statement the Triton renderer takes: {s!r}")
+
+    def splits(self, flat: str, loops: tuple[ir.Loop, ...], depth: int) -> None:
+        """``x1 = xindex // 64``, ``x0 = xindex % 64``: one variable per loop (outermost first) of the flat index."""
+        inner = 1
+        for i in range(len(loops) - 1, -1, -1):
+            lp = loops[i]
+            expr = flat if inner == 1 else f"({flat} // {inner})"
+            self.emit(f"{lp.var} = {expr if i == 0 else f'{expr} % {lp.size}'}", depth)
+            inner *= lp.size
+
+    def fold(self, f: ir.Reduce, value: str) -> str:
+        return f"tl.where(rmask, {value}, {IDENTITY[f.op]})"
+
+    def reduce_out(self, f: ir.Reduce, values: str, depth: int) -> None:
+        self.dtypes[f.out], self.level[f.out] = f.dtype, frozenset("x")
+        plus = " + 0.0" if f.op == "sum" else ""  # eager's sum starts at +0.0: a row of -0.0 sums to +0.0
+        self.emit(f"{f.out} = tl.reduce({values}, 1, {_combine(f.op)})[:, None]{plus}", depth)
+
+    def reduce_loop(self, loop: ir.ReduceLoop, depth: int) -> None:
+        folds = [s for s in loop.body if isinstance(s, ir.Reduce)]
+        if not self.launch.looped:  # the row in registers: the body once over the whole block
+            for s in loop.body:
+                if isinstance(s, ir.Reduce):
+                    self.reduce_out(s, self.fold(s, self.ref(s.value)), depth)
+                else:
+                    self.statement(s, depth)
+            return
+        n = self.launch.rnumel
+        for f in folds:
+            self.emit(f"{f.out}_acc = tl.full([XBLOCK, RBLOCK], {IDENTITY[f.op]}, {TL[f.dtype]})", depth)
+        self.emit(f"for roffset in range(0, {n}, RBLOCK):", depth)
+        self.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]", depth + 1)
+        self.emit(f"rmask = rindex < {n}", depth + 1)
+        self.splits("rindex", self.k.reduce_loops, depth + 1)
+        self.seen.append({})
+        for s in loop.body:
+            if isinstance(s, ir.Reduce):
+                acc = f"{s.out}_acc"
+                self.emit(f"{s.out}_block = {self.fold(s, self.ref(s.value))}", depth + 1)
+                self.emit(f"{acc} = {STEP[s.op].format(acc, f'{s.out}_block')}", depth + 1)
+            else:
+                self.statement(s, depth + 1)
+        self.seen.pop()
+        for f in folds:
+            self.reduce_out(f, f"{f.out}_acc", depth)
+
+    def source(self) -> str:
+        k, launch = self.k, self.launch
+        sizes = {lp.var: lp.size for lp in (*k.loops, *k.reduce_loops)}
+        exprs = [s.offset for s in k.statements() if isinstance(s, (ir.Load, ir.Store))]
+        exprs += [s.expr for s in k.statements() if isinstance(s, ir.Index)]
+        wide = max([launch.numel * launch.rnumel, *(_top(e, sizes) for e in exprs)]) >= 2**31 - 1
+        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+        params = [b.name for b in k.buffers] + ["XBLOCK: tl.constexpr"] + ["RBLOCK: tl.constexpr"] * self.reduction
+        self.emit(f"def {k.name}({', '.join(params)}):", 0)
+        if not self.reduction:
+            self.emit(f"# pointwise over {[lp.size for lp in k.loops]}: {launch.numel} elements", 1)
+            self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", 1)
+        else:
+            walk = f"{launch.numel} rows of {launch.rnumel}" + (" (a column walk)" if launch.column else "")
+            self.emit(f"# XBLOCK rows per program: {walk}" + (", RBLOCK lanes at a time" if launch.looped else ""), 1)
+            self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
+        self.emit(f"xmask = xindex < {launch.numel}", 1)
+        self.splits("xindex", k.loops, 1)
+        if self.reduction and not launch.looped:
+            self.emit("rindex = tl.arange(0, RBLOCK)[None, :]", 1)
+            self.emit(f"rmask = rindex < {launch.rnumel}", 1)
+            self.splits("rindex", k.reduce_loops, 1)
+        for s in k.body:
+            self.statement(s, 1)
+        head = ["import triton", "import triton.language as tl", "", ""]
+        head += [*COMBINE_FUNCTIONS, "", ""] if self.reduction else []
+        head += RAND_FUNCTION if any(isinstance(s, ir.Op) and s.op == "rand" for s in k.statements()) else []
+        return "\n".join([*head, "@triton.jit", *self.lines]) + "\n"
+
+
+def render(kernel: ir.Kernel) -> tuple[str, Launch]:
+    """(the Triton source of ``kernel``, the facts of its launch). Neighbouring loops every index walks as one
+    range are merged first (``ir_loops.coalesce``: fewer ``//`` and ``%``); the launch facts are read before."""
+    launch = launch_facts(kernel)
+    return _Writer(coalesce(kernel), launch).source(), launch

@@ -1,0 +1,350 @@
+"""The Triton renderer of the kernel IR (issue 37): kernel IR -> Triton source (fusion.kernels.triton_render), launched
+from data alone (fusion.kernels.triton_ir_runtime), here in Triton's interpreter, against eager and against the C
+renderer of the same IR (fusion.kernels.c_render). Machinery only: the learner's Triton code is not exercised."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+import torch.fx as fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import Fn
+
+from fusion.codegen import compile_regions, generate_kernel
+from fusion.compiler import random_ops
+from fusion.compiler.lowering import Lowering
+from fusion.ir import kernel_ir as ir
+from fusion.kernels import c_render, c_runtime, triton_ir_runtime, triton_render
+from fusion.kernels import triton_runtime as rt
+from fusion.regions import aten_inputs, build_fusion_regions, capture_aten, unique_regions
+
+pytestmark = [
+    pytest.mark.tooling,
+    pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed"),
+]
+HAS_CC = c_runtime.available()[0]
+
+
+def _values(gm: fx.GraphModule, args) -> dict[fx.Node, object]:
+    """Every node's eager value."""
+    env: dict[fx.Node, object] = {}
+
+    class Record(fx.Interpreter):
+        def run_node(self, n):
+            env[n] = out = super().run_node(n)
+            return out
+
+    Record(gm).run(*args)
+    return env
+
+
+def _c_run(kernel: ir.Kernel, tensors) -> None:
+    source = c_render.render(kernel)
+    code = "k_" + hashlib.sha256(source.replace(kernel.name, "").encode()).hexdigest()[:20]
+    fn = c_runtime.load(source.replace(kernel.name, code), code)
+    c_runtime.CKernel(fn, kernel.name, source, len(kernel.buffers))(*tensors)
+
+
+def rendered(fn, *inputs, exact_c: bool = False, kernels: int | None = None):
+    """Each region of ``fn`` lowered to the kernel IR, rendered to Triton and run in the interpreter on the eager
+    values of its inputs: every stored value equals eager's, and the C renderer's of the same IR (bit for bit with
+    ``exact_c``). Returns [(kernel, IRKernel, outputs)]."""
+    model = Fn(fn)
+    gm = capture_aten(model, inputs)
+    env = _values(gm, aten_inputs(model, inputs))
+    out = []
+    for r in unique_regions(build_fusion_regions(gm)):
+        low = Lowering(r)
+        kernel = low.kernel(f"k_ir{r.index}")
+        args = [env[n] for n in low.inputs]
+        want = [env[n] for n in low.stored]
+        outs = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for w in want]
+        k = triton_ir_runtime.IRKernel(kernel, rt.load_kernel)
+        k(*args, *outs)
+        for got, w in zip(outs, want, strict=True):
+            torch.testing.assert_close(got, w, equal_nan=True, msg=lambda m: f"{m}\n{k.source}")  # noqa: B023
+        if HAS_CC:
+            c_outs = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for w in want]
+            _c_run(kernel, [*args, *c_outs])
+            for got, c in zip(outs, c_outs, strict=True):
+                if exact_c:
+                    assert torch.equal(got.view(-1).view(torch.uint8), c.view(-1).view(torch.uint8)), (got, c)
+                else:
+                    torch.testing.assert_close(got, c, equal_nan=True)
+        out.append((kernel, k, outs))
+    assert kernels is None or len(out) == kernels, [k.describe() for k, _, _ in out]
+    return out
+
+
+def _r(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pointwise kernels
+
+
+POINTWISE = {
+    "broadcast": (lambda x, b: (x * 2 + b).relu(), (_r(5, 7), _r(7, seed=1))),
+    "transposed": (lambda x, y: x.t() * y + 1, (_r(6, 4), _r(4, 6, seed=1))),
+    "sliced": (lambda x: (x[:, 1::2] * 3).exp() - x[:, 0:8:2], (_r(5, 9),)),
+    "split_flat": (lambda x: (x * 2).reshape(4, 6, 10).permute(0, 2, 1).reshape(40, 6) + 1, (_r(24, 10),)),
+    "size_one": (lambda x, y: (x + y) * y, (_r(3, 1, 4), _r(1, 5, 1, seed=1))),
+    "channels_last": (lambda x: (x * 2).sigmoid() + x, (_r(2, 3, 4, 5).to(memory_format=torch.channels_last),)),
+    "reshape": (lambda x: (x * 2).reshape(4, 6, 10).permute(0, 2, 1) + 1, (_r(24, 10),)),
+    "zero_dim": (lambda x, s: x * s + s.exp(), (_r(5), torch.tensor(1.5))),
+    "math": (lambda x: torch.tanh(x * 1e-3) * 1e3 + torch.erf(x) + x.abs().sqrt().rsqrt() + x.sin() * x.cos(), (_r(40),)),
+    "pow": (lambda x: x.abs() ** 1.7 + x**3 + x ** -2, (_r(33),)),
+    "where_clamp": (lambda x, y: torch.where(x > y, x.clamp(-0.5, 0.5), y.clamp_min(0.1)), (_r(6, 5), _r(5, seed=1))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", POINTWISE)
+def test_pointwise_kernels_equal_eager_and_c(case):
+    fn, inputs = POINTWISE[case]
+    for kernel, k, _ in rendered(fn, *inputs):
+        assert kernel.kind == "pointwise" and k.launch.kind == "pointwise"
+        assert "xmask = xindex < " in k.source and "@triton.jit" in k.source
+
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+DTYPES += [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype(dtype):
+    g = torch.Generator().manual_seed(3)
+    if dtype == torch.bool:
+        a, b = torch.rand(7, 6, generator=g) > 0.5, torch.rand(6, generator=g) > 0.5
+        rendered(lambda a, b: ((a + b) * torch.logical_not(a)) + (a & b), a, b, exact_c=True)
+        return
+    if dtype.is_floating_point:
+        a, b = _r(7, 6, seed=3, dtype=dtype), _r(6, seed=4, dtype=dtype)
+    else:
+        lo = 0 if dtype == torch.uint8 else -9
+        a, b = torch.randint(lo, 10, (7, 6), generator=g).to(dtype), torch.randint(lo, 10, (6,), generator=g).to(dtype)
+    rendered(lambda a, b: torch.maximum(a * b, b) - torch.minimum(a, b + 1), a, b, exact_c=not dtype.is_floating_point)
+    rendered(lambda a, b: (a > b).to(dtype) + (a.float() * 2.5).to(dtype), a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64], ids=str)
+def test_division_and_remainder_have_torchs_signs(dtype):
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(-60, 60, (97,), generator=g).to(dtype)
+    b = (torch.randint(1, 9, (97,), generator=g) * (torch.randint(0, 2, (97,), generator=g) * 2 - 1)).to(dtype)
+    if dtype.is_floating_point:
+        a = a + torch.rand(97, generator=g, dtype=dtype)
+
+    def fn(a, b):
+        out = (torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b), torch.div(a, b, rounding_mode="trunc"))
+        return tuple(o * 1 for o in out) + (
+            (a.sign() * 2, a.trunc() + a.floor() + a.ceil()) if a.is_floating_point() else ()
+        )
+
+    rendered(fn, a, b, exact_c=True)
+
+
+def test_cat_loads_each_input_under_its_mask():
+    a, b, c = _r(3, 4), _r(3, 5, seed=1), _r(3, 2, seed=2)
+    ((kernel, k, _),) = rendered(lambda a, b, c: torch.cat([a * 2, b.exp(), c], 1) + 1, a, b, c)
+    assert any(isinstance(s, ir.Load) and s.mask for s in kernel.statements())
+    assert "other=0" in k.source
+    rendered(lambda a, b: torch.cat([a, b], 0).relu() * 3, _r(2, 5), _r(4, 5, seed=1))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=3), st.data())
+def test_broadcast_shapes(shape, data):
+    other = [data.draw(st.sampled_from([1, s])) for s in shape[data.draw(st.integers(0, len(shape))) :]]
+    x, y = _r(*shape), _r(*other, seed=1)
+    rendered(lambda x, y: (x - y) * (x + 1.5), x, y)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reductions
+
+
+def test_row_reductions_in_one_block():
+    x, w = _r(8, 33), _r(33, seed=1)
+    for kernel, k, _ in rendered(lambda x: torch.softmax(x * 0.5, -1), x, kernels=1):
+        assert kernel.kind == "reduction" and not k.launch.looped and k.launch.rblock == 64
+    rendered(lambda x, w: torch.nn.functional.layer_norm(x, (33,), w) + x, x, w, kernels=1)
+    rendered(lambda x: torch.var_mean(x, -1, keepdim=True)[0] * x.mean(-1, keepdim=True), x)
+
+
+def test_looped_rows_fold_blocks_and_compute_again():
+    x = _r(3, 17000)
+    ((kernel, k, _),) = rendered(lambda x: torch.softmax(x, -1), x)
+    assert k.launch.looped and k.launch.rblock == triton_render.MAX_RBLOCK // 4
+    assert k.source.count("for roffset in range(0, 17000, RBLOCK):") == 3, k.source  # max, sum, the stores
+    rendered(lambda x: (x * x).sum(-1) + x.amax(-1), x)
+
+
+def test_column_reductions_walk_neighbouring_rows():
+    for fn, x in ((lambda x: (x * 2).sum(0), _r(64, 48)), (lambda x: x.sum([0, 1]) * 3, _r(2, 6, 24))):
+        ((kernel, k, _),) = rendered(fn, x)
+        assert k.launch.column and k.launch.min_xblock == 16, kernel.describe()
+    ((_, k, _),) = rendered(lambda x: (x * 2).sum(0), _r(600, 20))  # long columns: a loop of short blocks
+    assert k.launch.column and k.launch.looped and k.launch.rblock == 64
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=3), st.data())
+def test_reductions_over_drawn_dims(shape, data):
+    """Any reduced dims (trailing, leading, middle) of a drawn shape, transposed or not: the rows the IR walks."""
+    dims = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
+    x = _r(*shape)
+    if len(shape) >= 2 and data.draw(st.booleans()):
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    rendered(lambda x: ((x * 2).sum(dims, keepdim=True) + (x - 1).amax(dims, keepdim=True)) * x, x)
+
+
+@pytest.mark.parametrize("n", [7, 300])
+def test_sum_max_min_propagate_nan(n):
+    x = _r(5, n)
+    x[1, 3], x[2, 0], x[3, n - 1] = float("nan"), float("inf"), float("-inf")
+    x[4] = -0.0
+    outs = rendered(lambda x: (x.sum(-1), x.amax(-1), x.amin(-1)), x)
+    assert all(o.isnan().any() for _, _, res in outs for o in res)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_values_are_rounded_as_eager(dtype):
+    a, b, c = (_r(9, 31, seed=i, dtype=dtype) for i in range(3))
+    rendered(lambda a, b, c: (a * b + c).exp() * a - b, a, b, c, exact_c=True)
+    rendered(lambda a: torch.softmax(a, -1) * a, a)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# rand and fma
+
+
+def test_rand_is_the_c_renderers_and_tl_rand_bit_for_bit():
+    seeds, shape = torch.tensor([3, 2**62 + 987654321], dtype=torch.int64), (6, 37)
+
+    def fn(seeds, x):
+        return torch.ops.fusion.philox_rand(seeds[1:2], list(shape)) + x
+
+    ((_, _, (got,)),) = rendered(fn, seeds, torch.zeros(shape), exact_c=True)
+    assert torch.equal(got, random_ops.philox_rand_reference(seeds[1:2], list(shape)))
+    ((_, _, (col,)),) = rendered(lambda s, x: fn(s, x).sum(0), seeds, torch.zeros(shape))  # a permuted walk
+    torch.testing.assert_close(col, got.sum(0))
+    big = torch.zeros(4096)
+    ((_, _, (u,)),) = rendered(lambda s, x: torch.ops.fusion.philox_rand(s[1:2], [4096]) + x, seeds, big)
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 6 * (1 / 12 / 4096) ** 0.5
+
+
+def test_fma_rounds_once():
+    from torch._inductor import inductor_prims  # noqa: F401  (registers prims.fma)
+
+    a, b, c = _r(64), _r(64, seed=1), _r(64, seed=2)
+    a[0] = b[0] = 1 + 2**-12
+    c[0] = -1.0
+    ((kernel, k, (got,)),) = rendered(lambda a, b, c: torch.ops.prims.fma(a, b, c) * 2.0, a, b, c, exact_c=True)
+    assert "tl.fma(" in k.source and got[0].item() == (2**-11 + 2**-24) * 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Launch facts, wide offsets, the runtime's choice
+
+
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: (x * 2).relu() + 1, _r(33, 70)),
+        (lambda x: torch.softmax(x, -1), _r(40, 33)),
+        (lambda x: torch.softmax(x, -1), torch.empty(128, 20000)),
+        (lambda x: (x * 2).sum(0), _r(64, 48)),
+        (lambda x: (x * 2).sum(0), torch.empty(300, 2048)),
+        (lambda x: (x * 2).mean((2, 3)), torch.empty(4, 64, 7, 7).to(memory_format=torch.channels_last)),
+    ],
+)
+def test_launch_facts_are_the_region_writers(fn, x):
+    """The block sizes, grid and warps of the IR's kernel are those of the region writer's (a fair GPU timing)."""
+    (region,) = unique_regions(build_fusion_regions(capture_aten(Fn(fn), (x,))))
+    plan = generate_kernel(region)
+    launch = triton_render.launch_facts(Lowering(region).kernel(plan.kernel.name))
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        assert launch.launch_config(device.type == "cuda") == plan.launch_config(device), device
+    assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise") == bool(plan.xnumel)
+    if launch.kind == "reduction":
+        assert (launch.rblock, launch.min_xblock) == (plan.constexprs["RBLOCK"], plan.min_xblock)
+
+
+def test_index_source_parenthesises_each_floor_division_and_remainder():
+    a, b = ir.Var("a"), ir.Var("b")
+    inner = ir.Affine(((1, a), (3, b)), 1)
+    e = ir.Affine(((2, ir.FloorDiv(inner, 4)), (1, ir.Mod(inner, 5)), (7, b)), 2)
+    for va in range(6):
+        for vb in range(6):
+            want = 2 * ((va + 3 * vb + 1) // 4) + (va + 3 * vb + 1) % 5 + 7 * vb + 2
+            assert eval(triton_render.index_source(e), {"a": va, "b": vb}) == want  # noqa: S307
+
+
+def test_offsets_past_two_to_the_31_are_int64():
+    at = ir.Affine(((2**30, ir.Var("x0")), (1, ir.Var("x1"))))
+    buffers = (ir.Buffer("in0", (3, 2**30), (2**30, 1), "float32"),
+               ir.Buffer("out0", (3, 2**30), (2**30, 1), "float32", output=True))  # fmt: skip
+    body = (ir.Load("t0", "in0", at, "float32"), ir.Store("out0", at, "t0"))
+    big = ir.Kernel("k_big", "pointwise", buffers, (ir.Loop("x0", 3), ir.Loop("x1", 2**30)), (), body)
+    source, _ = triton_render.render(big)
+    assert "tl.program_id(0).to(tl.int64)" in source
+    small, _ = triton_render.render(rendered(lambda x: x * 2 + 1, _r(5))[0][0])
+    assert "tl.program_id(0).to(tl.int64)" not in small
+    empty = triton_render.Launch("k_empty", "pointwise", 0)  # an empty output: no program is launched
+    assert empty.launch_config(True)[0] == empty.launch_config(False)[0] == 0
+
+
+def _compiled(fn, *inputs, source: str = "ir"):
+    with c_runtime.use("triton"), triton_ir_runtime.use(source):
+        model = compile_regions(Fn(fn), inputs)
+    torch.testing.assert_close(model(*inputs), fn(*inputs), equal_nan=True)
+    return {lch.owner.kernel.name: (lch.owner.triton_source, lch.owner.ir_refused) for lch in model.compiled.launchers}
+
+
+def test_compile_regions_runs_the_ir_kernel_and_says_which_ran():
+    x, w = _r(6, 40), _r(40, seed=1)
+    ran = _compiled(lambda x, w: torch.nn.functional.layer_norm(x * 2, (40,), w).relu() + x, x, w)
+    assert ran and all(src == "ir" for src, _ in ran.values()), ran
+    ran = _compiled(lambda x, w: (x * w).exp(), x, w, source="region")
+    assert all(src == "region" and "triton_source='region'" in why for src, why in ran.values()), ran
+    pool = _compiled(lambda x: torch.nn.functional.max_pool2d(x.relu(), 3, 1, 1) * 2, _r(1, 2, 6, 6))
+    assert any(src == "region" and "window" in why for src, why in pool.values()), pool  # the lowering refuses it
+
+
+def test_the_backend_option_and_the_environment_variable(monkeypatch):
+    from fusion.compiler.driver import Options
+
+    assert Options.parse({"triton_source": "ir"}).triton_source == "ir"
+    with pytest.raises(ValueError, match="triton_source"):
+        Options.parse({"triton_source": "llvm"})
+    monkeypatch.setenv("FUSION_TRITON_SOURCE", "ir")
+    assert triton_ir_runtime.chosen() == "ir"
+    with triton_ir_runtime.use("region"):
+        assert triton_ir_runtime.chosen() == "region"
+    monkeypatch.setenv("FUSION_TRITON_SOURCE", "nope")
+    with pytest.raises(ValueError, match="FUSION_TRITON_SOURCE"):
+        triton_ir_runtime.chosen()
+
+
+def test_torch_compile_with_the_ir_source():
+    import fusion.backend  # noqa: F401  (registers backend="fusion")
+
+    torch._dynamo.reset()
+    x = _r(8, 24)
+
+    def f(x):
+        return torch.softmax(x * 3, -1) + x.sigmoid()
+
+    got = torch.compile(f, backend="fusion", options={"triton_source": "ir", "renderer": "triton"})(x)
+    torch.testing.assert_close(got, f(x))
+    from fusion.compiler.driver import reports
+
+    owners = [lch.owner for r in reports for p in r.parts for lch in p.launchers()]
+    assert owners and all(o.triton_source == "ir" and o.ran == "triton-interpreter" for o in owners)
+    launchers = [lch for r in reports for p in r.parts for lch in p.launchers()]
+    assert set(triton_ir_runtime.sources(launchers).values()) == {"ir"}
+    torch._dynamo.reset()
