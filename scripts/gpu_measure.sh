@@ -10,6 +10,9 @@
 #     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
+#     bash scripts/gpu_measure.sh ir         # the CUDA tests with Triton rendered from the kernel IR; six models with
+#                                            # Triton from the region and from the IR (default and CUDA graphs);
+#                                            # GPT-2 and Llama training steps with pass combo_casts on and off
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion+region,fusion+ir: Triton from the region or
@@ -106,6 +109,12 @@ round)
     timeout 140 "$PY" scripts/gpu_random.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/random.log"
     ;;
+ir)
+    FUSION_TRITON_SOURCE=ir cuda_tests 110
+    suite $((400 - (SECONDS - start))) resnet50,mobilenet_v2,efficientnet_b0,bert,gpt2,vit_b_16 \
+        eager,fusion,fusion+ir,fusion+cudagraphs,fusion+ir+cudagraphs
+    suite $((570 - (SECONDS - start))) gpt2_train,llama_train eager,fusion,fusion+no-combo_casts
+    ;;
 suite)
     [ "${CUDA_TESTS_S:-0}" -gt 0 ] && cuda_tests "$CUDA_TESTS_S"
     suite $((570 - (SECONDS - start))) "${MODELS:?MODELS=a,b}" "${BACKENDS:?BACKENDS=x,y}"
@@ -113,6 +122,6 @@ suite)
 train)
     suite 560 bert_train,gpt2_train,llama_train,resnet50_train,vit_b_16_train,mobilenet_v2_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, suite or train" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, ir, suite or train" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
