@@ -958,3 +958,20 @@ def test_issue_24_data_dependent_control_flow_is_a_clear_error():
 
     with pytest.raises((ValueError, TypeError, RuntimeError), match="torch.compile"):
         compile_regions(Branchy(), (_r(3),))
+
+
+@pytest.mark.phase9
+def test_zero_dim_precision_probe_runs_eagerly_inside_a_compile():
+    """Found by the fuzzer (2026-11-27): a 0-d float16 operand of a bfloat16 add, first seen inside the backend's
+    compile, asked eager at which precision it reads the operand while AOTAutograd's fake mode was active: the probe
+    ran on fake tensors and failed on a data-dependent guard. It runs eagerly now, and the compiled add is eager's."""
+    from fusion import backend  # noqa: F401 - registers backend="fusion"
+    from fusion.aten import precision
+
+    def f(x, s):
+        return x.abs().to(torch.bfloat16).abs() + s
+
+    x, s = torch.tensor([5, -3], dtype=torch.int32), torch.tensor(1.5410, dtype=torch.float16)
+    precision.zero_dim_at_op_math.cache_clear()  # the first probe of this case happens inside the compile
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x, s), f(x, s), rtol=0, atol=0)

@@ -28,6 +28,13 @@ def zero_dim_at_op_math(
     ``dtype`` first. Ops outside :data:`PROBED` round, as TensorIterator's common-dtype cast does."""
     if packet not in PROBED or nargs != 2 or position not in (0, 1):
         return False
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # asked inside a compile (AOTAutograd's fake mode): eager must really run
+        return _probe(packet, position, dtype, zero_dim, device)
+
+
+def _probe(packet, position: int, dtype: torch.dtype, zero_dim: torch.dtype, device: str) -> bool:
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4096, generator=g) * 100).to(dtype).to(device)
     s = torch.tensor(1 / 3 + 1e-5, dtype=zero_dim, device=device)  # far from any float16/bfloat16 value
