@@ -132,11 +132,12 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
             continue
         grid, constexprs = k.config(torch.device(plan.device))
         dtypes = tuple(spec.dtype for spec in (*plan.inputs, *plan.stored))
-        source = shared_source(k.kernel.source)  # what the first launch will load: kernels of one code compile once
-        key = (source, dtypes, plan.num_warps, tuple(sorted(constexprs.items())))
+        code = k.ir_kernel or k.kernel  # the Triton source it launches: rendered from the kernel IR, or the region's
+        source = shared_source(code.source)  # what the first launch will load: kernels of one code compile once
+        key = (source, dtypes, k.num_warps, tuple(sorted(constexprs.items())))
         if grid > 0 and key not in _WARMED and key not in queued:
             queued.add(key)
-            todo.append((k, source, dtypes, constexprs, key))
+            todo.append((k, code.name, source, dtypes, constexprs, key))
     if len(todo) < 2 or workers() < 2:
         return {"skipped": "fewer than two CUDA kernels to compile, or FUSION_COMPILE_WORKERS < 2"}
     try:
@@ -151,14 +152,14 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
         jobs = [
             _submit(
                 _compile_in_worker,
-                str(source_path(source, k.kernel.name)),
-                k.kernel.name,
+                str(source_path(source, name)),
+                name,
                 dtypes,
-                k.plan.num_warps,
+                k.num_warps,
                 constexprs,
                 target,
             )  # fmt: skip
-            for k, source, dtypes, constexprs, _ in todo
+            for k, name, source, dtypes, constexprs, _ in todo
         ]
     except Exception as e:  # noqa: BLE001 - no pool (a broken one, shut down at exit): the first launches compile
         return {"skipped": f"no compile pool ({type(e).__name__}: {str(e)[:120]})"}
