@@ -348,3 +348,21 @@ def test_torch_compile_with_the_ir_source():
     launchers = [lch for r in reports for p in r.parts for lch in p.launchers()]
     assert set(triton_ir_runtime.sources(launchers).values()) == {"ir"}
     torch._dynamo.reset()
+
+
+def test_the_report_says_which_triton_source_ran_each_kernel():
+    """``options={"triton_source": "ir"}`` through the backend: the report names each kernel's renderer with its
+    source ("triton-interpreter (ir)" for a region the lowering took); the default names no IR."""
+    from fusion import backend
+
+    def f(x):
+        return (torch.sigmoid(x) * 2.0 + 1.0).sum(-1)
+
+    x = torch.randn(5, 33)
+    for options, want in (({"renderer": "triton", "triton_source": "ir"}, "triton-interpreter (ir)"),
+                          ({"renderer": "triton"}, "triton-interpreter")):  # fmt: skip
+        backend.reset()
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(f, backend="fusion", options=options)(x), f(x))
+        ran = backend.reports[0].parts[0].renderers()
+        assert ran and set(ran.values()) == {want}, ran
