@@ -59,6 +59,15 @@ def _vision_inputs(sizes: str) -> tuple[torch.Tensor]:
     return models.conv_inputs(batch, 3, size, seed=SEED + 1)  # x: (batch, 3, size, size)
 
 
+def _deterministic_(model: nn.Module) -> None:
+    """Dropout and stochastic depth off (p = 0), as the text models' configs set their dropout to 0: a training step
+    is then a function of its inputs, and its loss and gradients compare with eager's. In eval mode both are the
+    identity already; dropout's mask inside a kernel has its own tests and measurement (``scripts/gpu_random.py``)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+
+
 def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
     def build(sizes: str):
         _need("torchvision")
@@ -78,6 +87,7 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
         else:
             make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
         model = models.randomize_batchnorm_(_seeded(make).eval(), SEED)  # random BN statistics: folding is tested
+        _deterministic_(model)
         if arch == "vit_b_16":  # torchvision zero-initialises ViT's head: every output would be 0, any answer right
             with torch.no_grad():
                 g = torch.Generator().manual_seed(SEED + 2)
@@ -229,40 +239,48 @@ def hf(model_class: str, make_config: Callable[[str], object]):
 # The suite
 
 
+VISION = (
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "convnext_tiny",
+    "vit_b_16",
+    "swin_t",  # shifted-window attention
+    "maxvit_t",  # block and grid attention
+    "densenet121",  # dense concatenation
+)
+TEXT = (  # (name, transformers class, config)
+    ("bert", "BertModel", _bert_config),
+    ("gpt2", "GPT2Model", _gpt2_config),
+    ("llama", "LlamaModel", _llama_config),
+    ("t5_encoder", "T5EncoderModel", _t5_config),  # relative-position attention bias
+    ("mistral", "MistralModel", _mistral_config),  # grouped-query attention with a sliding window
+    ("opt", "OPTModel", _opt_config),  # learned positions
+)
+TEXT_TITLES = {
+    "bert": "bert-base config",
+    "gpt2": "gpt2 config",
+    "llama": "8 layers, d 1024",
+    "t5_encoder": "t5-base encoder",
+    "mistral": "GQA, sliding window",
+    "opt": "opt-125m config",
+}
+
 SUITE: tuple[SuiteModel, ...] = (
+    *(SuiteModel(arch, f"torchvision {arch}", "torchvision", vision(arch), image=True) for arch in VISION),
     *(
-        SuiteModel(arch, f"torchvision {arch}", "torchvision", vision(arch), image=True)
-        for arch in (
-            "resnet18",
-            "resnet50",
-            "mobilenet_v2",
-            "mobilenet_v3_large",
-            "efficientnet_b0",
-            "convnext_tiny",
-            "vit_b_16",
-            "swin_t",  # shifted-window attention
-            "maxvit_t",  # block and grid attention
-            "densenet121",  # dense concatenation
-        )
+        SuiteModel(name, f"HF {cls} ({TEXT_TITLES[name]})", "transformers", hf(cls, config))
+        for name, cls, config in TEXT
     ),
-    SuiteModel("bert", "HF BertModel (bert-base config)", "transformers", hf("BertModel", _bert_config)),
-    SuiteModel("gpt2", "HF GPT2Model (gpt2 config)", "transformers", hf("GPT2Model", _gpt2_config)),
-    SuiteModel("llama", "HF LlamaModel (8 layers, d 1024)", "transformers", hf("LlamaModel", _llama_config)),
-    SuiteModel("t5_encoder", "HF T5EncoderModel (t5-base encoder)", "transformers", hf("T5EncoderModel", _t5_config)),
-    SuiteModel("mistral", "HF MistralModel (GQA, sliding window)", "transformers", hf("MistralModel", _mistral_config)),
-    SuiteModel("opt", "HF OPTModel (opt-125m config)", "transformers", hf("OPTModel", _opt_config)),
-    SuiteModel("resnet50_train", "torchvision resnet50, training step", "torchvision", vision("resnet50"), True, True),
-    SuiteModel("bert_train", "HF BertModel, training step", "transformers", hf("BertModel", _bert_config), True),
-    SuiteModel("gpt2_train", "HF GPT2Model, training step", "transformers", hf("GPT2Model", _gpt2_config), True),
-    SuiteModel("llama_train", "HF LlamaModel, training step", "transformers", hf("LlamaModel", _llama_config), True),
-    SuiteModel("vit_b_16_train", "torchvision vit_b_16, training step", "torchvision", vision("vit_b_16"), True, True),
-    SuiteModel(
-        "mobilenet_v2_train",
-        "torchvision mobilenet_v2, training step",
-        "torchvision",
-        vision("mobilenet_v2"),
-        True,
-        True,
+    *(  # a training step of every model above (fp32 weights, bf16 autocast on CUDA, forward + backward + SGD)
+        SuiteModel(f"{arch}_train", f"torchvision {arch}, training step", "torchvision", vision(arch), True, True)
+        for arch in VISION
+    ),
+    *(
+        SuiteModel(f"{name}_train", f"HF {cls}, training step", "transformers", hf(cls, config), True)
+        for name, cls, config in TEXT
     ),
 )
 MODELS = {m.name: m for m in SUITE}
