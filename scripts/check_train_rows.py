@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         fb, unlowered, breaks = fallbacks()
         print(
             f"{name:26s} {status:14s} first call {first or 0:6.2f} s  fallbacks {sum(fb.values()):3d}  "
-            f"graphs {len(driver.reports)} (not lowered {unlowered}, breaks {breaks})  "
+            f"kernels {sum(len(r.kernels) for r in driver.reports):4d}  graphs {len(driver.reports)} "
+            f"(not lowered {unlowered}, breaks {breaks})  "
             f"({time.perf_counter() - t0:5.1f} s in all) {rmse} {why}".rstrip()
         )
         if args.fallbacks:

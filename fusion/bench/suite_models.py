@@ -54,8 +54,13 @@ def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
 # torchvision
 
 
-def _vision_inputs(sizes: str) -> tuple[torch.Tensor]:
-    batch, size = {"full": (32, 224), "cpu": (CPU_BATCH, 224)}.get(sizes, (2, 32))
+def _vision_inputs(sizes: str, batch_stats: bool = False) -> tuple[torch.Tensor]:
+    """``batch_stats``: a training step of a full-size architecture at ``tiny`` sizes, whose BatchNorms normalise over
+    the batch: at 2×32×32 its last maps are 1×1 and each BatchNorm's statistics come from 2 values, a step so
+    ill-conditioned that eager's own float32 gradients are 10× off float64's (EfficientNet-B0, ResNet-50; a 1e-14
+    change of the input moved them by 1e-4). At 4×64×64 (2×2 maps, 16 values) float32 is within 1e-5 of float64."""
+    tiny = (4, 64) if batch_stats else (2, 32)
+    batch, size = {"full": (32, 224), "cpu": (CPU_BATCH, 224)}.get(sizes, tiny)
     return models.conv_inputs(batch, 3, size, seed=SEED + 1)  # x: (batch, 3, size, size)
 
 
@@ -68,7 +73,10 @@ def _deterministic_(model: nn.Module) -> None:
             m.p = 0.0
 
 
-def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+def vision(arch: str, train: bool = False) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    """``arch``'s builder; ``train``: for its training row (larger ``tiny`` inputs where the batch statistics need
+    them: :func:`_vision_inputs`)."""
+
     def build(sizes: str):
         _need("torchvision")
         import torchvision
@@ -92,7 +100,7 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
             with torch.no_grad():
                 g = torch.Generator().manual_seed(SEED + 2)
                 model.heads.head.weight.copy_(0.02 * torch.randn(model.heads.head.weight.shape, generator=g))
-        return model, _vision_inputs(sizes)
+        return model, _vision_inputs(sizes, train and make is not tiny.get(arch))
 
     return build
 
@@ -275,7 +283,7 @@ SUITE: tuple[SuiteModel, ...] = (
         for name, cls, config in TEXT
     ),
     *(  # a training step of every model above (fp32 weights, bf16 autocast on CUDA, forward + backward + SGD)
-        SuiteModel(f"{arch}_train", f"torchvision {arch}, training step", "torchvision", vision(arch), True, True)
+        SuiteModel(f"{arch}_train", f"torchvision {arch}, training step", "torchvision", vision(arch, True), True, True)
         for arch in VISION
     ),
     *(
