@@ -6,7 +6,8 @@ Each row runs in a fresh Dynamo (``torch._dynamo.reset()``), one after another i
 never timed. Without ``--models`` every training row of the suite.
 
 Run it:   uv run python scripts/check_train_rows.py [--models swin_t_train,t5_encoder_train] [--infer] [--fallbacks]
-          (--infer: the same models' inference rows too; --fallbacks: every fallback's reason, not only the count)
+          [--cold]   (--infer: the same models' inference rows too; --fallbacks: every fallback's reason, not only
+          the count; --cold: an empty kernel cache, so that a first call is a real compile)
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fusion import backend as _backend  # noqa: E402, F401  (a script may import a lesson: it registers backend="fusion")
+from fusion import backend as _backend  # noqa: E402, F401  (a script may import a lesson: registers "fusion")
 from fusion import benchmark as B  # noqa: E402
 from fusion.bench import suite as S  # noqa: E402
 from fusion.bench.suite_models import SUITE  # noqa: E402
@@ -48,11 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="", help="comma-separated suite rows (default: every training row)")
     ap.add_argument("--infer", action="store_true", help="also the inference row of each training row's model")
     ap.add_argument("--fallbacks", action="store_true", help="print every fallback reason")
+    ap.add_argument("--cold", action="store_true", help="an empty kernel cache: first calls compile every kernel")
     args = ap.parse_args(argv)
+    if args.cold:  # read at each compile (c_runtime._cache): the C kernels of earlier runs are not found
+        os.environ["FUSION_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusion_cold_")
     names = [m for m in args.models.split(",") if m] or [m.name for m in SUITE if m.train]
     if args.infer:
         names = [x for n in names for x in (n, n.removesuffix("_train")) if x in S.MODELS]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, tiny sizes, eager vs fusion (CPU)")
+    cache = "an empty kernel cache" if args.cold else "the kernel cache as it is (--cold: empty)"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, tiny sizes, eager vs fusion (CPU), {cache}")
     S.warm_compilers(["fusion"], S.SuiteConfig(device="cpu"))  # the compiler's one-time costs, before any row
     bad = 0
     for name in names:
