@@ -73,6 +73,25 @@ def test_tiny_batchnorm_training_step_is_well_conditioned():
     assert worst < 1e-3, f"float32 gradients {worst:.2g} of their largest off float64's: ill-conditioned inputs"
 
 
+@pytest.mark.phase4
+@pytest.mark.parametrize("name", ["gpt2_train", "opt_train", "bert_train"])
+def test_text_training_step_reaches_every_parameter(name):
+    """Every parameter's gradient is above rounding noise, except attention's key biases (softmax ignores a shift
+    that is the same for every key). A model whose output ends in a LayerNorm of weight 1 and bias 0 (GPT-2, OPT as
+    HuggingFace initialises them) has outputs of mean exactly 0: the loss was constant and every gradient above
+    that LayerNorm 0 in theory, so the row compared rounding noise with rounding noise."""
+    try:
+        model, inputs = SM.MODELS[name].build("tiny")
+    except SM.ModelSkipped as e:
+        pytest.skip(str(e))
+    model.train()
+    SM.scalar_loss(model(*inputs)).backward()
+    grads = {n: p.grad.abs().max().item() for n, p in model.named_parameters()}
+    scale = max(grads.values())
+    noise = [n for n, g in grads.items() if g < 1e-6 * scale and not n.endswith(("key.bias", "k_proj.bias"))]
+    assert not noise, f"{name}: gradients at rounding noise: {noise[:5]}"
+
+
 @pytest.mark.phase9
 def test_sliding_window_gqa_training_step_through_fusion_equals_eager():
     """Mistral's training row (grouped-query attention: the backward sums the repeated key/value heads; a sliding

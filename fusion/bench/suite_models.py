@@ -233,13 +233,28 @@ def _opt_config(sizes: str):  # learned positions (OPT: an offset of 2 into its 
     )  # fmt: skip
 
 
+def _randomize_layernorm_(model: nn.Module) -> nn.Module:
+    """Every LayerNorm's weight and bias random (seeded), not HuggingFace's initial 1 and 0. GPT-2's and OPT's outputs
+    end in a LayerNorm: with weight 1 and bias 0 each token's output has mean exactly 0, so the training rows' loss
+    (a mean) was 0 whatever the parameters, and every gradient above that LayerNorm was 0 in theory (rounding noise
+    compared with rounding noise: the row checked nothing)."""
+    g = torch.Generator().manual_seed(SEED + 3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm) and m.weight is not None:
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                if m.bias is not None:
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+    return model
+
+
 def hf(model_class: str, make_config: Callable[[str], object]):
     def build(sizes: str):
         _need("transformers")
         import transformers
 
         config = make_config(sizes)
-        model = _seeded(lambda: getattr(transformers, model_class)(config)).eval()
+        model = _randomize_layernorm_(_seeded(lambda: getattr(transformers, model_class)(config)).eval())
         return TensorOutputs(model), _text_inputs(sizes, config.vocab_size)
 
     return build
