@@ -2,6 +2,7 @@
 with random weights (nothing is downloaded), at three sizes: ``tiny`` (CPU, correctness, seconds), ``cpu`` (the CPU
 suite of issue 38: the real vision architectures at batch 1×3×224×224, text models from small configs, d 256, 4 layers,
 1×128 tokens) and ``full`` (the GPU shapes of issue 23: batch 32×3×224×224 for vision, 8×512 tokens for text).
+Every model has a training row, ``<name>_train`` (issue 39), with no randomness: dropout and stochastic depth at 0.
 
 Every builder returns a float32 CPU model and its CPU inputs; :mod:`fusion.bench.suite` moves them to the device and
 dtype. A model whose package is not installed raises :class:`ModelSkipped` with the fix; the suite records the reason.
@@ -54,12 +55,30 @@ def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
 # torchvision
 
 
-def _vision_inputs(sizes: str) -> tuple[torch.Tensor]:
-    batch, size = {"full": (32, 224), "cpu": (CPU_BATCH, 224)}.get(sizes, (2, 32))
+def _vision_inputs(sizes: str, batch_stats: bool = False) -> tuple[torch.Tensor]:
+    """``batch_stats``: a training step of a full-size architecture at ``tiny`` sizes, whose BatchNorms normalise over
+    the batch: at 2×32×32 its last maps are 1×1 and each BatchNorm's statistics come from 2 values, a step so
+    ill-conditioned that eager's own float32 gradients were 9-14× their largest off float64's (ResNet-50,
+    EfficientNet-B0; a 1e-14 change of the input moved them by 1e-4). At 4×64×64 (2×2 maps, 16 values) they are
+    within 2e-5 (EfficientNet-B0, ResNet-18) and 4e-3 (ResNet-50) of their largest, eager against float64."""
+    tiny = (4, 64) if batch_stats else (2, 32)
+    batch, size = {"full": (32, 224), "cpu": (CPU_BATCH, 224)}.get(sizes, tiny)
     return models.conv_inputs(batch, 3, size, seed=SEED + 1)  # x: (batch, 3, size, size)
 
 
-def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+def _deterministic_(model: nn.Module) -> None:
+    """Dropout and stochastic depth off (p = 0), as the text models' configs set their dropout to 0: a training step
+    is then a function of its inputs, and its loss and gradients compare with eager's. In eval mode both are the
+    identity already; dropout's mask inside a kernel has its own tests and measurement (``scripts/gpu_random.py``)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+
+
+def vision(arch: str, train: bool = False) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    """``arch``'s builder; ``train``: for its training row (larger ``tiny`` inputs where the batch statistics need
+    them: :func:`_vision_inputs`)."""
+
     def build(sizes: str):
         _need("torchvision")
         import torchvision
@@ -78,11 +97,12 @@ def vision(arch: str) -> Callable[[str], tuple[nn.Module, tuple[torch.Tensor, ..
         else:
             make = lambda: getattr(torchvision.models, arch)(weights=None)  # noqa: E731
         model = models.randomize_batchnorm_(_seeded(make).eval(), SEED)  # random BN statistics: folding is tested
+        _deterministic_(model)
         if arch == "vit_b_16":  # torchvision zero-initialises ViT's head: every output would be 0, any answer right
             with torch.no_grad():
                 g = torch.Generator().manual_seed(SEED + 2)
                 model.heads.head.weight.copy_(0.02 * torch.randn(model.heads.head.weight.shape, generator=g))
-        return model, _vision_inputs(sizes)
+        return model, _vision_inputs(sizes, train and arch not in tiny)
 
     return build
 
@@ -213,13 +233,28 @@ def _opt_config(sizes: str):  # learned positions (OPT: an offset of 2 into its 
     )  # fmt: skip
 
 
+def _randomize_layernorm_(model: nn.Module) -> nn.Module:
+    """Every LayerNorm's weight and bias random (seeded), not HuggingFace's initial 1 and 0. GPT-2's and OPT's outputs
+    end in a LayerNorm: with weight 1 and bias 0 each token's output has mean exactly 0, so the training rows' loss
+    (a mean) was 0 whatever the parameters, and every gradient above that LayerNorm was 0 in theory (rounding noise
+    compared with rounding noise: the row checked nothing)."""
+    g = torch.Generator().manual_seed(SEED + 3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm) and m.weight is not None:
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                if m.bias is not None:
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+    return model
+
+
 def hf(model_class: str, make_config: Callable[[str], object]):
     def build(sizes: str):
         _need("transformers")
         import transformers
 
         config = make_config(sizes)
-        model = _seeded(lambda: getattr(transformers, model_class)(config)).eval()
+        model = _randomize_layernorm_(_seeded(lambda: getattr(transformers, model_class)(config)).eval())
         return TensorOutputs(model), _text_inputs(sizes, config.vocab_size)
 
     return build
@@ -229,40 +264,48 @@ def hf(model_class: str, make_config: Callable[[str], object]):
 # The suite
 
 
+VISION = (
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "convnext_tiny",
+    "vit_b_16",
+    "swin_t",  # shifted-window attention
+    "maxvit_t",  # block and grid attention
+    "densenet121",  # dense concatenation
+)
+TEXT = (  # (name, transformers class, config)
+    ("bert", "BertModel", _bert_config),
+    ("gpt2", "GPT2Model", _gpt2_config),
+    ("llama", "LlamaModel", _llama_config),
+    ("t5_encoder", "T5EncoderModel", _t5_config),  # relative-position attention bias
+    ("mistral", "MistralModel", _mistral_config),  # grouped-query attention with a sliding window
+    ("opt", "OPTModel", _opt_config),  # learned positions
+)
+TEXT_TITLES = {
+    "bert": "bert-base config",
+    "gpt2": "gpt2 config",
+    "llama": "8 layers, d 1024",
+    "t5_encoder": "t5-base encoder",
+    "mistral": "GQA, sliding window",
+    "opt": "opt-125m config",
+}
+
 SUITE: tuple[SuiteModel, ...] = (
+    *(SuiteModel(arch, f"torchvision {arch}", "torchvision", vision(arch), image=True) for arch in VISION),
     *(
-        SuiteModel(arch, f"torchvision {arch}", "torchvision", vision(arch), image=True)
-        for arch in (
-            "resnet18",
-            "resnet50",
-            "mobilenet_v2",
-            "mobilenet_v3_large",
-            "efficientnet_b0",
-            "convnext_tiny",
-            "vit_b_16",
-            "swin_t",  # shifted-window attention
-            "maxvit_t",  # block and grid attention
-            "densenet121",  # dense concatenation
-        )
+        SuiteModel(name, f"HF {cls} ({TEXT_TITLES[name]})", "transformers", hf(cls, config))
+        for name, cls, config in TEXT
     ),
-    SuiteModel("bert", "HF BertModel (bert-base config)", "transformers", hf("BertModel", _bert_config)),
-    SuiteModel("gpt2", "HF GPT2Model (gpt2 config)", "transformers", hf("GPT2Model", _gpt2_config)),
-    SuiteModel("llama", "HF LlamaModel (8 layers, d 1024)", "transformers", hf("LlamaModel", _llama_config)),
-    SuiteModel("t5_encoder", "HF T5EncoderModel (t5-base encoder)", "transformers", hf("T5EncoderModel", _t5_config)),
-    SuiteModel("mistral", "HF MistralModel (GQA, sliding window)", "transformers", hf("MistralModel", _mistral_config)),
-    SuiteModel("opt", "HF OPTModel (opt-125m config)", "transformers", hf("OPTModel", _opt_config)),
-    SuiteModel("resnet50_train", "torchvision resnet50, training step", "torchvision", vision("resnet50"), True, True),
-    SuiteModel("bert_train", "HF BertModel, training step", "transformers", hf("BertModel", _bert_config), True),
-    SuiteModel("gpt2_train", "HF GPT2Model, training step", "transformers", hf("GPT2Model", _gpt2_config), True),
-    SuiteModel("llama_train", "HF LlamaModel, training step", "transformers", hf("LlamaModel", _llama_config), True),
-    SuiteModel("vit_b_16_train", "torchvision vit_b_16, training step", "torchvision", vision("vit_b_16"), True, True),
-    SuiteModel(
-        "mobilenet_v2_train",
-        "torchvision mobilenet_v2, training step",
-        "torchvision",
-        vision("mobilenet_v2"),
-        True,
-        True,
+    *(  # a training step of every model above (fp32 weights, bf16 autocast on CUDA, forward + backward + SGD)
+        SuiteModel(f"{arch}_train", f"torchvision {arch}, training step", "torchvision", vision(arch, True), True, True)
+        for arch in VISION
+    ),
+    *(
+        SuiteModel(f"{name}_train", f"HF {cls}, training step", "transformers", hf(cls, config), True)
+        for name, cls, config in TEXT
     ),
 )
 MODELS = {m.name: m for m in SUITE}
