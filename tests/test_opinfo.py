@@ -43,6 +43,7 @@ CLAIMED: dict[tuple[str, str], tuple[torch.dtype, ...]] = {
     ("nn.functional.hardtanh", ""): FLOAT, ("nn.functional.hardsigmoid", ""): FLOAT, ("sum", ""): FLOAT,
     ("mean", ""): FLOAT, ("amax", ""): FLOAT, ("amin", ""): FLOAT, ("var", ""): FLOAT, ("var_mean", ""): FLOAT,
     ("softmax", ""): FLOAT, ("sin", ""): FLOAT, ("cos", ""): FLOAT, ("bitwise_and", ""): INT + (torch.bool,),
+    ("bitwise_or", ""): INT + (torch.bool,),
 }  # fmt: skip
 FULL = os.environ.get("FUSION_OPINFO_FULL") == "1"
 

@@ -263,18 +263,21 @@ def test_sin_and_cos_match_eager(renderer, dtype):
 
 @pytest.mark.parametrize("renderer", RENDERERS)
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64])
-def test_bitwise_and_of_bools_and_integers_matches_eager(renderer, dtype):
-    """GPT-2's and Llama's masks: a causal mask & a padding mask (bools); integers: & of each bit, negatives too."""
+@pytest.mark.parametrize("op", ["and", "or"])
+def test_bitwise_and_or_of_bools_and_integers_matches_eager(renderer, dtype, op):
+    """GPT-2's and Llama's masks: a causal mask & a padding mask (bools); ReLU6's backward: (x <= 0) | (x >= 6);
+    integers: & and | of each bit, negatives too."""
     g = torch.Generator().manual_seed(0)
     lo = 0 if dtype in (torch.bool, torch.uint8) else -100
     a, b = (torch.randint(lo, 100 if dtype != torch.bool else 2, (4, 9), generator=g).to(dtype) for _ in range(2))
+    bits = torch.bitwise_and if op == "and" else torch.bitwise_or
 
     def f(a, b):
-        return (torch.maximum(a, a) & b, (a & b[:1]) == a)
+        return (bits(torch.maximum(a, a), b), bits(a, b[:1]) == a)
 
     check(f, a, b, renderer=renderer, kernels=None)
     if dtype != torch.bool:
-        check(lambda a: (torch.maximum(a, a) & 6,), a, renderer=renderer)  # a Python scalar operand
+        check(lambda a: (bits(torch.maximum(a, a), 6),), a, renderer=renderer)  # a Python scalar operand
 
 
 @pytest.mark.parametrize("renderer", RENDERERS)

@@ -47,7 +47,8 @@ UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", ate
          aten.logical_not: "logical_not", aten.clone: "identity", aten.alias: "identity", aten.ceil: "ceil",
          aten.floor: "floor", aten.trunc: "trunc", aten.sign: "sign", aten.sin: "sin", aten.cos: "cos"}  # fmt: skip
 BINARY = {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.remainder: "remainder",
-          aten.floor_divide: "floordiv", aten.bitwise_and: "bitwise_and"}  # fmt: skip
+          aten.floor_divide: "floordiv", aten.bitwise_and: "bitwise_and",
+          aten.bitwise_or: "bitwise_or"}  # fmt: skip
 COMPARISONS = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
 LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "and"}  # on bools
 

@@ -33,7 +33,18 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "erf", "tanh", "reciprocal", "relu", "logical_not")
 UNARY += ("to", "round_float16", "round_bfloat16", "identity", "ceil", "floor", "trunc", "sign", "sin", "cos")
 BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "maximum", "minimum", "pow")
-BINARY += ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "bitwise_and")  # and/or: logical; bitwise_and: of each bit
+BINARY += (
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "and",
+    "or",
+    "bitwise_and",
+    "bitwise_or",
+)  # and/or: logical; bitwise: each bit
 # ``rand(seed, position)``: an int64 seed and an int64 position -> float32 in [0, 1): Philox4x32-10 keyed by the seed,
 # counter (position, 0, 0, 0), Triton's uniform of the first word (bit for bit ``tl.rand``: fusion.compiler.random_ops)
 BINARY += ("rand",)

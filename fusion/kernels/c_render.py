@@ -127,6 +127,7 @@ CODE_FOR_OP = {
     "and": lambda a, d, ad: f"({a[0]} && {a[1]})",
     "or": lambda a, d, ad: f"({a[0]} || {a[1]})",
     "bitwise_and": lambda a, d, ad: f"(({C_TYPES[d]})({a[0]} & {a[1]}))",  # bool or integer operands of dtype d
+    "bitwise_or": lambda a, d, ad: f"(({C_TYPES[d]})({a[0]} | {a[1]}))",
     "where": lambda a, d, ad: f"({a[0]} ? {a[1]} : {a[2]})",
     "fma": lambda a, d, ad: f"{_math('fma', d)}({a[0]}, {a[1]}, {a[2]})",  # one rounding (-ffp-contract=off elsewhere)
     "rand": lambda a, d, ad: f"fusion_rand({a[0]}, {a[1]})",  # Philox4x32-10: tl.rand's bits (c_prelude)

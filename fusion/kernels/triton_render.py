@@ -134,7 +134,7 @@ CODE_FOR_OP = {
     "remainder": _remainder, "maximum": _f(MAXIMUM), "minimum": _f(MINIMUM), "pow": _pow,
     "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"), "le": _f("({0} <= {1})"),
     "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"), "and": _logical("&"), "or": _logical("|"),
-    "bitwise_and": _f("({0} & {1})"), "where": _f("tl.where({0}, {1}, {2})"), "fma": _f("tl.fma({0}, {1}, {2})"),
+    "bitwise_and": _f("({0} & {1})"), "bitwise_or": _f("({0} | {1})"), "where": _f("tl.where({0}, {1}, {2})"), "fma": _f("tl.fma({0}, {1}, {2})"),
     "rand": _f("_philox_rand({0}, {1})"),  # tl.rand's bits (triton_lang.RAND_FUNCTION)
 }  # fmt: skip
 assert set(CODE_FOR_OP) == ir.OPS, sorted(set(CODE_FOR_OP) ^ ir.OPS)
