@@ -152,8 +152,8 @@ def _table(card: str, rows: list[dict], names: list[str], headers: list[str], wh
     return out
 
 
-def overlap_run() -> tuple[list[dict], dict, Path] | None:
-    """The newest Phase 10 multi-GPU run: (step rows, meta, file)."""
+def _overlap_runs() -> list[tuple[str, Path, list[dict], dict]]:
+    """Every Phase 10 multi-GPU run kept: (date, file, step rows, meta)."""
     runs = []
     for path in RESULTS.glob("*-overlap-x*.json"):
         try:
@@ -183,20 +183,50 @@ def overlap_run() -> tuple[list[dict], dict, Path] | None:
         meta["world_size"] = " and ".join(str(w) for w in sorted({r["world"] for r in rows}))
         date = meta.get("date") or re.search(r"\d{4}-\d\d-\d\d", path.name).group(0)
         runs.append((str(date), path, rows, meta))
+    return runs
+
+
+def _newest(runs: list[tuple[str, Path, list[dict], dict]]) -> tuple[str, Path, list[dict], dict]:
+    steps_file = lambda r: r[1].name.endswith("-steps.jsonl")  # noqa: E731  (every world size of a run in one file)
+    return max(runs, key=lambda r: (r[0], steps_file(r), len({x.get("variant") for x in r[2]}), r[1].name))
+
+
+def overlap_run() -> tuple[list[dict], dict, Path] | None:
+    """The newest Phase 10 multi-GPU run: (step rows, meta, file)."""
+    runs = _overlap_runs()
     if not runs:
         return None
-    steps_file = lambda r: r[1].name.endswith("-steps.jsonl")  # noqa: E731  (every world size of a run in one file)
-    date, path, rows, meta = max(
-        runs, key=lambda r: (r[0], steps_file(r), len({x.get("variant") for x in r[2]}), r[1].name)
-    )
+    _, path, rows, meta = _newest(runs)
     return rows, meta, path
 
 
+def overlap_runs_per_world() -> list[tuple[list[dict], dict, Path]]:
+    """For each GPU count measured, the newest run that measured it; a run chosen for several counts appears once
+    with those counts' rows. Oldest run first."""
+    runs = _overlap_runs()
+
+    def world(row: dict, meta: dict):
+        return row.get("world", meta.get("world_size"))
+
+    chosen: dict[Path, tuple[str, set, dict, list[dict]]] = {}
+    for w in sorted({world(r, m) for _, _, rows, m in runs for r in rows} - {None}, key=str):
+        date, path, _, meta = _newest([run for run in runs if any(world(r, run[3]) == w for r in run[2])])
+        chosen.setdefault(path, (date, set(), meta, next(run[2] for run in runs if run[1] == path)))[1].add(w)
+    out = []
+    for path, (_, worlds, meta, rows) in sorted(chosen.items(), key=lambda pc: pc[1][0]):
+        label = " and ".join(str(w) for w in sorted(worlds, key=str))
+        out.append(([r for r in rows if world(r, meta) in worlds], {**meta, "world_size": label}, path))
+    return out
+
+
 def overlap_table() -> list[str]:
-    found = overlap_run()
-    if found is None:
-        return []
-    rows, meta, path = found
+    out = []
+    for rows, meta, path in overlap_runs_per_world():
+        out += _overlap_table(rows, meta, path)
+    return out
+
+
+def _overlap_table(rows: list[dict], meta: dict, path: Path) -> list[str]:
     world = meta.get("world_size") or (rows[0].get("world_size") if rows else "?")
     shape = rows[0] if rows else {}
     out = [f"**Phase 10 — {world}× {meta.get('device', '?')}** (one host, NCCL), torch {meta.get('torch', '?')}, "

@@ -36,7 +36,7 @@ class Options:
     # min_cut (training: AOTAutograd's min-cut partitioner saves fewer activations and recomputes cheap pointwise ops
     # in the backward, as Inductor does; off: its default partitioner saves every value the backward reads). On by
     # default: measured faster on BERT, GPT-2 and Llama training steps, with less peak memory (H200, 2026-11-27,
-    # scripts/results/h200-2026-11-27-min_cut-train.json).
+    # scripts/results/h200-2026-11-27-min_cut/train.json).
     STAGES = {"codegen": True, "cudagraphs": False, "min_cut": True}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
