@@ -533,11 +533,11 @@ def test_check_tally_per_phase(pytester, first_failure):
 
 # check N runs exactly `pytest -m phaseN`: a small project whose phase 1 spans two files (as tests/test_models.py and
 # tests/test_trace_basics.py do) and whose tests/test_fuzz.py mixes phases per function; a test outside testpaths.
+# Its addopts ask for xdist's workers, as the project's do: check still tallies every test in its own process.
 SELECTION_PROJECT = {
     "pyproject.toml": (
-        "[tool.pytest.ini_options]\ntestpaths = ['tests']\naddopts = '--strict-markers'\nmarkers = [\n"
-        + "".join(f"    'phase{n}: p',\n" for n in (1, 8, 9))
-        + "]\n"
+        "[tool.pytest.ini_options]\ntestpaths = ['tests']\naddopts = '--strict-markers -n 2 --dist loadfile'\n"
+        "markers = [\n" + "".join(f"    'phase{n}: p',\n" for n in (1, 8, 9)) + "]\n"
     ),
     "tests/test_trace_basics.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_a(): pass\ndef test_b(): pass\n",
     "tests/test_models.py": "import pytest\npytestmark = pytest.mark.phase1\ndef test_model(): pass\n",
