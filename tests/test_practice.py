@@ -794,7 +794,8 @@ def roundtrip(tmp_path_factory):
         "probe": _run(["-c", probe], ws),
         "lesson": _run(["-m", f"fusion.{first.module}"], ws),
         "main": _run(["-m", "fusion.main", "--quick"], ws),
-        "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x"], ws),
+        # -n 0: the same tests in one process (two xdist workers would only collect the whole suite twice more)
+        "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x", "-n", "0"], ws),
         "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
     }
     done = {}
