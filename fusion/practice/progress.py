@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -124,8 +125,8 @@ def phase_test_files(root: Path, phases: Sequence[int]) -> list[str]:
 def pytest_args(root: Path, phases: Sequence[int]) -> list[str]:
     """The arguments ``check`` gives pytest for ``phases``: ``uv run pytest -m "phaseA or phaseB"`` run in ``root``
     (its addopts, no ``-k``) over the test files that name those markers (:func:`phase_test_files`: the same tests as
-    the project's testpaths give), plus flags that change only what is printed. One definition of a phase's tests:
-    check N runs the tests that ``pytest -m phaseN`` runs."""
+    the project's testpaths give), plus flags that change only what is printed and where (-n 0: in this process,
+    see _NO_WORKERS). One definition of a phase's tests: check N runs the tests that ``pytest -m phaseN`` runs."""
     return [
         "--rootdir",
         str(root),
@@ -136,8 +137,14 @@ def pytest_args(root: Path, phases: Sequence[int]) -> list[str]:
         "--tb=no",
         "-rN",
         "-q",
+        *_NO_WORKERS,
         *phase_test_files(root, phases),
     ]
+
+
+# pytest-xdist's workers (the project's addopts ask for two) would run the tests where this process's tally cannot see
+# them: check runs every test here (-n 0). Without xdist installed there is no -n to turn off.
+_NO_WORKERS = ("-n", "0") if importlib.util.find_spec("xdist") is not None else ()
 
 
 def run_tests(

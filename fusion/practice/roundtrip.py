@@ -8,6 +8,12 @@ to do, and "All done" appears only at the very end. The lesson of the next phase
 ``check`` calls "Next". At the end the workspace's ``fusion/`` is byte for byte the reference's, so the reference's
 full test run (``uv run pytest``) is the full test run of the solved workspace; here each check runs the first
 ``--sample`` tests of each phase (the tally and the verdicts are what is under test), which keeps CI fast.
+
+Before the first phase is solved, the all-stubbed workspace is checked in full (every test of every phase, no
+sample): each phase fails only on its own TODO(human) (a test waiting for another phase skips "needs Phase N"),
+check's tests of phase N are exactly ``pytest -m phaseN --collect-only``'s, it imports the workspace's own
+``fusion``, and it prints its table and a Next that the lesson agrees with. (That full run is this step's, not the
+test suite's: tests/test_practice.py's round trip checks the rest of the fresh workspace.)
 """
 
 from __future__ import annotations
@@ -26,12 +32,18 @@ from pathlib import Path
 from fusion.practice.workspace import lesson_texts, package_root, phase_modules, solve, start
 
 
-def _python(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+def _popen(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(PYTHONPATH=str(cwd), PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def _python(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = _popen(args, cwd)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_check(ws: Path, phases: Sequence[int], sample: int | None) -> tuple[dict, str]:
@@ -49,6 +61,94 @@ def lesson_stop(ws: Path, module: str) -> str | None:
     proc = _python(["-m", f"fusion.{module}", "--quick"], ws)
     m = re.search(r"^  at (\S+:\d+)$", proc.stderr, re.MULTILINE)
     return m.group(1) if m else None
+
+
+# `pytest -m phaseN --collect-only` for every phase, in one process (the test modules are imported once)
+COLLECT_EACH_PHASE = """
+import json, pytest
+from fusion.main import PHASES
+class Ids:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = {}
+for p in PHASES:
+    ids = Ids()
+    pytest.main(["-m", f"phase{p.number}", "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[ids])
+    found[str(p.number)] = ids.ids
+print(json.dumps(found))
+"""
+
+
+def stubbed_problems(ws: Path, with_regions: Sequence[int], tasks: dict[str, int], log=print) -> tuple[list, dict]:
+    """Check the all-stubbed workspace in full (``practice check --json``, every test of every phase) beside
+    ``pytest -m phaseN --collect-only`` for every phase; return (the problems found, check's JSON result)."""
+    from fusion.main import PHASES
+
+    out_json = ws / ".roundtrip-stubbed.json"
+    procs = {
+        "check": _popen(["-m", "fusion.practice", "check", "--json", str(out_json)], ws),
+        "collect": _popen(["-c", COLLECT_EACH_PHASE], ws),
+    }
+    runs = {name: (*proc.communicate(timeout=1800), proc.returncode) for name, proc in procs.items()}
+    (out, err, code), (c_out, c_err, c_code) = runs["check"], runs["collect"]
+    if not out_json.exists():
+        return [f"all stubbed: check wrote no JSON:\n{out[-3000:]}\n{err[-3000:]}"], {}
+    check = json.loads(out_json.read_text(encoding="utf-8"))
+    problems: list[str] = []
+    # check imports the workspace's own fusion and collects every test file
+    if Path(check["fusion_file"]).resolve() != (ws / "fusion" / "__init__.py").resolve():
+        problems.append(f"check imported {check['fusion_file']}, not the workspace's fusion")
+    if check["collection_errors"]:
+        problems.append(f"collection errors: {check['collection_errors']}")
+    # each phase fails only on its own TODO: a test that needs another phase waits for it ("needs Phase N")
+    for p in PHASES:
+        t = check["phases"].get(str(p.number))
+        if p.number not in with_regions:
+            continue
+        if t is None or t["failed"] == 0:
+            counts = t and {k: t[k] for k in ("passed", "blocked")}
+            problems.append(f"Phase {p.number}: no test fails on its stubs ({counts})")
+            continue
+        for f in t["failures"]:
+            # the stub's NotImplementedError, or its message printed by a lesson's CLI that the test called
+            if f["todo_phase"] != p.number or f"TODO(human) Phase {p.number}: " not in f["message"]:
+                problems.append(f"Phase {p.number}: {f['nodeid']} ({f['when']}) fails with {f['message']!r}")
+        if not set(map(int, t["blocked"])) <= set(with_regions) - {p.number}:
+            problems.append(f"Phase {p.number}: blocked by {t['blocked']}")
+        if not check["status"][str(p.number)].startswith("✗"):
+            problems.append(f"Phase {p.number}: check says {check['status'][str(p.number)]!r}")
+    # A region no test reaches while every region is stubbed may be reached once the regions before it (in the same
+    # function, or in one that calls it) are solved: reported, not a failure.
+    reached = {f["message"] for t in check["phases"].values() for f in t["failures"]}
+    unreached = [where for where, task in tasks.items() if not any(f": {task}. Hint:" in m for m in reached)]
+    if unreached:
+        log(f"  (warning) no test reached these regions in the all-stubbed workspace: {unreached}")
+    # check N runs exactly the tests of `pytest -m phaseN`, for every N; no test without a phase runs
+    if c_code != 0:
+        problems.append(f"pytest --collect-only failed in the workspace: {c_err[-3000:]}")
+    else:
+        collected = json.loads(c_out.strip().splitlines()[-1])
+        for p in PHASES:
+            mine, theirs = set(check["selected"].get(str(p.number), [])), set(collected[str(p.number)])
+            if mine != theirs:
+                problems.append(f"check {p.number} != pytest -m phase{p.number}: {sorted(mine ^ theirs)[:5]}")
+    if not set(check["selected"]) <= {str(p.number) for p in PHASES}:
+        problems.append(f"check ran tests without a phase: {sorted(check['selected'])}")
+    # the table, no "All done", and Next: the first TODO of the lowest phase, with its hint command
+    if code != 1 or "TODOs done" not in out or "tests passed" not in out:
+        problems.append(f"check's exit status {code} or its table is wrong:\n{out[-2000:]}{err[-2000:]}")
+    if "All done" in out or check["all_done"]:
+        problems.append("check says 'All done' with every phase stubbed")
+    nxt = check["next"]
+    if nxt is None or nxt["phase"] != min(with_regions):
+        problems.append(f"check's Next is {nxt}, expected a TODO of Phase {min(with_regions)}")
+    else:
+        line = (ws / nxt["path"]).read_text(encoding="utf-8").splitlines()[nxt["line"] - 1]
+        if f"Next: Phase {nxt['phase']}, {nxt['path']}:{nxt['line']}" not in out or f"hint {nxt['phase']}" not in out:
+            problems.append(f"check does not print Next and its hint command:\n{out[-2000:]}")
+        if not line.strip().startswith("# TODO(human):"):
+            problems.append(f"check's Next {nxt['path']}:{nxt['line']} is not a TODO(human) line: {line!r}")
+    return problems, check
 
 
 def roundtrip(dest: Path, sample: int | None = 4, log=print) -> list[str]:
@@ -76,6 +176,15 @@ def roundtrip(dest: Path, sample: int | None = 4, log=print) -> list[str]:
         stop = lesson_stop(dest, module_of[lowest])
         where = f"{nxt['path']}:{nxt['line']}"
         expect(stop == where, f"{step}: check's Next is {where}, the lesson stops at {stop}")
+
+    t0 = time.perf_counter()
+    tasks = {f"{r.path}:{r.todo_line}": r.task for r in plan.regions}
+    found, stubbed = stubbed_problems(dest, with_regions, tasks, log)
+    for what in found:
+        expect(False, f"all stubbed: {what}")
+    if stubbed.get("next"):
+        check_next(stubbed, "all stubbed")
+    log(f"all stubbed: {stubbed.get('verdict', '-')}   ({time.perf_counter() - t0:.0f} s, every test)")
 
     solved: list[int] = []
     for phase in everything:
