@@ -19,6 +19,7 @@ def tiny_suite():
     """One tiny CPU suite run: two models (a torchvision ViT, HF GPT-2), eager + fusion + fusion+cudagraphs."""
     from fusion.bench import suite as S
 
+    B.register_lessons()  # backend="fusion" is Phase 9's (also when this file runs alone)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         result = S.run_suite(
