@@ -7,7 +7,8 @@ never timed. Without ``--models`` every training row of the suite.
 
 Run it:   uv run python scripts/check_train_rows.py [--models swin_t_train,t5_encoder_train] [--infer] [--fallbacks]
           [--cold]   (--infer: the same models' inference rows too; --fallbacks: every fallback's reason, not only
-          the count; --cold: an empty kernel cache, so that a first call is a real compile)
+          the count; --cold: an empty kernel cache, so that a first call is a real compile; --fp64: also the step
+          through eager and fusion in float64, where rounding hides no wrong kernel)
 """
 
 from __future__ import annotations
@@ -46,11 +47,37 @@ def fallbacks() -> tuple[Counter, int, int]:
     return seen, sum(bool(r.error) for r in driver.reports), sum(graph_break_reasons().values())
 
 
+def float64_step(name: str) -> str:
+    """The row's step (or call) through eager and through fusion, both in float64: the largest difference of a gradient
+    relative to the largest gradient, and relative to its own largest value (gradients above 1e-6 of the largest;
+    one that is 0 in theory, a BatchNorm bias before a BatchNorm, is noise on both sides). Rounding alone gives
+    ~1e-15; a float32 step inside the model (HF's RMSNorm computes in float32) gives ~1e-7; a wrong kernel more."""
+    spec, cfg = S.MODELS[name], S.SuiteConfig(device="cpu")
+    model, inputs = spec.build("tiny")
+    out = []
+    for backend in ("eager", "fusion"):
+        torch.manual_seed(0)
+        out.append(S._snapshot(S._runner(spec, model, inputs, cfg, backend, torch.float64)()))
+    if spec.train:
+        names = ["loss"] + [n for n, p in model.named_parameters() if p.requires_grad]
+    else:  # an inference row: its outputs
+        names = [f"output {i}" for i in range(len(out[0]))]
+    scale = max(w.abs().max().item() for w in (out[0][1:] if spec.train else out[0]))
+    worst, own, where = 0.0, 0.0, ""
+    for n, w, g in zip(names, *out, strict=True):
+        d, top = (g - w).abs().max().item(), w.abs().max().item()
+        worst = max(worst, d / scale)
+        if top > 1e-6 * scale and d / top > own:
+            own, where = d / top, n
+    return f"float64: max |Δ| {worst:.1e} of the largest gradient, {own:.1e} of its own ({where})"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated suite rows (default: every training row)")
     ap.add_argument("--infer", action="store_true", help="also the inference row of each training row's model")
     ap.add_argument("--fallbacks", action="store_true", help="print every fallback reason")
+    ap.add_argument("--fp64", action="store_true", help="also the step in float64 through both (a wrong kernel)")
     ap.add_argument("--cold", action="store_true", help="an empty kernel cache: first calls compile every kernel")
     args = ap.parse_args(argv)
     if args.cold:  # read at each compile (c_runtime._cache): the C kernels of earlier runs are not found
@@ -80,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             f"(not lowered {unlowered}, breaks {breaks})  "
             f"({time.perf_counter() - t0:5.1f} s in all) {rmse} {why}".rstrip()
         )
+        if args.fp64 and status == "pass":
+            driver.reset()
+            print(f"    {float64_step(name)}")
         if args.fallbacks:
             for reason, n in fb.most_common():
                 print(f"    {n:3d} x {reason}")
