@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import ctypes
 import functools
 import hashlib
@@ -30,9 +29,11 @@ from pathlib import Path
 
 import torch
 
+from fusion.kernels.setting import Setting
+
 RENDERERS = ("c", "triton")
 DEFAULT = "c"  # CPU kernels compile from C where a compiler is found; Triton's interpreter otherwise (said once)
-_CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fusion_renderer", default=None)
+RENDERER = Setting("renderer", "FUSION_RENDERER", RENDERERS, DEFAULT, "renderer")
 STATS = {"compiled": 0, "disk_hits": 0, "loaded": 0}  # what load() did, for tests and the lesson
 
 
@@ -41,18 +42,15 @@ class CompilerMissing(RuntimeError):
 
 
 def check_renderer(name: object, where: str) -> str:
-    if name not in RENDERERS:
-        raise ValueError(f"{where}: unknown renderer {name!r}; choose one of {list(RENDERERS)}")
-    return name
+    return RENDERER.check(name, where)
 
 
 def chosen() -> str:
     """The renderer CPU kernels use now: the backend's option, else $FUSION_RENDERER, else :data:`DEFAULT`."""
-    name = _CHOSEN.get()
+    name = RENDERER.explicit()
     if name is None:
-        env = os.environ.get("FUSION_RENDERER", "").strip().lower()
-        name = check_renderer(env, "FUSION_RENDERER") if env else DEFAULT
-        if name == "c" and not env and not available()[0]:  # the default, without a compiler: said once
+        name = DEFAULT
+        if not available()[0]:  # the default, without a compiler: said once
             if not _WARNED:
                 _WARNED.append(True)
                 warnings.warn(f"{available()[1]}. CPU kernels run in Triton's interpreter meanwhile", stacklevel=2)
@@ -63,17 +61,9 @@ def chosen() -> str:
 _WARNED: list[bool] = []
 
 
-@contextlib.contextmanager
 def use(renderer: str | None):
     """Kernels generated inside this block run on CPU tensors with ``renderer`` (None: leave the choice as it is)."""
-    if renderer is None:
-        yield
-        return
-    token = _CHOSEN.set(check_renderer(renderer, "options={'renderer': ...}"))
-    try:
-        yield
-    finally:
-        _CHOSEN.reset(token)
+    return RENDERER.use(renderer)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

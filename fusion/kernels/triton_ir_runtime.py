@@ -19,47 +19,30 @@ source a Triton kernel comes from.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import os
-
 import torch
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
+from fusion.kernels.setting import Setting
 from fusion.kernels.triton_render import render
 
 SOURCES = ("region", "ir")
 DEFAULT = "region"
-_CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fusion_triton_source", default=None)
+SOURCE = Setting("triton_source", "FUSION_TRITON_SOURCE", SOURCES, DEFAULT, "Triton source")
 
 
 def check_source(name: object, where: str) -> str:
-    if name not in SOURCES:
-        raise ValueError(f"{where}: unknown Triton source {name!r}; choose one of {list(SOURCES)}")
-    return name
+    return SOURCE.check(name, where)
 
 
 def chosen() -> str:
     """The source of Triton kernels now: the backend's option, else $FUSION_TRITON_SOURCE, else :data:`DEFAULT`."""
-    name = _CHOSEN.get()
-    if name is None:
-        env = os.environ.get("FUSION_TRITON_SOURCE", "").strip().lower()
-        name = check_source(env, "FUSION_TRITON_SOURCE") if env else DEFAULT
-    return name
+    return SOURCE.get()
 
 
-@contextlib.contextmanager
 def use(source: str | None):
     """Kernels generated inside this block take their Triton source from ``source`` (None: leave the choice)."""
-    if source is None:
-        yield
-        return
-    token = _CHOSEN.set(check_source(source, "options={'triton_source': ...}"))
-    try:
-        yield
-    finally:
-        _CHOSEN.reset(token)
+    return SOURCE.use(source)
 
 
 def applies(plan) -> bool:
