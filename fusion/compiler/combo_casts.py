@@ -61,7 +61,7 @@ from fusion.kernels.cudnn import cudnn_conv_bias_add_relu, cudnn_conv_bias_relu
 aten, prims = torch.ops.aten, torch.ops.prims
 NAME = "fusion::combo_cast"
 
-ON_CPU = False  # the gate: CUDA graphs only; tests set it to rewrite CPU graphs
+ON_CPU = False  # the gate: graphs on CUDA devices only; tests set it to rewrite CPU graphs
 GRADIENTS = True  # backward graphs: the gradients' casts that are graph outputs too (module docstring)
 MIN_GROUP = 2  # fewer casts than this in a group: left as they are
 # Casts per combo node at most: 2 pointers each, 116 in all, within the 120 arguments of torch's static launcher
