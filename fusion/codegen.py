@@ -369,7 +369,7 @@ def generate_kernel(region: FusionRegion) -> KernelPlan:
         plan = KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, rows, {"RBLOCK": rblock}, row_warps(rows, rblock, least), min_xblock=least)  # fmt: skip
     else:
         plan = KernelPlan(kernel, inputs, meta, writer.stored, region.external_outputs, 0, {}, 4, math.prod(writer.shape), tlang.pointwise_block(region))  # fmt: skip
-    return triton_ir_runtime.lower_for(plan, lower_plan)  # options={"triton_source": "ir"}: its kernel IR as well
+    return triton_ir_runtime.lower_for(plan, lower_plan)  # its kernel IR too, where C or the IR's Triton renders it
 
 
 # ----------------------------------------------------------------------------------------------------------------------

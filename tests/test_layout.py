@@ -320,11 +320,10 @@ KNOWN_BACK_EDGES = {
     # Phase 8's compile_graph (the lesson) drives regions -> rendering -> partition itself: it calls Phase 6's
     # build_fusion_regions, so "rendering" reaches "regions".
     ("fusion.codegen", "fusion.regions"): "Phase 8's compile_graph calls Phase 6's regions (it is a driver too)",
-    # The lesson shows a region as C: run() lowers it (lower_region) for the demo; compile_graph does not.
-    ("fusion.codegen", "fusion.compiler.lowering"): "Phase 8's run() lowers a region to show it as C",
-    # The C path lowers a rendered region when the partition accepts its plan (Worklist.done -> lower_plan): the
-    # lowering runs after Triton's rendering, not before it as the stage order says, until rendering reads the IR.
-    ("fusion.compiler.partition", "fusion.compiler.lowering"): "Worklist.done lowers each plan for the C renderer",
+    # generate_kernel lowers each region's plan to the kernel IR where a renderer of the IR runs it (C on CPU
+    # tensors, the IR's Triton source): after Phase 8's region writer, not before it as the stage order says, while
+    # the region writer is the default Triton source; and the lesson's run() shows a region as C (lower_region).
+    ("fusion.codegen", "fusion.compiler.lowering"): "Phase 8's generate_kernel lowers each plan for the IR's renderers",
 }
 
 

@@ -37,7 +37,6 @@ import torch.fx as fx
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
 from fusion.compiler.launch_plans import launch_plan
-from fusion.compiler.lowering import lower_plan
 from fusion.compiler.pass_base import run_stage
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES, map_prims
 from fusion.fxutils.finish import relint
@@ -97,11 +96,6 @@ class Worklist:
         if not self.runs:
             self.refuse(plan.kernel.region, Unsupported(self.why))
             return
-        if self.c_chosen and all(n.meta["val"].device.type == "cpu" for n in (*plan.inputs, *plan.stored)):
-            try:  # the pure-data kernel IR the C renderer renders (fusion.kernels.c_runtime.kernel_for)
-                plan.ir = lower_plan(plan)
-            except Unsupported as e:
-                plan.ir_refused = e
         if self.c_cpu and (why := c_runtime.refusal(plan, self.triton)) is not None:  # C does not take it: aten
             self.refuse(plan.kernel.region, why)
             return

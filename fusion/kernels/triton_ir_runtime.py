@@ -63,10 +63,16 @@ def plan_device(plan) -> str:
     return devices.pop() if len(devices) == 1 else ("" if not devices else "mixed")
 
 
+def needs_ir(plan) -> bool:
+    """Does a renderer of the kernel IR run ``plan`` now: the C renderer (CPU tensors, renderer "c") or the IR's
+    Triton source (:func:`applies`)?"""
+    return (c_runtime.chosen() == "c" and plan_device(plan) in ("cpu", "")) or applies(plan)
+
+
 def lower_for(plan, lower):
-    """``plan`` with its kernel IR (``plan.ir = lower(plan)``, or ``plan.ir_refused``) where the IR source applies;
-    ``lower`` is the compiler's ``lowering.lower_plan``."""
-    if plan.ir is None and plan.ir_refused is None and applies(plan):
+    """``plan`` with its kernel IR (``plan.ir = lower(plan)``, or ``plan.ir_refused``) where a renderer of the IR
+    runs it (:func:`needs_ir`); ``lower`` is the compiler's ``lowering.lower_plan`` (this folder never imports it)."""
+    if plan.ir is None and plan.ir_refused is None and needs_ir(plan):
         from fusion.ir.plan import Unsupported
 
         try:
