@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from fusion.aten.nodes import reinterpret, same_layout
+from fusion.aten.nodes import same_layout
 from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan, LaunchPlan
-from fusion.ir.views import Take, ViewOf, runner
+from fusion.ir.views import Take, runner
 from fusion.kernels import c_runtime, interp_check, triton_ir_runtime
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
@@ -332,21 +332,15 @@ class Launcher:
         self.static_refused = ""  # why torch's static launcher was not used, if it was not
         self.spy: Callable | None = None  # timing.kernel_gpu_us and launch_us record a call's inputs through this
         plan = owner.plan
-        picks = [_view_pick(r, len(plan.inputs)) for r in plan.results]
-        self._picks = None if None in picks else picks  # None: an escaping view is rebuilt by aten steps in Python
         self._rebuild = [runner(r) for r in plan.results]  # each result from the launch's buffers, by its recipe
-        self._plain = picks == [(1, i) for i in range(len(plan.stored))]  # the outputs are the stored tensors
+        stored = [Take(len(plan.inputs) + i) for i in range(len(plan.stored))]
+        self._plain = list(plan.results) == stored  # the outputs are the stored tensors, in order
         self.alloc: Callable | None = None  # (size, stride, dtype) -> an output on the inputs' device: the 1st call
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
 
     def results(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> tuple:
         """The region's external outputs from the call's inputs and the kernel's stored tensors."""
-        if self._picks is not None:
-            both = (inputs, outs)
-            return tuple(
-                both[p[0]][p[1]] if len(p) == 2 else reinterpret(both[p[0]][p[1]], *p[2:]) for p in self._picks
-            )
         buffers = (*inputs, *outs)
         return tuple(rebuild(buffers) for rebuild in self._rebuild)
 
@@ -423,12 +417,3 @@ def empty_strided_on(device: torch.device) -> Callable:
 
 def _empty_strided(size, stride, dtype, *, device):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
-
-
-def _view_pick(recipe, inputs: int) -> tuple | None:
-    """A result that is a buffer or a strided view of one as (inputs or outs, position[, size, stride, offset step]);
-    None for a recipe of aten steps (``fusion.ir.views``)."""
-    if not isinstance(recipe, (Take, ViewOf)):
-        return None
-    at = (0, recipe.index) if recipe.index < inputs else (1, recipe.index - inputs)
-    return at if isinstance(recipe, Take) else (*at, recipe.sizes, recipe.strides, recipe.offset)
