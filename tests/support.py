@@ -28,3 +28,22 @@ def with_and_without_overlap(fn, args) -> tuple[list, list]:
         outs.append(torch.compile(fn, backend="fusion", options=opts)(*args))
         notes.append([n for r in backend.reports for p in r.parts for n in p.passes if n[0] == "overlap"])
     return outs, notes
+
+
+class MaskedAttention(torch.nn.Module):
+    """``scaled_dot_product_attention`` with a boolean mask, then a pointwise op."""
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+
+
+def spy_mask_rewrite(monkeypatch) -> list:
+    """The boolean attention-mask rewrite (``fusion.compiler.attention``, a CUDA pass) switched on for CPU graphs too;
+    returns the list that collects the masks it rewrites."""
+    from fusion.compiler import attention
+
+    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))
+    rewritten: list = []
+    original = attention.fused_attention_masks
+    monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
+    return rewritten

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support import MaskedAttention, spy_mask_rewrite
 
 from fusion import backend, models
 from fusion.common import is_todo
@@ -857,16 +858,7 @@ def test_attention_stays_one_library_call(built):
 
 @pytest.mark.parametrize("grads", [False, True])
 def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(monkeypatch, grads):
-    from fusion.compiler import attention
-
-    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))  # the rewrite runs on CUDA; checked here on a CPU
-    rewritten = []
-    original = attention.fused_attention_masks
-    monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
-
-    class Attention(nn.Module):
-        def forward(self, q, k, v, mask):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+    rewritten = spy_mask_rewrite(monkeypatch)  # the rewrite runs on CUDA; checked here on a CPU
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
@@ -875,9 +867,9 @@ def test_a_boolean_attention_mask_becomes_the_additive_mask_fused_kernels_take(m
     mask[0, 0, 2] = False  # one query row attends to nothing: the math path gives 0 there, as must we
     mask = mask[:, :, :, :1].expand(2, 1, 5, 5) & mask  # a broadcast last dim, as BERT's compile-time mask
     leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
-    want = Attention()(*leaves, mask)
+    want = MaskedAttention()(*leaves, mask)
     got_leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
-    got = torch.compile(Attention(), backend="fusion")(*got_leaves, mask)
+    got = torch.compile(MaskedAttention(), backend="fusion")(*got_leaves, mask)
     torch.testing.assert_close(got, want)
     assert torch.equal(got[0, :, 2], torch.zeros_like(got[0, :, 2]))
     if grads:

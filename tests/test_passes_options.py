@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from support import MaskedAttention, spy_mask_rewrite
 
 from fusion import backend
-from fusion.compiler import attention, partition, passes
+from fusion.compiler import partition, passes
 from fusion.compiler.attention import CAPTURE_PASSES
 from fusion.compiler.pass_base import Pass, current, enabled_passes
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES
@@ -88,17 +89,9 @@ def test_switching_a_wrapper_pass_off_changes_the_wrapper_and_keeps_the_answer(b
         assert when_off in off and when_off not in on, f"--- on:\n{on}\n--- off:\n{off}"
 
 
-class _Attention(nn.Module):
-    def forward(self, q, k, v, mask):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
-
-
 @pytest.mark.parametrize("on", [True, False])
 def test_switching_the_attention_mask_rewrite_off_leaves_the_boolean_mask(monkeypatch, on):
-    monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))  # the rewrite runs on CUDA; checked here on a CPU
-    seen = []
-    original = attention.fused_attention_masks
-    monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: seen.extend(original(gm)) or seen)
+    seen = spy_mask_rewrite(monkeypatch)  # the rewrite runs on CUDA; checked here on a CPU
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
     mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
@@ -106,8 +99,8 @@ def test_switching_the_attention_mask_rewrite_off_leaves_the_boolean_mask(monkey
     backend.reset()
     # The compile reads the options of the compile in progress (pass_base.current()): the driver activates them
     with torch.no_grad():
-        got = torch.compile(_Attention(), backend="fusion", options=options)(q, k, v, mask)
-    torch.testing.assert_close(got, _Attention()(q, k, v, mask))
+        got = torch.compile(MaskedAttention(), backend="fusion", options=options)(q, k, v, mask)
+    torch.testing.assert_close(got, MaskedAttention()(q, k, v, mask))
     assert len(seen) == (1 if on else 0), seen
 
 
