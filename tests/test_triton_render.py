@@ -5,8 +5,6 @@ regions come from Phase 6's builder and Phase 8's generator, so the file is Phas
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 import torch.fx as fx
@@ -18,7 +16,7 @@ from fusion.codegen import compile_regions, generate_kernel
 from fusion.compiler import random_ops
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
-from fusion.kernels import c_render, c_runtime, triton_ir_runtime, triton_render
+from fusion.kernels import c_runtime, triton_ir_runtime, triton_render
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -42,13 +40,6 @@ def _values(gm: fx.GraphModule, args) -> dict[fx.Node, object]:
     return env
 
 
-def _c_run(kernel: ir.Kernel, tensors) -> None:
-    source = c_render.render(kernel)
-    code = "k_" + hashlib.sha256(source.replace(kernel.name, "").encode()).hexdigest()[:20]
-    fn = c_runtime.load(source.replace(kernel.name, code), code)
-    c_runtime.CKernel(fn, kernel.name, source, len(kernel.buffers))(*tensors)
-
-
 def rendered(fn, *inputs, exact_c: bool = False, kernels: int | None = None):
     """Each region of ``fn`` lowered to the kernel IR, rendered to Triton and run in the interpreter on the eager
     values of its inputs: every stored value equals eager's, and the C renderer's of the same IR (bit for bit with
@@ -69,7 +60,7 @@ def rendered(fn, *inputs, exact_c: bool = False, kernels: int | None = None):
             torch.testing.assert_close(got, w, equal_nan=True, msg=lambda m: f"{m}\n{k.source}")  # noqa: B023
         if HAS_CC:
             c_outs = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for w in want]
-            _c_run(kernel, [*args, *c_outs])
+            c_runtime.compile_kernel(kernel)(*args, *c_outs)
             for got, c in zip(outs, c_outs, strict=True):
                 if exact_c:
                     assert torch.equal(got.view(-1).view(torch.uint8), c.view(-1).view(torch.uint8)), (got, c)

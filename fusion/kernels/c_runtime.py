@@ -246,22 +246,28 @@ class CKernel:
         self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads())
 
 
+def compile_kernel(kernel) -> CKernel:
+    """A kernel IR record rendered to C, compiled (or found in the disk cache) and loaded: ``k(*buffers)``."""
+    from fusion.kernels.c_render import render
+
+    source = render(kernel)
+    # Compiled and cached under a name of its code: a kernel's own name counts kernels per process (..._<n>), so the
+    # same code gets another name in a run with other tests or regions before it (a miss of the disk cache).
+    code = "k_" + hashlib.sha256(source.replace(kernel.name, "").encode()).hexdigest()[:20]
+    fn = load(source.replace(kernel.name, code), code)
+    return CKernel(fn, kernel.name, source, len(kernel.buffers))
+
+
 def kernel_for(plan) -> tuple[CKernel | None, str]:
     """(the C kernel of a Phase 8 ``KernelPlan``, "") or (None, why not: a region the IR does not take, no
     compiler). A compile error is a renderer bug: raised in tests, a reason otherwise."""
     from fusion.common import fallback_reason
-    from fusion.kernels.c_render import render
 
     kernel = plan.ir
     if kernel is None:
         return None, f"not lowered to the kernel IR: {plan.ir_refused or 'the compiler did not lower it'}"
     try:
-        source = render(kernel)
-        # Compiled and cached under a name of its code: a kernel's own name counts kernels per process (..._<n>), so
-        # the same code gets another name in a run with other tests or regions before it (a miss of the disk cache).
-        code = "k_" + hashlib.sha256(source.replace(kernel.name, "").encode()).hexdigest()[:20]
-        fn = load(source.replace(kernel.name, code), code)
-        return CKernel(fn, kernel.name, source, len(kernel.buffers)), ""
+        return compile_kernel(kernel), ""
     except CompilerMissing as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - a renderer bug: raised in tests, Triton's interpreter otherwise
