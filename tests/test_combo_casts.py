@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 import torch
 
+from fusion.aten.nodes import is_dense
 from fusion.compiler import combo_casts as cc
 from fusion.kernels import combo
 from fusion.kernels import triton_runtime as rt
@@ -70,8 +71,8 @@ def test_kernel_casts_bit_equal_to_eager(dtype):
     outs = combo.combo_cast(xs, dtype)
     for x, out in zip(xs, outs, strict=True):
         _bit_equal(out, x.to(dtype))
-    ran = combo.kernel_for([x for x in xs if x.numel() and combo.is_dense(x)], dtype)
-    assert ran.grid == sum(-(-x.numel() // combo.BLOCK) for x in xs if combo.is_dense(x))  # one launch, all of them
+    ran = combo.kernel_for([x for x in xs if x.numel() and is_dense(x)], dtype)
+    assert ran.grid == sum(-(-x.numel() // combo.BLOCK) for x in xs if is_dense(x))  # one launch, all of them
 
 
 @needs_triton

@@ -121,6 +121,17 @@ except AttributeError:  # pragma: no cover - older/newer torch
     _reinterpret = _as_strided
 
 
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims may have any stride), so its
+    ``numel`` elements fill consecutive slots from ``data_ptr()`` on."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def same_layout(t: torch.Tensor, stride: tuple[int, ...]) -> bool:
     """Strides differ only where they do not matter: a dimension of size 1 is never stepped along (its index is 0)."""
     return all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), stride, strict=True))

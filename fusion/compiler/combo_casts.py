@@ -52,7 +52,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node, same_layout
+from fusion.aten.nodes import is_dense, is_view_node, same_layout
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.kernels import combo
@@ -119,7 +119,7 @@ def cast_of(node: fx.Node) -> tuple[fx.Node, torch.dtype] | None:
         return None
     if not all(type(s) is int for s in (*xv.shape, *xv.stride(), *val.stride())) or val.shape != xv.shape:
         return None
-    if not combo.is_dense(xv) or not same_layout(val, tuple(xv.stride())) or xv.device != val.device:
+    if not is_dense(xv) or not same_layout(val, tuple(xv.stride())) or xv.device != val.device:
         return None
     return x, dtype
 

@@ -22,7 +22,15 @@ import operator
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import LOW_MEMORY_MAX_POOLS, as_traced, is_view_node, reinterpret, same_layout, strided_view
+from fusion.aten.nodes import (
+    LOW_MEMORY_MAX_POOLS,
+    as_traced,
+    is_dense,
+    is_view_node,
+    reinterpret,
+    same_layout,
+    strided_view,
+)
 from fusion.compiler.bindings import python_bindings
 from fusion.compiler.pass_base import Pass, run_stage
 from fusion.fxutils.finish import relint
@@ -50,18 +58,7 @@ def _same_strides_as_input(node: fx.Node) -> bool:
     xv = x.meta.get("val") if isinstance(x, fx.Node) else None
     if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    return _dense(xv) and same_layout(xv, tuple(out.stride()))
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims may have any stride)."""
-    expected = 1
-    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1))
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    return is_dense(xv) and same_layout(xv, tuple(out.stride()))
 
 
 def _max_pool_values(op):

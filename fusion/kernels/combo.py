@@ -33,32 +33,17 @@ from collections.abc import Sequence
 
 import torch
 
+from fusion.aten.nodes import is_dense
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.launchers import static_launcher
+from fusion.kernels.triton_lang import tl_dtype
 
 BLOCK = 1024  # elements a program copies (4 warps: 8 elements a thread)
 NUM_WARPS = 4
 INT32_LIMIT = 2**31 - 1  # offsets past this need int64 arithmetic (the kernel then computes them in int64)
 
-TL_DTYPES = {
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.float32: "tl.float32",
-    torch.float64: "tl.float64",
-}
-FLOATS = frozenset(TL_DTYPES)
-
-
-def is_dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims may have any stride), so its
-    ``numel`` elements fill consecutive slots from ``data_ptr()`` on."""
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # what it casts from and to
 
 
 def programs(numels: Sequence[int]) -> list[int]:
@@ -98,7 +83,7 @@ def kernel_source(numels: Sequence[int], dtypes: Sequence[torch.dtype], dst: tor
     def branch(members: list[int], depth: int) -> None:
         pad = "    " * depth
         if len(members) == 1:  # each branch its own names: nothing is defined on both sides of an if (no yields)
-            i, to = members[0], TL_DTYPES[dst]
+            i, to = members[0], tl_dtype(dst)
             first = "pid" if starts[i] == 0 else f"(pid - {starts[i]})"
             lines.append(f"{pad}offs{i} = {first} * {BLOCK} + tl.arange(0, {BLOCK})")
             if numels[i] % BLOCK:
