@@ -11,7 +11,7 @@ What it reads (top-level files of ``scripts/results/`` only; ``archive/`` and ``
   Inductor is the row; a standard backend that row lacks is taken from the newest other file that has it (marked †,
   its ratio against eager in its own process). One table of inference models and one of training steps per card,
   each row with the date and file it comes from.
-* Phase 10's newest multi-GPU run of ``scripts/gpu_overlap.py`` (``*-overlap-x*.json``, or the rows rank 0 printed,
+* Phase 10's newest multi-GPU run of each GPU count, from ``scripts/gpu_overlap.py`` (``*-overlap-x*.json``, or the rows rank 0 printed,
   ``*-overlap-x*-compiled.jsonl``, whose card and torch come from the run's JSON of the same name).
 
 Standard library only.
@@ -189,15 +189,6 @@ def _overlap_runs() -> list[tuple[str, Path, list[dict], dict]]:
 def _newest(runs: list[tuple[str, Path, list[dict], dict]]) -> tuple[str, Path, list[dict], dict]:
     steps_file = lambda r: r[1].name.endswith("-steps.jsonl")  # noqa: E731  (every world size of a run in one file)
     return max(runs, key=lambda r: (r[0], steps_file(r), len({x.get("variant") for x in r[2]}), r[1].name))
-
-
-def overlap_run() -> tuple[list[dict], dict, Path] | None:
-    """The newest Phase 10 multi-GPU run: (step rows, meta, file)."""
-    runs = _overlap_runs()
-    if not runs:
-        return None
-    _, path, rows, meta = _newest(runs)
-    return rows, meta, path
 
 
 def overlap_runs_per_world() -> list[tuple[list[dict], dict, Path]]:
