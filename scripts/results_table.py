@@ -11,8 +11,9 @@ What it reads (top-level files of ``scripts/results/`` only; ``archive/`` and ``
   Inductor is the row; a standard backend that row lacks is taken from the newest other file that has it (marked †,
   its ratio against eager in its own process). One table of inference models and one of training steps per card,
   each row with the date and file it comes from.
-* Phase 10's newest multi-GPU run of each GPU count, from ``scripts/gpu_overlap.py`` (``*-overlap-x*.json``, or the rows rank 0 printed,
-  ``*-overlap-x*-compiled.jsonl``, whose card and torch come from the run's JSON of the same name).
+* Phase 10's newest multi-GPU run of each GPU count, from ``scripts/gpu_overlap.py`` (``*-overlap-x*.json``, or
+  the rows rank 0 printed, ``*-overlap-x*-compiled.jsonl``, whose card and torch come from the run's JSON of the
+  same name).
 
 Standard library only.
 """
