@@ -64,9 +64,9 @@ CUDAGRAPHS = (
 
 
 PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
-# fusion+fold, fusion+cudagraphs: the option they set to True; fusion+ir / fusion+region: where Triton kernels are
-# rendered from (the kernel IR, or the region as Phase 8 writes it): options={"triton_source": ...}
-FUSION_FLAGS = {"fold": "fold_bn", "cudagraphs": "cudagraphs", "ir": ("triton_source", "ir"),
+# fusion+<flag>: the option it sets. fusion+fold, fusion+cudagraphs: a switch on; fusion+ir / fusion+region: where
+# Triton kernels are rendered from (the kernel IR, or the region as Phase 8 writes it)
+FUSION_FLAGS = {"fold": ("fold_bn", True), "cudagraphs": ("cudagraphs", True), "ir": ("triton_source", "ir"),
                 "region": ("triton_source", "region")}  # fmt: skip
 
 
@@ -93,7 +93,7 @@ def compile_with(backend: str, model: nn.Module) -> Callable:
             if switch in PASS_SWITCHES:
                 options[name] = PASS_SWITCHES[switch]
             else:
-                option, value = FUSION_FLAGS[f] if isinstance(FUSION_FLAGS[f], tuple) else (FUSION_FLAGS[f], True)
+                option, value = FUSION_FLAGS[f]
                 options[option] = value
         return torch.compile(model, backend="fusion", options=options or None)
     if backend == "inductor":
