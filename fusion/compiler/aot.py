@@ -73,7 +73,7 @@ def partitioner(options: object) -> dict:
     """How the joint graph is cut into forward and backward: ``options={"min_cut": True}`` (the default) picks
     AOTAutograd's min-cut rematerialization (what Inductor uses: the backward recomputes cheap pointwise values from
     fewer saved tensors); ``False`` its default partitioner (every value the backward reads is saved by the forward)."""
-    if options is None or not getattr(options, "enabled", {}).get("min_cut", False):
+    if options is None or not options.min_cut:  # None: no compile in progress (the backend always has one)
         return {}
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
