@@ -16,14 +16,11 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node, strided_view
+from fusion.compiler.lower_reductions import dtype_name
 from fusion.ir.plan import InputSpec, KernelPlan, LaunchPlan, TensorSpec, Unsupported
 from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf
 
 __all__ = ["launch_plan", "recipe"]
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def launch_plan(plan: KernelPlan) -> LaunchPlan:
@@ -36,10 +33,10 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
         where[n] = len(plan.inputs) + i  # a value both read and stored is the stored one (as the kernel wrote it)
     metas = plan.input_meta or [_meta(n.meta["val"]) for n in plan.inputs]
     inputs = tuple(
-        InputSpec(tuple(shape), tuple(stride), _dtype(dtype), n.name, n.op == "placeholder" or is_view_node(n))
+        InputSpec(tuple(shape), tuple(stride), dtype_name(dtype), n.name, n.op == "placeholder" or is_view_node(n))
         for n, (shape, stride, dtype) in zip(plan.inputs, metas, strict=True)
     )
-    stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], _dtype(n.meta["val"].dtype)) for n in plan.stored)
+    stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], dtype_name(n.meta["val"].dtype)) for n in plan.stored)
     devices = {str(n.meta["val"].device) for n in (*plan.inputs, *plan.stored) if "val" in n.meta}
     refused = plan.ir_refused
     kernel = plan.kernel
