@@ -100,14 +100,16 @@ def main(argv: list[str]) -> None:
             row["wall_ms"] = round(wall_ms(step, 3 if dry else 30), 3)
             row.update(kernels(step, 1 if dry else 5, 15))
             if label == "fusion":
-                calls, refused = Counter(), Counter()
+                calls, refused, falls = Counter(), Counter(), Counter()
                 for r in backend.reports:
                     for p in r.parts:
                         calls.update(p.library_calls)
+                        falls.update(f"{p.kind}: {why[:110]}" for _, why in p.fallbacks)
                     for k in getattr(r, "refusals", []) or []:
                         refused[str(k)[:100]] += 1
                 row["library_calls"] = dict(calls.most_common(20))
                 row["graphs"] = len(backend.reports)
+                row["fallbacks"] = dict(falls.most_common(25))
             print(
                 f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
                 f"{row['launches']:.0f} launches, first call {first:.1f} s",
@@ -117,6 +119,8 @@ def main(argv: list[str]) -> None:
                 print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['group'][:110]}")
             if "library_calls" in row:
                 print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
+                for why, c in row["fallbacks"].items():
+                    print(f"  fallback ×{c}: {why}")
             results.append(row)
             del step
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
