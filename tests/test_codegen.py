@@ -531,6 +531,42 @@ def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, 
     check(lambda x: torch.softmax(x * 2.0, -1).permute(2, 0, 1).contiguous(), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_transposed_copy_cast_to_another_dtype_is_stored_by_the_reduction_kernel(dtype):
+    """Under autocast, MultiheadAttention's in-projection reads LayerNorm's output transposed *and cast*
+    (permute -> convert_element_type -> clone: ViT's training forward): the LayerNorm kernel still stores it, each
+    element rounded once to the copy's dtype as eager rounds it, and the rows themselves too; was an aten copy."""
+    x = _rand((4, 6, 40), 0)
+
+    def fn(x):
+        y = F.layer_norm(x * 2.0, (40,))
+        return y.permute(1, 0, 2).to(dtype).contiguous(), y.transpose(0, 1).to(dtype), y
+
+    compiled = check(fn, x, kernels=1)
+    assert compiled.library_calls == 0, compiled.report.table()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_stack_reshaped_to_the_rows_is_stored_by_the_kernel_that_sums_it(dtype):
+    """Attention's packed q/k/v gradient: three pieces stacked (a cat), permuted, copied and viewed as the rows whose
+    columns the bias gradient sums: one kernel stores the stack and sums it (every element is loads of the inputs at
+    its own index: no reduction before it). After a reduction the same reshape stays refused (a second kernel)."""
+    a, b, c = (_rand((5, 3, 8), s).to(dtype) for s in (1, 2, 3))
+
+    def fn(a, b, c):
+        stack = torch.stack([a, b, c], 0).permute(1, 2, 0, 3).contiguous()  # (5, 3, 3, 8)
+        return stack, stack.view(5, 3, 24).sum([0, 1])
+
+    compiled = check(fn, a, b, c, kernels=1)
+    assert compiled.library_calls == 0, compiled.report.table()
+
+    def after(a, b, c):  # the stack of a softmax's rows: reads rows the program does not hold
+        s = torch.softmax(torch.stack([a, b, c], 0), -1).permute(1, 2, 0, 3).contiguous()
+        return s, s.view(5, 3, 24).sum(-1)
+
+    check(after, a, b, c)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # cat: selects between masked loads
 

@@ -31,6 +31,7 @@ from fusion.compiler import (
     passes,
     random_ops,
     registry,
+    scatter_passes,
     split_reductions,
     wrapper_passes,
 )
@@ -96,6 +97,8 @@ PASSES = [
     passes.Pass("fold_bn", lesson("fold_bn"), kinds=("inference",), default=False,
                 doc="Phase 9: fold eval-mode BatchNorm into the conv (opt-in: the freezing promise)"),
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
+    passes.Pass("stack_scatters", noted(scatter_passes.stack_select_scatters),
+                doc="a sum of select_scatters into zeros covering a dim: one cat (before constants folds the zeros)"),
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
     random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks

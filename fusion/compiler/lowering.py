@@ -345,8 +345,8 @@ class Lowering(Reductions):
         val = node.meta["val"]  # a whole row, or one element per row (walk_rows checked): without keepdim, the kept
         per_row = self.rows and len(val.shape) == self.nrow < len(self.shape)  # dims' indices
         own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
-        if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its
-            node, own = moved[1], [self.index[p] for p in moved[0]]  # dim d is the rows' dim perm[d]
+        if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its dim d
+            own = at = [self.index[p] for p in moved[0]]  # is the rows' dim perm[d] (its views map the index back)
         elif self.rows and node.name in self.rows.reshaped:  # a reshape of the rows: the row's flat position, split
             own = at = split(offset(self.index, torch.empty(self.shape, device="meta").stride()), val.shape, self.sizes)
         src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))

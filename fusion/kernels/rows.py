@@ -215,31 +215,37 @@ def row_reshape(node: fx.Node, shape: Sequence[int], members, reductions: Sequen
     element at flat position ``f`` is computed from the row elements at ``f`` (and their rows' reductions), so the
     program holding row element ``i`` stores it at ``i``'s flat position split over the member's shape: no copy, and
     a contiguous member's offset is that flat position again (``triton_views.stored_index``, the lowering's store).
-    A member reached through a permute or a slice stays refused (the generator would read rows other than its own)."""
+    A member reached through a permute, a slice or a cat is one only where no reduction of the kernel is computed
+    before it (attention's packed q/k/v gradient, stacked and reshaped before its bias gradient's sum: each element
+    is loads of the kernel's inputs at its own index); after a reduction it stays refused (the generator would read
+    rows other than its own)."""
     val = node.meta["val"]
     if tuple(val.shape) == tuple(shape) or val.numel() != math.prod(shape):
         return False
     seen, stack, reduced = set(), [node], set(reductions)
+    reordered = after_reduction = False
     while stack:
         n = stack.pop()
-        if n in seen or n not in members or n in reduced:
+        if n in seen or n not in members:
             continue
         seen.add(n)
-        if n.target is operator.getitem and n.args[0] in reduced:  # var_mean's values: one per row, at its own
+        if n in reduced or (n.target is operator.getitem and n.args[0] in reduced):  # one value per row, at its own
+            after_reduction = True
             continue
-        view = is_view_node(n, getitem=False) and getattr(n.target, "overloadpacket", None) not in ORDERED_VIEWS
-        if view or n.target is CAT or is_max_pool(n) or is_depthwise(n):
+        if is_max_pool(n) or is_depthwise(n):
             return False
+        view = is_view_node(n, getitem=False) and getattr(n.target, "overloadpacket", None) not in ORDERED_VIEWS
+        reordered = reordered or view or n.target is CAT
         stack += n.all_input_nodes
-    return True
+    return not (reordered and after_reduction)
 
 
 def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], fx.Node] | None:
     """``(perm, rows)`` where ``node`` is a transposed copy of ``rows``, a tensor of ``shape`` (a clone of a permute or
     transpose, identity views between: MultiheadAttention's ``x.transpose(0, 1)`` before its in-projection, copied to
-    row order by pass ``bmm_as_mm``), ``node.shape[d] == shape[perm[d]]``; None for anything else. A reduction kernel
-    stores ``rows``' values at ``node``'s strides: element ``[i[perm[0]], i[perm[1]], ...]`` from the program that
-    holds row ``i``."""
+    row order by pass ``bmm_as_mm``; under autocast also cast to bfloat16 on the way), ``node.shape[d] ==
+    shape[perm[d]]``; None for anything else. A reduction kernel stores ``node``'s element ``[i[perm[0]], i[perm[1]],
+    ...]`` (computed there: a cast rounds it once) from the program that holds row ``i``."""
     aten = torch.ops.aten
 
     def shape_of(n: object) -> tuple | None:
@@ -247,11 +253,12 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
         return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
     same = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default)
+    elementwise = (aten.clone.default, aten.alias.default, torch.ops.prims.convert_element_type.default)
     while (
         node.args
         and shape_of(node.args[0]) is not None
         and (
-            node.target in (aten.clone.default, aten.alias.default)
+            node.target in elementwise  # a copy, or autocast's cast of the copy: element for element
             or (node.target in same and shape_of(node.args[0]) == shape_of(node))  # an identity view
         )
     ):

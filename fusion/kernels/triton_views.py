@@ -124,6 +124,7 @@ def stored_index(node: fx.Node, rows, index: list[str], split_index: Callable, o
         return node, at, at
     per_row = len(val.shape) == len(rows.kept) < len(shape)  # (a reduction without keepdim)
     at = [index[d] for d in rows.kept] if per_row else index
-    if moved := row_permutation(node, shape):  # a transposed copy of the rows: its dim d is row dim perm[d]
-        return moved[1], at, [index[p] for p in moved[0]]
+    if moved := row_permutation(node, shape):  # a transposed copy of the rows: its dim d is row dim perm[d]; its
+        own = [index[p] for p in moved[0]]  # element there reads the row's (its views map the index back)
+        return node, own, own
     return node, at, at

@@ -1,0 +1,103 @@
+"""Pass ``stack_scatters`` (fusion/compiler/scatter_passes.py): the backward of attention's packed in-projection sums
+one select_scatter into zeros per piece; the pass writes that sum as one cat, and only where it is one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from fusion import backend
+from fusion.compiler import driver
+from fusion.compiler.scatter_passes import stack_select_scatters
+
+pytestmark = pytest.mark.phase9
+aten = torch.ops.aten
+
+
+class Block(nn.Module):
+    """ViT's encoder block head: LayerNorm, then nn.MultiheadAttention's packed q/k/v projection."""
+
+    def __init__(self, d: int = 48, heads: int = 3) -> None:
+        super().__init__()
+        self.ln, self.att = nn.LayerNorm(d), nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, x):
+        y = self.ln(x)
+        return x + self.att(y, y, y, need_weights=False)[0]
+
+
+def _step(options, dtype):
+    torch.manual_seed(0)
+    model = Block().to(dtype)
+    x = torch.randn(3, 7, 48, dtype=dtype, requires_grad=True)
+    backend.reset()
+    compiled = torch.compile(model, backend="fusion", options=options)
+    out = compiled(x)
+    out.square().sum().backward()
+    grads = [x.grad, *(p.grad for p in model.parameters())]
+    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=__import__("collections").Counter())
+    notes = [n for r in driver.reports for p in r.parts for n in p.passes if n[0] == "stack select_scatters"]
+    return out.detach(), grads, calls, notes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_packed_projections_gradient_is_one_stack_and_keeps_eagers_values(dtype):
+    torch.manual_seed(0)
+    ref = Block().to(dtype)
+    x = torch.randn(3, 7, 48, dtype=dtype, requires_grad=True)
+    out = ref(x)
+    out.square().sum().backward()
+    want = [out.detach(), x.grad, *(p.grad for p in ref.parameters())]
+
+    got, grads, calls, notes = _step(None, dtype)
+    assert notes and notes[0][2] == "rewritten", notes
+    assert calls["select_scatter"] == 0, calls
+    for g, w in zip([got, *grads], want, strict=True):
+        torch.testing.assert_close(g, w)
+    off, off_grads, off_calls, off_notes = _step({"stack_scatters": False}, dtype)
+    assert not off_notes and off_calls["select_scatter"] == 3, off_calls
+    for g, w in zip([off, *off_grads], want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def _graph(cover, base_value=0.0, alpha=None):
+    """sum over ``cover`` of select_scatter(full((3, 4, 5), base_value), piece_i, 0, i), the pieces placeholders."""
+    g = fx.Graph()
+    pieces = [g.placeholder(f"p{i}") for i in range(len(cover))]
+    for p in pieces:
+        p.meta["val"] = torch.empty(4, 5, dtype=torch.float64)
+    full = g.call_function(aten.full.default, ([3, 4, 5], base_value), {"dtype": torch.float64})
+    full.meta["val"] = torch.empty(3, 4, 5, dtype=torch.float64)
+    total = None
+    for i, p in zip(cover, pieces, strict=True):
+        s = g.call_function(aten.select_scatter.default, (full, p, 0, i))
+        s.meta["val"] = torch.empty(3, 4, 5, dtype=torch.float64)
+        kwargs = {"alpha": alpha} if alpha is not None and total is not None else {}
+        total = s if total is None else g.call_function(aten.add.Tensor, (total, s), kwargs)
+        total.meta["val"] = torch.empty(3, 4, 5, dtype=torch.float64)
+    g.output(total)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize(
+    "cover, base, alpha, rewritten",
+    [
+        ((2, 0, 1), 0.0, None, True),  # every index once, in any order
+        ((-1, 0, 1), 0, None, True),  # a negative index
+        ((0, 1), 0.0, None, False),  # index 2 written by none: zeros there
+        ((0, 1, 1), 0.0, None, False),  # index 1 twice: a sum, not a stack
+        ((0, 1, 2), 1.0, None, False),  # a base of ones
+        ((0, 1, 2), 0.0, 2, False),  # alpha scales a piece
+    ],
+)
+def test_only_a_sum_that_is_a_stack_is_rewritten(cover, base, alpha, rewritten):
+    gm = _graph(cover, base, alpha)
+    pieces = [torch.randn(4, 5, dtype=torch.float64) for _ in cover]
+    want = gm(*pieces)
+    count = stack_select_scatters(gm, lambda *a: None)
+    assert count == (1 if rewritten else 0)
+    targets = {n.target for n in gm.graph.nodes}
+    assert (aten.cat.default in targets) == rewritten and (aten.select_scatter.default in targets) != rewritten
+    torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)
