@@ -551,6 +551,32 @@ def test_hoist_constants_shares_each_constant_once_at_the_top():
     torch.testing.assert_close(gm(x), f(x))
 
 
+def test_a_value_only_the_output_reads_joins_its_inputs_kernel():
+    """A training forward saves LayerNorm's ``rsqrt(var + eps) / d`` for the backward (BERT's): only the output reads
+    it, so ``reorder`` left it where AOTAutograd put it, after the next GEMM, one library call a LayerNorm.
+    raise_returned moves it just after its input: the LayerNorm kernel stores it. Off (``reorder`` False) it is a
+    call; the values are eager's either way."""
+
+    def f(x, w):
+        m = x.mean(-1, keepdim=True)
+        r = torch.rsqrt(((x - m) ** 2).mean(-1, keepdim=True) + 1e-5)
+        y = ((x - m) * r) @ w
+        return y, r / 32
+
+    x, w = torch.randn(6, 16), torch.randn(16, 8)
+
+    def run(options):
+        backend.reset()
+        got = torch.compile(f, backend="fusion", options=options)(x, w)
+        return backend.reports[0].parts[0].library_calls, got
+
+    calls, got = run(None)
+    off_calls, off = run({"reorder": False})
+    assert "div" not in calls and off_calls.get("div", 0) == 1, (calls, off_calls)
+    torch.testing.assert_close(got, f(x, w))
+    torch.testing.assert_close(off, f(x, w))
+
+
 def test_unsupported_op_runs_as_aten_with_a_reason():
     def f(x):
         return torch.special.bessel_j0(x * 2.0 + 1.0) * x - 1.0

@@ -22,14 +22,38 @@ aten = torch.ops.aten
 
 
 def reorder_for_locality(gm: fx.GraphModule, note: Callable[..., None]) -> None:
-    """Phase 9's pass ``reorder``: :func:`sink_to_first_use`, then :func:`hoist_constants`. Phase 6 fuses runs of
-    *consecutive* fusible ops, and AOTAutograd's backward may compute a value far from where it is read (a ReLU's
-    mask at the top, its ``where`` much later): moved together, they become one region."""
+    """Phase 9's pass ``reorder``: :func:`sink_to_first_use`, :func:`hoist_constants`, :func:`raise_returned`. Phase
+    6 fuses runs of *consecutive* fusible ops, and AOTAutograd's backward may compute a value far from where it is
+    read (a ReLU's mask at the top, its ``where`` much later): moved together, they become one region."""
     moved = sink_to_first_use(gm.graph)
     hoist_constants(gm.graph)
+    saved = raise_returned(gm.graph)
     relint(gm)
     if moved:
         note("reorder for locality", [f"{moved} op(s)"], "moved", "each just before its first user")
+    if saved:
+        note("reorder for locality", [f"{saved} op(s)"], "moved", "read only by the output: just after its inputs")
+
+
+def raise_returned(graph: fx.Graph) -> int:
+    """Move every pure pointwise op and view that only the graph's output reads (a value a training forward saves for
+    the backward: LayerNorm's ``rsqrt(var + eps) / d``) up to just after its last input. Where it was, at the end of
+    the graph, it ran alone (a library call of one op); next to its input it joins that input's region (stored by
+    the LayerNorm kernel, one element per row), and its input is no longer kept alive until the end. Returns how
+    many moved."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not node.users or not _cheap_and_pure(node):
+            continue
+        if any(u.op != "output" for u in node.users) or not node.all_input_nodes:
+            continue
+        last = max(node.all_input_nodes, key=order.__getitem__)
+        if last.next is not node and last.op != "placeholder":
+            last.append(node)
+            order[node] = order[last] + 0.5 / (1 + moved)  # after ``last``, before whatever followed it
+            moved += 1
+    return moved
 
 
 def sink_to_first_use(graph: fx.Graph) -> int:
