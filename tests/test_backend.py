@@ -577,6 +577,27 @@ def test_a_value_only_the_output_reads_joins_its_inputs_kernel():
     torch.testing.assert_close(off, f(x, w))
 
 
+def test_a_returned_chain_moves_up_whole():
+    """A bias gradient's ``view`` and cast back to float32, read only by the output: raise_returned moves the chain,
+    in order, to just after the sum (each op after the one it reads), so the cast can join the sum's kernel."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(g, w):
+        s = g.sum(0)
+        other = torch.relu(g @ w)
+        return other, torch.ops.prims.convert_element_type.default(s.view(2, 3), torch.float32)
+
+    g, w = torch.randn(5, 6, dtype=torch.bfloat16), torch.randn(6, 4, dtype=torch.bfloat16)
+    gm = make_fx(f, tracing_mode="fake")(g, w)
+    assert graph_passes.raise_returned(gm.graph) == 2
+    gm.graph.lint()
+    gm.recompile()
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    at = ops.index(aten.sum.dim_IntList)
+    assert ops[at + 1 : at + 3] == [aten.view.default, torch.ops.prims.convert_element_type.default], ops
+    torch.testing.assert_close(gm(g, w), f(g, w))
+
+
 def test_unsupported_op_runs_as_aten_with_a_reason():
     def f(x):
         return torch.special.bessel_j0(x * 2.0 + 1.0) * x - 1.0

@@ -17,6 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.fx as fx
 
 from fusion.aten.nodes import is_dense
 from fusion.compiler import combo_casts as cc
@@ -364,3 +365,25 @@ def test_kernel_compiles_for_an_h100_without_one():
         pytest.skip(f"Triton cannot compile for CUDA here: {type(e).__name__}: {e}")
     ptx = compiled.asm["ptx"]
     assert "cvt.rn.bf16" in ptx and "cvt.rz" not in ptx
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_bias_gradients_cast_joins_the_group_on_a_gpu_only(device):
+    """A bias gradient (a sum over the batch) cast back to float32 and returned: on a GPU aten runs that lone sum, so
+    its cast is a gradient cast of the group; on a CPU the C renderer generates the sum and the cast joins its kernel.
+    Fake tensors: no GPU needed to decide."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        g_val = torch.empty(8, 4, dtype=torch.bfloat16, device=device)
+        s_val = g_val.sum([0])
+        c_val = s_val.float()
+    g = fx.Graph()
+    x = g.placeholder("g")
+    x.meta["val"] = g_val
+    s = g.call_function(torch.ops.aten.sum.dim_IntList, (x, [0]))
+    s.meta["val"] = s_val
+    c = g.call_function(torch.ops.prims.convert_element_type.default, (s, torch.float32))
+    c.meta["val"] = c_val
+    g.output((c,))
+    assert cc.gradient(c, s) == (device == "cuda")

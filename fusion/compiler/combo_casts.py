@@ -84,6 +84,10 @@ LIBRARY_OPS = frozenset(
     )
     if hasattr(aten, name)
 ) | {cudnn_conv_bias_relu, cudnn_conv_bias_add_relu}  # fmt: skip  # pass "epilogue"'s convolutions (inference)
+# On a GPU a gradient cast's root may also be a bias gradient's sum over the batch: there a lone sum over leading
+# dims of a few hundred columns is aten's (too few columns to fill the GPU: ``kernels.rows``), so its cast back to
+# float32 would be one more library call. On a CPU the C renderer generates that sum, and the cast joins its kernel.
+GRADIENT_ROOTS = LIBRARY_OPS | {aten.sum.dim_IntList}
 
 
 def _define() -> torch._ops.OpOverload:
@@ -139,9 +143,9 @@ def _read_as_is(user: fx.Node) -> bool:
     return False
 
 
-def _library_root(x: fx.Node) -> fx.Node | None:
-    """The library op's result ``x`` is, possibly through views that nothing else reads (so no region reaches the
-    cast through them), or None."""
+def _library_root(x: fx.Node, ops: frozenset = LIBRARY_OPS) -> fx.Node | None:
+    """The library op's result (one of ``ops``) ``x`` is, possibly through views that nothing else reads (so no
+    region reaches the cast through them), or None."""
     while x.op == "call_function" and is_view_node(x, getitem=False):
         if len(x.users) != 1 or not isinstance(x.args[0], fx.Node):
             return None
@@ -149,7 +153,7 @@ def _library_root(x: fx.Node) -> fx.Node | None:
     op = x
     if x.op == "call_function" and x.target is operator.getitem and isinstance(x.args[0], fx.Node):
         op = x.args[0]
-    return x if op.op == "call_function" and op.target in LIBRARY_OPS else None
+    return x if op.op == "call_function" and op.target in ops else None
 
 
 def _written(x: fx.Node) -> bool:
@@ -179,7 +183,9 @@ def gradient(node: fx.Node, x: fx.Node) -> bool:
     output."""
     if not node.users or any(u.op != "output" for u in node.users):
         return False
-    root = _library_root(x)
+    val = x.meta.get("val")
+    cuda = isinstance(val, torch.Tensor) and val.device.type == "cuda"
+    root = _library_root(x, GRADIENT_ROOTS if cuda else LIBRARY_OPS)
     return root is not None and not _written(root)
 
 

@@ -36,23 +36,27 @@ def reorder_for_locality(gm: fx.GraphModule, note: Callable[..., None]) -> None:
 
 
 def raise_returned(graph: fx.Graph) -> int:
-    """Move every pure pointwise op and view that only the graph's output reads (a value a training forward saves for
-    the backward: LayerNorm's ``rsqrt(var + eps) / d``) up to just after its last input. Where it was, at the end of
-    the graph, it ran alone (a library call of one op); next to its input it joins that input's region (stored by
-    the LayerNorm kernel, one element per row), and its input is no longer kept alive until the end. Returns how
-    many moved."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    """Move every pure pointwise op and view that only the graph's output reads, directly or through other such ops
+    (a value a training forward saves for the backward: LayerNorm's ``rsqrt(var + eps) / d``; a bias gradient's
+    ``view`` and cast back to float32), up to just after its last input. Where it was, at the end of the graph, it
+    ran alone (a library call of one op); next to its input it joins that input's region (stored by the LayerNorm
+    kernel, one element per row), and its input is no longer kept alive until the end. Returns how many moved."""
+    nodes = list(graph.nodes)
+    returned: set[fx.Node] = set()
+    for node in reversed(nodes):  # readers first: a chain is returned-only from its end
+        if node.op == "call_function" and node.users and node.all_input_nodes and _cheap_and_pure(node):
+            if all(u.op == "output" or u in returned for u in node.users):
+                returned.add(node)
+    order = {n: float(i) for i, n in enumerate(nodes)}
     moved = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or not node.users or not _cheap_and_pure(node):
-            continue
-        if any(u.op != "output" for u in node.users) or not node.all_input_nodes:
+    for node in nodes:  # writers first: a chain moves in order, each after the one before it
+        if node not in returned:
             continue
         last = max(node.all_input_nodes, key=order.__getitem__)
         if last.next is not node and last.op != "placeholder":
             last.append(node)
-            order[node] = order[last] + 0.5 / (1 + moved)  # after ``last``, before whatever followed it
             moved += 1
+        order[node] = order[last] + 0.5 / (1 + moved)  # after ``last``, before whatever followed it
     return moved
 
 
