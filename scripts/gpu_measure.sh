@@ -10,6 +10,7 @@
 #     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
+#     bash scripts/gpu_measure.sh session    # CUDA tests (Triton from the region and from the IR); ViT and BERT steps
 #     bash scripts/gpu_measure.sh ir         # the CUDA tests with Triton rendered from the kernel IR; six models with
 #                                            # Triton from the region and from the IR (default and CUDA graphs);
 #                                            # GPT-2 and Llama training steps with pass combo_casts on and off
@@ -44,12 +45,12 @@ suite() {  # suite BUDGET MODELS BACKENDS
         --out "$OUT" "${extra[@]}" 2>&1 | tee -a "$OUT/suite.log"
 }
 
-cuda_tests() {  # cuda_tests LIMIT
+cuda_tests() {  # cuda_tests LIMIT [LOG NAME]
     step "CUDA tests of Phases 8-9 (generated kernels, launchers, CUDA graphs, attention, eager's roundings)"
     timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py tests/test_random.py \
         tests/test_split_reductions.py \
         -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes or one_rounding \
-or zero_dim or outer or leading" 2>&1 | tail -15 | tee "$OUT/cuda_tests.log"
+or zero_dim or outer or leading or window or stack or transposed" 2>&1 | tail -15 | tee "$OUT/${2:-cuda_tests}.log"
 }
 
 zero_dim() {
@@ -122,6 +123,11 @@ suite)
 train)
     suite 560 bert_train,gpt2_train,llama_train,resnet50_train,vit_b_16_train,mobilenet_v2_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, ir, suite or train" && exit 2 ;;
+session)
+    cuda_tests 170
+    FUSION_TRITON_SOURCE=ir cuda_tests 120 cuda_tests_ir
+    suite $((565 - (SECONDS - start))) vit_b_16_train,bert_train eager,fusion,inductor
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, ir, session, suite or train" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
