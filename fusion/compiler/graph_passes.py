@@ -47,7 +47,7 @@ def raise_returned(graph: fx.Graph) -> int:
         if node.op == "call_function" and node.users and node.all_input_nodes and _cheap_and_pure(node):
             if all(u.op == "output" or u in returned for u in node.users):
                 returned.add(node)
-    order = {n: float(i) for i, n in enumerate(nodes)}
+    order = {n: i for i, n in enumerate(graph.nodes)}
     moved = 0
     for node in nodes:  # writers first: a chain moves in order, each after the one before it
         if node not in returned:
@@ -56,7 +56,7 @@ def raise_returned(graph: fx.Graph) -> int:
         if last.next is not node and last.op != "placeholder":
             last.append(node)
             moved += 1
-        order[node] = order[last] + 0.5 / (1 + moved)  # after ``last``, before whatever followed it
+            order = {n: i for i, n in enumerate(graph.nodes)}  # positions as they are now (a few moves a graph)
     return moved
 
 
