@@ -1,5 +1,6 @@
 """Pass ``stack_scatters`` (fusion/compiler/scatter_passes.py): the backward of attention's packed in-projection sums
-one select_scatter into zeros per piece; the pass writes that sum as one cat, and only where it is one."""
+one select_scatter into zeros per piece, Llama's rotate_half one slice_scatter per half; the pass writes that sum as
+one cat, and only where it is one."""
 
 from __future__ import annotations
 
@@ -100,4 +101,64 @@ def test_only_a_sum_that_is_a_stack_is_rewritten(cover, base, alpha, rewritten):
     assert count == (1 if rewritten else 0)
     targets = {n.target for n in gm.graph.nodes}
     assert (aten.cat.default in targets) == rewritten and (aten.select_scatter.default in targets) != rewritten
+    torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_rotate_halfs_gradient_is_one_cat_and_keeps_eagers_values():
+    """Llama's rotary embedding: q * cos + rotate_half(q) * sin. Its backward's two slice_scatters into zeros (and
+    the neg of a half) become one cat inside a generated kernel; float64, so the values are eager's exactly."""
+    q = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+
+    def f(q):
+        return (q * cos + _rotate_half(q) * sin).square().sum()
+
+    f(q).backward()
+    want, q.grad = q.grad, None
+    for options, scatters in ((None, 0), ({"stack_scatters": False}, 2)):
+        backend.reset()
+        torch.compile(f, backend="fusion", options=options)(q).backward()
+        calls = backend.reports[0].part("backward").library_calls
+        assert calls.get("slice_scatter", 0) == scatters and (scatters or calls.get("neg", 0) == 0), calls
+        torch.testing.assert_close(q.grad, want, atol=0, rtol=0)
+        q.grad = None
+
+
+def _slices(spans, size=8):
+    """sum over ``spans`` of slice_scatter(zeros((3, size)), piece, 1, lo, hi), the pieces placeholders."""
+    g = fx.Graph()
+    total = None
+    full = g.call_function(aten.full.default, ([3, size], 0.0), {"dtype": torch.float64})
+    full.meta["val"] = torch.empty(3, size, dtype=torch.float64)
+    for k, (lo, hi) in enumerate(spans):
+        p = g.placeholder(f"p{k}")
+        width = len(range(size)[slice(lo, hi)])
+        p.meta["val"] = torch.empty(3, width, dtype=torch.float64)
+        s = g.call_function(aten.slice_scatter.default, (full, p, 1, lo, hi))
+        s.meta["val"] = torch.empty(3, size, dtype=torch.float64)
+        total = s if total is None else g.call_function(aten.add.Tensor, (total, s))
+        total.meta["val"] = torch.empty(3, size, dtype=torch.float64)
+    g.output(total)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize(
+    "spans, rewritten",
+    [
+        (((4, 9223372036854775807), (0, 4)), True),  # rotate_half's two halves, the end as the backward writes it
+        (((0, 3), (3, 5), (-3, None)), True),  # three pieces, a negative start and an open end
+        (((0, 3), (4, 8)), False),  # a gap at 3
+        (((0, 5), (4, 8)), False),  # an overlap at 4
+    ],
+)
+def test_only_slices_that_tile_the_dim_are_rewritten(spans, rewritten):
+    gm = _slices(spans)
+    pieces = [torch.randn(*n.meta["val"].shape, dtype=torch.float64) for n in gm.graph.nodes if n.op == "placeholder"]
+    want = gm(*pieces)
+    assert stack_select_scatters(gm, lambda *a: None) == (1 if rewritten else 0)
     torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)

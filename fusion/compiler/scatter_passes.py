@@ -1,5 +1,5 @@
-"""Phase 9's pass ``stack_scatters``: the gradient of a tensor that was split by ``select`` (or ``unbind``), written
-as one ``cat`` instead of a ``select_scatter`` into zeros per piece and a sum of them.
+"""Phase 9's pass ``stack_scatters``: the gradient of a tensor that was split into pieces (``select``, ``unbind``,
+slices), written as one ``cat`` instead of a scatter into zeros per piece and a sum of them.
 
 ``nn.MultiheadAttention``'s packed in-projection computes q, k and v as one GEMM of width 3·d and splits it with
 ``unflatten(-1, (3, d)).unsqueeze(0).transpose(0, -2).squeeze(-2)`` then ``[0]``, ``[1]``, ``[2]``. AOTAutograd's
@@ -9,14 +9,17 @@ stacked shape, and the three are summed::
     g = select_scatter(zeros, dq, 0, 0) + select_scatter(zeros, dk, 0, 1) + select_scatter(zeros, dv, 0, 2)
 
 Three library calls filling 3x the stacked tensor with zeros and copies, two more reading and writing it whole
-(ViT-B/16's training step: 37 ``select_scatter`` calls, 73 device copies). Where the pieces cover every index of the
-dim exactly once, the sum *is* the pieces stacked: ``cat([dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)], 0)``,
-which Phase 8's generator writes as one kernel of masked loads (with the copy that follows it). Values: the same,
-except a -0.0 of a piece, which eager's ``-0.0 + 0.0`` turns into +0.0 and the ``cat`` keeps (equal under every
-comparison of values). Inductor's pattern matcher rewrites ``select_scatter`` sums likewise.
+(ViT-B/16's training step: 37 ``select_scatter`` calls, 73 device copies). Llama's ``rotate_half`` (``cat(-x2,
+x1)`` of a head's halves) has the same backward with two ``slice_scatter``s of half a head each (32 calls a step,
+and the ``neg`` of each half an aten call). Where the pieces tile the dim exactly (no gap, no overlap), the sum *is*
+the pieces concatenated: ``cat([dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)], 0)``, which Phase 8's generator
+writes as one kernel of masked loads, with the ops around it. Values: the same, except a -0.0 of a piece, which
+eager's ``-0.0 + 0.0`` turns into +0.0 and the ``cat`` keeps (equal under every comparison of values). Inductor's
+pattern matcher rewrites scatter sums likewise.
 
-What is left alone: a partial cover (an index no piece writes), a base that is not all zeros, sums with ``alpha``,
-pieces of different dtypes, and any ``add`` of the tree read elsewhere (its partial sum is needed as it is).
+What is left alone: a gap (an index no piece writes), an overlap, a base that is not all zeros, sums with ``alpha``,
+slices with a step, pieces of different dtypes, and any ``add`` inside the sum read elsewhere (its partial sum is
+needed as it is). A sum of scatters and other terms rewrites its scatters' own sum where that is an ``add`` of them.
 """
 
 from __future__ import annotations
@@ -56,39 +59,62 @@ def _leaves(root: fx.Node) -> list[fx.Node] | None:
     return out
 
 
+SCATTERS = (aten.select_scatter.default, aten.slice_scatter.default)
+
+
+def _piece(leaf: fx.Node, rank: int, shape) -> tuple[int, int, int, fx.Node] | None:
+    """(dim, start, end, value to cat) of a scatter into ``shape``: a select writes ``[i, i + 1)`` (its source
+    unsqueezed at the cat), a slice of step 1 ``[start, end)``; None for a slice with a step."""
+    if leaf.target is aten.select_scatter.default:
+        dim = leaf.args[2] % rank
+        i = leaf.args[3] % shape[dim]
+        return dim, i, i + 1, None
+    args = list(leaf.args) + [None] * (6 - len(leaf.args))
+    dim, lo, hi, step = args[2] if args[2] is not None else 0, args[3], args[4], args[5]
+    dim %= rank
+    if step not in (None, 1):
+        return None
+    size = shape[dim]
+    lo, hi = (0 if lo is None else lo), (size if hi is None else hi)
+    lo, hi = (lo + size if lo < 0 else lo), (hi + size if hi < 0 else hi)
+    return dim, max(0, min(lo, size)), max(0, min(hi, size)), leaf.args[1]
+
+
 def stack_select_scatters(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """Rewrite each sum of ``select_scatter(zeros, piece_i, dim, i)`` covering every index of ``dim`` once as
-    ``cat([piece_i.unsqueeze(dim) ...], dim)`` (see the module's docstring). Returns how many sums were rewritten."""
+    """Rewrite each sum of scatters into zeros (``select_scatter``/``slice_scatter(zeros, piece_i, dim, ...)``)
+    whose pieces tile ``dim`` exactly as ``cat`` of the pieces (a select's unsqueezed) in order along ``dim`` (see
+    the module's docstring; Llama's ``rotate_half`` backward is two ``slice_scatter``s of half a head each). Returns
+    how many sums were rewritten."""
     done = []
     for node in list(gm.graph.nodes):
-        if node.target is not aten.add.Tensor or any(u.target is aten.add.Tensor and len(node.users) == 1
-                                                     for u in node.users):  # fmt: skip
-            continue  # only the root of a tree of adds
+        if node.target is not aten.add.Tensor or not node.users:
+            continue
         leaves = _leaves(node)
-        if not leaves or len(leaves) < 2 or any(leaf.target is not aten.select_scatter.default for leaf in leaves):
+        if not leaves or len(leaves) < 2 or any(leaf.target not in SCATTERS for leaf in leaves):
             continue
         val = node.meta.get("val")
         bases = [leaf.args[0] for leaf in leaves]
         if not isinstance(val, torch.Tensor) or not all(_zeros(b) and b.meta["val"].shape == val.shape for b in bases):
             continue
-        rank = val.dim()
-        dims = {leaf.args[2] % rank for leaf in leaves}
-        if len(dims) != 1:
+        pieces = [_piece(leaf, val.dim(), val.shape) for leaf in leaves]
+        if any(p is None for p in pieces) or len({p[0] for p in pieces}) != 1:
             continue
-        dim = dims.pop()
-        pieces = {leaf.args[3] % val.shape[dim]: leaf.args[1] for leaf in leaves}
-        if len(pieces) != len(leaves) or sorted(pieces) != list(range(val.shape[dim])):
-            continue  # an index written twice or by none: not a stack
-        if any(p.meta["val"].dtype != val.dtype or any(b.meta["val"].dtype != val.dtype for b in bases)
-               for p in pieces.values()):  # fmt: skip
+        dim = pieces[0][0]
+        spans = sorted((lo, hi, leaf) for (_, lo, hi, _), leaf in zip(pieces, leaves, strict=True) if hi > lo)
+        if [lo for lo, _, _ in spans] != [0] + [hi for _, hi, _ in spans[:-1]] or spans[-1][1] != val.shape[dim]:
+            continue  # a gap (zeros there) or an overlap (a sum there): not a stack
+        if any(leaf.args[1].meta["val"].dtype != val.dtype or leaf.args[0].meta["val"].dtype != val.dtype
+               for leaf in leaves):  # fmt: skip
             continue
         with gm.graph.inserting_before(node):
-            parts = [call_with_meta(gm.graph, aten.unsqueeze.default, (pieces[i], dim)) for i in sorted(pieces)]
+            parts = [leaf.args[1] if leaf.target is aten.slice_scatter.default
+                     else call_with_meta(gm.graph, aten.unsqueeze.default, (leaf.args[1], dim))
+                     for _, _, leaf in spans]  # fmt: skip
             cat = call_with_meta(gm.graph, aten.cat.default, (parts, dim))
         node.replace_all_uses_with(cat)
         done.append(node.name)
     if done:
         gm.graph.eliminate_dead_code()
         relint(gm)
-        note("stack select_scatters", done, "rewritten", "a sum of select_scatters into zeros, one per index: one cat")
+        note("stack select_scatters", done, "rewritten", "a sum of scatters into zeros tiling a dim: one cat")
     return len(done)
