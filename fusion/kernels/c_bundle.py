@@ -94,14 +94,19 @@ def compile_kernels(kernels: Sequence[object], workers: int | None = None) -> tu
     A kernel that failed to compile or load is None in the list (``c_runtime.kernel_for`` compiles it alone, which
     raises or reports its error)."""
     start = time.perf_counter()
-    named = []  # (kernel, code, source, renamed, path)
+    named, failed = [], []  # (kernel, code, source, renamed, path); code None where rendering failed
     for k in kernels:
-        code, source, renamed = c_runtime.named(k)
-        named.append((k, code, source, renamed, c_runtime.library_path(renamed, code)))
-    distinct = {code: (renamed, path) for _, code, _, renamed, path in named}
+        try:
+            code, source, renamed = c_runtime.named(k)
+            named.append((k, code, source, renamed, c_runtime.library_path(renamed, code)))
+        except c_runtime.CompilerMissing:
+            raise
+        except Exception as e:  # noqa: BLE001 - a renderer bug: its first call renders it again and says so
+            failed.append(f"{k.name}: rendering: {type(e).__name__}: {str(e)[:300]}")
+            named.append((k, None, "", "", None))
+    distinct = {code: (renamed, path) for _, code, _, renamed, path in named if code is not None}
     if not workers:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    failed: list[str] = []
     compiled = bundles = 0
     with c_runtime._LOCK:  # this process's loads wait; other processes see the kernels' file locks
         loaded = set()
@@ -115,12 +120,13 @@ def compile_kernels(kernels: Sequence[object], workers: int | None = None) -> tu
             parts = _chunks(todo, workers)
             with concurrent.futures.ThreadPoolExecutor(max(1, len(parts))) as pool:
                 errors = list(pool.map(_compile_bundle, parts))
-            retry = []
+            retry, refused = [], set()  # a bundle's kernels to compile one by one; codes a compile refused
             for part, error in zip(parts, errors, strict=True):
                 bundles += 1
                 if error:
                     failed.append(f"a bundle of {len(part)} kernels: {error.splitlines()[0]}")
-                    retry += part
+                    refused.update(code for code, _, _ in part)
+                    retry += part if len(part) > 1 else []  # one kernel alone: its first call says why
                 else:
                     compiled += len(part)
                     c_runtime.STATS["compiled"] += len(part)
@@ -133,10 +139,10 @@ def compile_kernels(kernels: Sequence[object], workers: int | None = None) -> tu
             compiled += 1
             loaded.add(code)
         except Exception as e:  # noqa: BLE001 - said again, naming the kernel, at its first call
-            failed.append(f"{code}: {str(e)[:300]}")
-    out, retried = [], {code for code, _, _ in retry}
+            failed.append(f"kernel {' = '.join(k.name for k, c, *_ in named if c == code)}: {str(e)[:300]}")
+    out = []
     for k, code, source, renamed, path in named:
-        if code in retried and code not in loaded:  # its error is in failed; its first call compiles it alone
+        if code is None or (code in refused and code not in loaded):  # in failed; its first call tries it alone
             out.append(None)
             continue
         try:

@@ -192,6 +192,8 @@ def precompile_c(kernels: Sequence[object]) -> dict[str, object]:
         made, summary = c_bundle.compile_kernels([k.plan.ir for k in mine], _c_workers())
     except c_runtime.CompilerMissing as e:
         return {"skipped": str(e)}
+    except Exception as e:  # noqa: BLE001 - only time is lost: each kernel compiles alone at its first call
+        return {"skipped": f"bundled compile failed ({type(e).__name__}: {str(e)[:300]})"}
     for k, ck in zip(mine, made, strict=True):
         if ck is not None:  # what RegionKernel.c_kernel would compile at the first call
             k._compiled["c"], k.c_refused = ck, ""
