@@ -27,6 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's finished child processes (the compilers)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _one_first_call(name: str, backend: str) -> dict:
     """In a worker process: the first call of ``name`` under ``backend`` (caches as the parent set them)."""
     import torch
@@ -42,14 +50,43 @@ def _one_first_call(name: str, backend: str) -> dict:
     with torch.no_grad():
         suite.compile_with(backend, suite._Warm())(torch.ones(64))
     torch._dynamo.reset()
+    bundled = []  # wall seconds of each graph's bundled compile (this tree's c_bundle; absent before it)
+    try:
+        from fusion.kernels import c_bundle
+
+        plain = c_bundle.compile_kernels
+
+        def timed_compile(*a, **k):
+            made, summary = plain(*a, **k)
+            bundled.append(summary["seconds"])
+            return made, summary
+
+        c_bundle.compile_kernels = timed_compile
+    except ImportError:
+        pass
+    log = Path(os.environ.get("FUSION_C_COMPILE_LOG", os.devnull))
+    warm = len(log.read_text().splitlines()) if log.is_file() else 0  # the throwaway function's compiles
     before = dict(c_runtime.STATS)
+    cpu0 = _children_cpu()
     start = time.perf_counter()
     with torch.no_grad():
         fn = suite.compile_with(backend, model)
         fn(*inputs)
     first = time.perf_counter() - start
+    children_cpu = _children_cpu() - cpu0
     stats = {k: round(v - before.get(k, 0), 3) for k, v in c_runtime.STATS.items()}
-    return {"model": name, "backend": backend, "first_call_s": round(first, 3), "c_stats": stats}
+    runs = [float(line.split()[1]) for line in log.read_text().splitlines()[warm:]] if log.is_file() else []
+    return {
+        "model": name,
+        "backend": backend,
+        "first_call_s": round(first, 3),
+        "c_stats": stats,
+        "compiler_runs": len(runs),
+        "compiler_s_summed": round(sum(runs), 3),
+        "children_cpu_s": round(children_cpu, 3),
+        "bundled_compile_wall_s": round(sum(bundled), 3),
+        "tree": str(Path(c_runtime.__file__).parents[2]),
+    }
 
 
 def first(args) -> None:
@@ -59,24 +96,31 @@ def first(args) -> None:
     for r in range(args.rounds):
         for name in models:
             for variant in variants:
-                env = dict(os.environ, FUSION_CACHE_DIR=tempfile.mkdtemp(prefix="fc_"),
-                           TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="ic_"))  # fmt: skip
+                cache = tempfile.mkdtemp(prefix="fc_")
+                env = dict(os.environ, FUSION_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="ic_"),
+                           FUSION_C_COMPILE_LOG=os.path.join(cache, "compiles.log"))  # fmt: skip
                 if variant == "before":
                     env["PYTHONPATH"] = args.before
                 backend = "inductor" if variant == "inductor" else "fusion"
                 code = f"import sys; sys.path.insert(0, {str(here.parent)!r}); import cpu_c_compile as m, json; "
                 code += f"print(json.dumps(m._one_first_call({name!r}, {backend!r})))"
-                done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+                done = subprocess.run(
+                    [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir()
+                )  # fmt: skip - not this tree: `-c` puts cwd first
                 line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-400:]
                 print(f"round {r} {variant:8s} {line}", flush=True)
 
 
 def _timed(cmd: list[str], repeats: int = 5) -> float:
-    times = []
+    """Median wall seconds of ``cmd`` (the median CPU seconds of its processes in ``_timed.cpu``)."""
+    times, cpus = [], []
     for _ in range(repeats):
+        cpu = _children_cpu()
         start = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         times.append(time.perf_counter() - start)
+        cpus.append(_children_cpu() - cpu)
+    _timed.cpu = statistics.median(cpus)
     return statistics.median(times)
 
 
@@ -118,25 +162,26 @@ def parts(args) -> None:
         ("one kernel, whole (as c_runtime.load)", lib + [str(one), "-o", so, "-lm"]),
     ]
     for what, cmd in rows:
-        print(f"{what:60s} {_timed(cmd) * 1000:7.1f} ms")
-    start = time.perf_counter()
-    for s in sources:
-        subprocess.run(lib + [str(s), "-o", so, "-lm"], check=True, capture_output=True)
-    print(f"{len(sources)} kernels, one process each, in turn{'':22s} {time.perf_counter() - start:7.2f} s")
-    start = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda s: subprocess.run(lib + [str(s), "-o", f"{s}.so", "-lm"], check=True), sources))
-    print(f"{len(sources)} kernels, one process each, {workers} at a time{'':18s} {time.perf_counter() - start:7.2f} s")
-    print(
-        f"{len(sources)} kernels, one translation unit{'':26s} {_timed(lib + [str(tmp / 'all.c'), '-o', so], 3):7.2f} s"
-    )
-    start = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda w: subprocess.run(lib + [str(tmp / f"part{w}.c"), "-o", f"{tmp}/p{w}.so"], check=True),
-                      range(workers)))  # fmt: skip
-    print(
-        f"{len(sources)} kernels, {workers} translation units side by side{'':16s} {time.perf_counter() - start:7.2f} s"
-    )
+        wall = _timed(cmd)
+        print(f"{what:56s} wall {wall * 1000:7.1f} ms  cpu {_timed.cpu * 1000:7.1f} ms")
+    n = len(sources)
+
+    def each(s: Path) -> None:
+        subprocess.run(lib + [str(s), "-o", f"{s}.so", "-lm"], check=True, capture_output=True)
+
+    def part(w: int) -> None:
+        subprocess.run(lib + [str(tmp / f"part{w}.c"), "-o", f"{tmp}/p{w}.so", "-lm"], check=True)
+
+    ways = [
+        (f"{n} kernels, one process each, in turn", lambda: [each(s) for s in sources]),
+        (f"{n} kernels, one process each, {workers} at a time", lambda: list(ThreadPoolExecutor(workers).map(each, sources))),
+        (f"{n} kernels, one translation unit", lambda: subprocess.run(lib + [str(tmp / "all.c"), "-o", so, "-lm"], check=True)),
+        (f"{n} kernels, {workers} translation units side by side", lambda: list(ThreadPoolExecutor(workers).map(part, range(workers)))),
+    ]  # fmt: skip
+    for what, run in ways:
+        cpu, start = _children_cpu(), time.perf_counter()
+        run()
+        print(f"{what:56s} wall {time.perf_counter() - start:7.2f} s   cpu {_children_cpu() - cpu:7.2f} s")
 
 
 def main() -> None:

@@ -65,6 +65,7 @@ def test_a_graphs_kernels_compile_in_one_compiler_process(tmp_path, monkeypatch)
 
 
 def test_two_workers_compile_two_bundles_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setattr(c_bundle, "MIN_PER_BUNDLE", 1)
     before = dict(c_runtime.STATS)
     model = compiled(monkeypatch, tmp_path, workers="2")
     summary = model.compiled.c_precompiled

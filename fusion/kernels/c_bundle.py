@@ -1,9 +1,10 @@
 """A graph's C kernels compiled together: one compiler process per core, each a bundle of kernels, the prelude once.
 
 Compiling a kernel alone (``c_runtime.load``) is one compiler process: its start, the prelude's parse, the kernel's
-``-O3`` code generation, the link. Measured on the course's 2-core CPU (gcc 12, scripts/results/
-cpu-2026-11-27-c-compile.log): ~45 ms a kernel, of which the kernel's own code ~20 ms; EfficientNet-B0's 47 kernels
-2.2 s one after another, 0.9 s as one translation unit, ~0.55 s as two run side by side. So a compiled graph hands its
+``-O3`` code generation, the link. Measured on the course's 2-core CPU (gcc 12, other jobs running; scripts/results/
+cpu-2026-11-27-c-compile.log): ~50 ms of CPU a kernel, of which ~26 ms the process and its link (an empty file),
+~6 ms the prelude and ~18 ms the kernel's own code; EfficientNet-B0's 48 kernels took 2.6 s of CPU one by one, 1.0 s
+as one translation unit, 1.1 s as two side by side (1.7 s wall, against 6.0 s). So a compiled graph hands its
 kernels here before its first call (``fusion.kernels.precompile.precompile_c``):
 
 * each kernel is named by its code (``c_runtime.named``) and keyed as alone (``c_runtime.library_path``: its source,
@@ -32,10 +33,13 @@ from pathlib import Path
 from fusion.kernels import c_runtime
 from fusion.kernels.c_prelude import PRELUDE
 
+MIN_PER_BUNDLE = 4  # a compiler process costs ~30 ms before its first kernel (~20-40 ms each): fewer, one bundle
+
 
 def _chunks(todo: list[tuple[str, str, Path]], workers: int) -> list[list[tuple[str, str, Path]]]:
-    """``todo`` in at most ``workers`` bundles of about equal source size (largest first, onto the lightest)."""
-    bins: list[list[tuple[str, str, Path]]] = [[] for _ in range(max(1, min(workers, len(todo))))]
+    """``todo`` in at most ``workers`` bundles of about equal source size (largest first, onto the lightest), each of
+    at least :data:`MIN_PER_BUNDLE` kernels where there are that many."""
+    bins: list[list[tuple[str, str, Path]]] = [[] for _ in range(max(1, min(workers, len(todo) // MIN_PER_BUNDLE)))]
     sizes = [0] * len(bins)
     for item in sorted(todo, key=lambda t: -len(t[1])):
         i = sizes.index(min(sizes))
@@ -70,8 +74,8 @@ def _compile_bundle(bundle: list[tuple[str, str, Path]]) -> str:
         return "a kernel's source does not begin with the prelude"
     first = bundle[0][2]
     digest = hashlib.sha256("\0".join(sorted(str(p) for _, _, p in bundle)).encode()).hexdigest()[:20]
-    stem = first.parent / f"bundle_{digest}.{os.getpid()}.{threading.get_ident()}"
-    c_file, tmp = stem.with_suffix(".c"), stem.with_suffix(".tmp")
+    stem = f"bundle_{digest}.{os.getpid()}.{threading.get_ident()}"
+    c_file, tmp = first.parent / f"{stem}.c", first.parent / f"{stem}.tmp"
     try:
         c_file.write_text(text)
         c_runtime.run_compiler(c_file, tmp, f"{len(bundle)} kernels")

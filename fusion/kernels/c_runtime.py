@@ -311,7 +311,9 @@ def compile_kernel(kernel) -> CKernel:
     code, source, renamed = named(kernel)
     try:
         fn = load(renamed, code)
-    except RuntimeError as e:
+    except CompilerMissing:
+        raise
+    except RuntimeError as e:  # the compiler's message, naming the kernel as the graph knows it
         raise RuntimeError(f"kernel {kernel.name}: {e}") from e
     return CKernel(fn, kernel.name, source, len(kernel.buffers))
 

@@ -201,8 +201,10 @@ def precompile_c(kernels: Sequence[object]) -> dict[str, object]:
 
 
 def _c_workers() -> int:
-    """Compiler processes for a graph's C kernels: $FUSION_COMPILE_WORKERS (0 or 1: one bundle), else one per core."""
+    """Compiler processes for a graph's C kernels: $FUSION_COMPILE_WORKERS (0 or 1: one bundle), else the cores this
+    process may use, shared among pytest-xdist's workers where it runs in one (they compile at the same time)."""
     env = os.environ.get("FUSION_COMPILE_WORKERS")
     if env:
         return max(1, int(env))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
