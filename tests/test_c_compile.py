@@ -152,3 +152,21 @@ def test_a_kernel_the_compiler_refuses_leaves_the_others_compiled_and_is_named(t
     assert summary["compiled"] == len(kernels) - 1 and len(summary["failed"]) == 2, summary  # the bundle, then it
     with pytest.raises(RuntimeError, match=f"kernel {bad.name}: .* failed on"):
         c_runtime.compile_kernel(bad)  # alone, at its first call: one error naming the kernel
+
+
+def test_a_kernel_that_fails_to_render_is_left_to_its_first_call(tmp_path, monkeypatch):
+    """A renderer bug in one kernel costs only that kernel's bundling: the others compile, and it is named."""
+    model = compiled(monkeypatch, tmp_path / "first")
+    kernels = [lch.owner.plan.ir for lch in model.compiled.launchers]
+    named = c_runtime.named
+
+    def broken(kernel):
+        if kernel is kernels[0]:
+            raise ValueError("a renderer bug")
+        return named(kernel)
+
+    monkeypatch.setattr(c_runtime, "named", broken)
+    monkeypatch.setenv("FUSION_CACHE_DIR", str(tmp_path / "second"))
+    made, summary = c_bundle.compile_kernels(kernels, workers=1)
+    assert made[0] is None and all(k is not None for k in made[1:]), summary
+    assert summary["failed"] == [f"{kernels[0].name}: rendering: ValueError: a renderer bug"], summary
