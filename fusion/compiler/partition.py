@@ -45,7 +45,7 @@ from fusion.fxutils.rebuild import Group, rebuild
 from fusion.ir.plan import KernelPlan, Region, SplitRegion, Unsupported
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.precompile import precompile
+from fusion.kernels.precompile import precompile, precompile_c
 
 prims_to_aten = map_prims  # the backend's name for it: wrapper_passes.map_prims (prims and max pools as aten ops)
 
@@ -128,7 +128,9 @@ class Worklist:
     def compiled(self) -> CompiledGraph:
         new = build_compiled_graph(self.gm, self.plans)
         compiled = CompiledGraph(new, [p.kernel for p in self.plans], self.report, self.regions)
-        compiled.precompiled = precompile([lch.owner for lch in compiled.launchers])  # CUDA: all kernels at once
+        owners = [lch.owner for lch in compiled.launchers]
+        compiled.precompiled = precompile(owners)  # CUDA: all kernels at once, in a worker pool
+        compiled.c_precompiled = precompile_c(owners)  # CPU from C: the missing kernels at once, a compiler per core
         return compiled
 
 

@@ -5,7 +5,8 @@
   ``-march=native`` where it compiles, ``-fopenmp`` where it links (serial kernels otherwise).
 * :func:`load` — compile once per (source, flags, compiler version): ``<cache_dir>/c/<name>_<hash>.so``, built under
   a file lock (``fcntl``) into a temporary file and renamed into place, so parallel compiles and test workers never
-  load half a library; loaded with ``ctypes``.
+  load half a library; loaded with ``ctypes``. A compiled graph's missing kernels compile together before its first
+  call (``fusion.kernels.c_bundle``: one compiler process per core), each then cached under its own key as here.
 * :func:`kernel_for` — a Phase 8 ``KernelPlan``'s kernel IR (``plan.ir``, which ``fusion.compiler.lowering`` fills
   when the graph is compiled: this folder reads the IR, never the lowering), rendered to C (``fusion.kernels.c_render``), compiled, loaded: a :class:`CKernel` called with the launch's tensors.
 * :func:`chosen` / :func:`use` — the renderer of CPU kernels: ``options={"renderer": "c" | "triton"}`` on the backend
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -34,7 +36,10 @@ from fusion.kernels.setting import Setting
 RENDERERS = ("c", "triton")
 DEFAULT = "c"  # CPU kernels compile from C where a compiler is found; Triton's interpreter otherwise (said once)
 RENDERER = Setting("renderer", "FUSION_RENDERER", RENDERERS, DEFAULT, "renderer")
-STATS = {"compiled": 0, "disk_hits": 0, "loaded": 0}  # what load() did, for tests and the lesson
+# What load() and c_bundle did, for tests and the lesson: kernels compiled, found on disk (compiled by an earlier
+# graph or process), libraries loaded; compiler processes run, their wall and CPU seconds ($FUSION_C_COMPILE_LOG: a line
+# each)
+STATS = {"compiled": 0, "disk_hits": 0, "loaded": 0, "compiler_runs": 0, "compile_s": 0.0, "compile_cpu_s": 0.0}
 
 
 class CompilerMissing(RuntimeError):
@@ -179,8 +184,25 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def try_lock(path: Path, held: contextlib.ExitStack) -> bool:
+    """Take the lock on ``path`` if no one holds it (kept until ``held`` closes): True; False where another process
+    (or open file of this one) holds it. Without fcntl, True: the rename still keeps a library whole."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    f = held.enter_context(open(path, "a+"))
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    held.callback(fcntl.flock, f, fcntl.LOCK_UN)
+    return True
+
+
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
+_STATS_LOCK = threading.Lock()
 
 
 def library_path(source: str, name: str) -> Path:
@@ -192,7 +214,6 @@ def library_path(source: str, name: str) -> Path:
 
 def load(source: str, name: str) -> ctypes._CFuncPtr:
     """The function ``name`` of ``source`` compiled (or found in the disk cache) and loaded."""
-    cc, flags, _ = compiler()
     path = library_path(source, name)
     with _LOCK:
         lib = _LIBS.get(str(path))
@@ -207,17 +228,64 @@ def load(source: str, name: str) -> ctypes._CFuncPtr:
                         c_file = path.with_suffix(".c")
                         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
                         c_file.write_text(source)
-                        done = subprocess.run([cc, *flags, str(c_file), "-o", str(tmp), "-lm"], capture_output=True,
-                                              text=True, timeout=300)  # fmt: skip
-                        if done.returncode != 0:
-                            raise RuntimeError(f"{cc} failed on {c_file}:\n{done.stderr[-4000:]}")
+                        run_compiler(c_file, tmp, name)
                         os.replace(tmp, path)
                         STATS["compiled"] += 1
-            lib = _LIBS[str(path)] = ctypes.CDLL(str(path))
-            STATS["loaded"] += 1
+            lib = open_library(path)
+    return function(lib, name)
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """The library at ``path``, loaded once per process (``_LIBS``; callers hold ``_LOCK``)."""
+    lib = _LIBS.get(str(path))
+    if lib is None:
+        lib = _LIBS[str(path)] = ctypes.CDLL(str(path))
+        STATS["loaded"] += 1
+    return lib
+
+
+def function(lib: ctypes.CDLL, name: str) -> ctypes._CFuncPtr:
     fn = getattr(lib, name)
     fn.restype = None
     return fn
+
+
+def run_compiler(c_file: Path, out: Path, what: str) -> float:
+    """Compile ``c_file`` into the shared library ``out`` (seconds taken); RuntimeError with the compiler's message.
+    Counted in ``STATS`` (wall seconds, and the CPU seconds of the compiler and its passes where ``os.wait4`` reports
+    them); with ``$FUSION_C_COMPILE_LOG`` set, a line ``pid wall_s cpu_s what`` appended to that file."""
+    cc, flags, _ = compiler()
+    start = time.perf_counter()
+    code, stderr, cpu = _run([cc, *flags, str(c_file), "-o", str(out), "-lm"], timeout=300)
+    seconds = time.perf_counter() - start
+    with _STATS_LOCK:  # bundles compile in threads (fusion.kernels.c_bundle)
+        STATS["compiler_runs"] += 1
+        STATS["compile_s"] += seconds
+        STATS["compile_cpu_s"] += cpu
+    if log := os.environ.get("FUSION_C_COMPILE_LOG"):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {seconds:.3f} {cpu:.3f} {what}\n")
+    if code != 0:
+        raise RuntimeError(f"{cc} failed on {c_file} ({what}):\n{stderr[-4000:]}")
+    return seconds
+
+
+def _run(cmd: list[str], timeout: float) -> tuple[int, str, float]:
+    """(exit code, stderr, CPU seconds of the process and the children it waited for: 0.0 without ``os.wait4``)."""
+    if not hasattr(os, "wait4"):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stderr, 0.0
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = code = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        err.seek(0)
+        return code, err.read().decode(errors="replace"), usage.ru_utime + usage.ru_stime
 
 
 @functools.cache
@@ -246,15 +314,27 @@ class CKernel:
         self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads())
 
 
-def compile_kernel(kernel) -> CKernel:
-    """A kernel IR record rendered to C, compiled (or found in the disk cache) and loaded: ``k(*buffers)``."""
+def named(kernel) -> tuple[str, str, str]:
+    """(its code's name, its C source, the source with the kernel named by its code) of a kernel IR record."""
     from fusion.kernels.c_render import render
 
     source = render(kernel)
     # Compiled and cached under a name of its code: a kernel's own name counts kernels per process (..._<n>), so the
     # same code gets another name in a run with other tests or regions before it (a miss of the disk cache).
     code = "k_" + hashlib.sha256(source.replace(kernel.name, "").encode()).hexdigest()[:20]
-    fn = load(source.replace(kernel.name, code), code)
+    return code, source, source.replace(kernel.name, code)
+
+
+def compile_kernel(kernel) -> CKernel:
+    """A kernel IR record rendered to C, compiled (or found in the disk cache) and loaded: ``k(*buffers)``. A graph's
+    kernels compile together first (``fusion.kernels.c_bundle``); this compiles one alone."""
+    code, source, renamed = named(kernel)
+    try:
+        fn = load(renamed, code)
+    except CompilerMissing:
+        raise
+    except RuntimeError as e:  # the compiler's message, naming the kernel as the graph knows it
+        raise RuntimeError(f"kernel {kernel.name}: {e}") from e
     return CKernel(fn, kernel.name, source, len(kernel.buffers))
 
 

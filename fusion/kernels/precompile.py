@@ -1,4 +1,5 @@
-"""Compile a graph's kernels in parallel before its first call (CUDA only).
+"""Compile a graph's kernels in parallel before its first call: Triton's (CUDA) in a worker pool, C's (CPU) in
+bundles (:func:`precompile_c`, ``fusion.kernels.c_bundle``).
 
 Triton compiles a kernel on its first launch: source → Triton IR → LLVM → PTX → cubin, ~0.1-0.5 s each, one after
 another. A model with 200 generated kernels spends most of its first call there. Inductor's answer
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fusion.kernels import c_runtime
 from fusion.kernels.triton_runtime import shared_source, source_path
 
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
@@ -174,3 +176,35 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
         else:
             _WARMED.add(key)
     return {"kernels": len(todo), "seconds": time.perf_counter() - start, "failed": failed}
+
+
+def precompile_c(kernels: Sequence[object]) -> dict[str, object]:
+    """Compile the C kernels of ``kernels`` (``RegionKernel`` modules of one graph) that run on the CPU from C, all at
+    once (``fusion.kernels.c_bundle``: the missing ones in one compiler process per core), before the first call;
+    each module then holds its kernel. Returns ``c_bundle``'s summary, or ``{"skipped": why}``. A kernel that fails
+    here is compiled alone at its first call, which raises or reports its error as before."""
+    from fusion.kernels import c_bundle
+
+    mine = [k for k in kernels if k.renderer == "c" and k.plan.device in ("cpu", "") and k.plan.ir is not None]
+    if not mine:
+        return {"skipped": "no kernel runs on the CPU from C"}
+    try:
+        made, summary = c_bundle.compile_kernels([k.plan.ir for k in mine], _c_workers())
+    except c_runtime.CompilerMissing as e:
+        return {"skipped": str(e)}
+    except Exception as e:  # noqa: BLE001 - only time is lost: each kernel compiles alone at its first call
+        return {"skipped": f"bundled compile failed ({type(e).__name__}: {str(e)[:300]})"}
+    for k, ck in zip(mine, made, strict=True):
+        if ck is not None:  # what RegionKernel.c_kernel would compile at the first call
+            k._compiled["c"], k.c_refused = ck, ""
+    return summary
+
+
+def _c_workers() -> int:
+    """Compiler processes for a graph's C kernels: $FUSION_COMPILE_WORKERS (0 or 1: one bundle), else the cores this
+    process may use, shared among pytest-xdist's workers where it runs in one (they compile at the same time)."""
+    env = os.environ.get("FUSION_COMPILE_WORKERS")
+    if env:
+        return max(1, int(env))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
