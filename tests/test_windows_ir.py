@@ -16,6 +16,7 @@ from support import Fn
 
 from fusion import backend
 from fusion.codegen import compile_regions
+from fusion.compiler import lower_windows
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime, triton_ir_runtime
@@ -30,10 +31,13 @@ needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler here")
 needs_triton = pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed")
 HALVES = [torch.float32, torch.float16, torch.bfloat16]
 WINDOW_CALLS = ("max_pool", "convolution", "depthwise")
+C_DEPTHWISE = {"renderer": "c", "depthwise": True}  # on CPU the pass is off unless asked (aten's convolution wins)
 
 
 @pytest.fixture(autouse=True)
-def fresh():
+def fresh(monkeypatch):
+    """A fresh backend, and max-pools from C (off by default on a CPU: aten's is faster; tested as the default below)."""
+    monkeypatch.setattr(lower_windows, "POOLS_IN_C", True)
     backend.reset()
     yield
     backend.reset()
@@ -161,7 +165,7 @@ def test_depthwise_block_from_c_matches_eager(k, stride, dilation, padding):
     block = InvertedResidual(6, k, stride, dilation, padding).eval()
     x = _r(2, 6, 13, 11)
     with torch.no_grad():
-        ran = compiled(block, x)
+        ran = compiled(block, x, options=C_DEPTHWISE)
     assert set(ran.values()) == {"c"}, ran
 
 
@@ -171,7 +175,7 @@ def test_depthwise_in_half_types_and_channels_last(dtype):
     block = InvertedResidual(8, 3, 2).eval().to(dtype).to(memory_format=torch.channels_last)
     x = _r(1, 8, 9, 9, dtype=dtype).to(memory_format=torch.channels_last)
     with torch.no_grad():
-        compiled(block, x, dtype=dtype)
+        compiled(block, x, options=C_DEPTHWISE, dtype=dtype)
 
 
 @needs_cc
@@ -188,7 +192,41 @@ def test_depthwise_of_drawn_odd_shapes(c, hw, k, stride, seed):
     x = _r(1, c, *hw, seed=seed)
     backend.reset()
     with torch.no_grad():
-        compiled(lambda a: (conv(a * 2) + 1).relu(), x)
+        compiled(lambda a: (conv(a * 2) + 1).relu(), x, options=C_DEPTHWISE)
+
+
+@needs_cc
+def test_on_cpu_with_c_a_max_pool_runs_as_aten_unless_asked(monkeypatch):
+    """aten's max-pool beats the C window kernel on a CPU (measured, lower_windows.POOLS_IN_C): by default the pool is
+    an aten call with the reason in the report, the ops around it a C kernel; the values are eager's."""
+    monkeypatch.setattr(lower_windows, "POOLS_IN_C", False)
+    x = _r(1, 3, 9, 8)
+
+    def fn(a):
+        return F.max_pool2d(torch.relu(a * 2), 3, 2, 1) + 1
+
+    with c_runtime.use("c"):
+        model = compile_regions(Fn(fn), (x,))
+    close(model(x), fn(x))
+    owners = [lch.owner for lch in model.compiled.launchers]
+    assert owners and all(o.ran == "c" for o in owners), [(o.ran, o.c_refused) for o in owners]
+    reasons = " ".join(s.reason for s in model.report.skipped)
+    assert "max-pool beats the C window kernel" in reasons, model.report.table()
+
+
+@needs_cc
+def test_on_cpu_with_c_the_depthwise_pass_is_off_unless_asked():
+    """aten's depthwise convolution beats the C window kernel on a CPU (measured, fusion.compiler.driver): by default
+    the convolution stays a library call, the pass says why; the values are eager's either way."""
+    block = InvertedResidual(4, 3, 1).eval()
+    x = _r(1, 4, 7, 9)
+    with torch.no_grad():
+        got = torch.compile(block, backend="fusion", options={"renderer": "c"})(x)
+    close(got, block(x))
+    part = backend.reports[-1].part("inference")
+    assert part.library_calls.get("convolution") == 1, part.library_calls
+    notes = [p for p in part.passes if p[0] == "depthwise conv"]
+    assert notes and notes[0][2] == "skipped" and "C window kernel" in notes[0][3], notes
 
 
 # ----------------------------------------------------------------------------------------------------------------------

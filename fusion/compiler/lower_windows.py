@@ -32,8 +32,24 @@ from fusion.compiler.index_algebra import add, const, maxval, scale
 from fusion.compiler.lower_reductions import HALF, compute, dtype_name
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import SplitRegion, Unsupported
+from fusion.kernels import c_runtime, triton_ir_runtime
 from fusion.kernels.rows import bind_args, is_depthwise, pooled_values
 from fusion.kernels.triton_blocks import COSTLY_PER_TAP, MAX_OPS_PER_TAP
+
+# A max-pool's window from C on a CPU: measured slower than aten's max-pool there (a BatchNorm + ReLU + 3x3/2 pool at
+# ResNet-18's sizes, 1.02-1.07x aten's time; a stride-2 tap's masked loads do not vectorize), so :func:`c_refusal`
+# leaves it to aten unless this is True (the IR's Triton source takes it whatever this says).
+POOLS_IN_C = False
+
+
+def c_refusal(plan) -> Unsupported | None:
+    """Why the C renderer should not take ``plan`` (a Phase 8 ``KernelPlan``), or None: a max-pool's window, on a
+    CPU whose kernels C renders, unless :data:`POOLS_IN_C`."""
+    if POOLS_IN_C or c_runtime.chosen() != "c" or triton_ir_runtime.plan_device(plan) not in ("cpu", ""):
+        return None
+    pool = next((n.args[0] for n in plan.kernel.region.nodes if pooled_values(n)), None)
+    why = "on CPU aten's max-pool beats the C window kernel (fusion.compiler.lower_windows.POOLS_IN_C)"
+    return Unsupported(f"{pool.name}: {why}", pool) if pool is not None else None
 
 
 def is_window(node: fx.Node) -> bool:

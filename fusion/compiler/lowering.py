@@ -36,7 +36,7 @@ from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
-from fusion.compiler.lower_windows import is_window, window
+from fusion.compiler.lower_windows import c_refusal, is_window, window
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
@@ -395,5 +395,8 @@ def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequen
 
 
 def lower_plan(plan) -> ir.Kernel:
-    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order."""
+    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order (a max-pool's window is
+    left to aten where C renders the CPU kernels: ``lower_windows.c_refusal``)."""
+    if (refused := c_refusal(plan)) is not None:
+        raise refused
     return lower_region(plan.kernel.region, plan.inputs, plan.stored, plan.kernel.name)
