@@ -36,9 +36,10 @@ from fusion.kernels import c_runtime, triton_ir_runtime
 from fusion.kernels.rows import bind_args, is_depthwise, pooled_values
 from fusion.kernels.triton_blocks import COSTLY_PER_TAP, MAX_OPS_PER_TAP
 
-# A max-pool's window from C on a CPU: measured slower than aten's max-pool there (a BatchNorm + ReLU + 3x3/2 pool at
-# ResNet-18's sizes, 1.02-1.07x aten's time; a stride-2 tap's masked loads do not vectorize), so :func:`c_refusal`
-# leaves it to aten unless this is True (the IR's Triton source takes it whatever this says).
+# A max-pool's window from C on a CPU: measured slower than aten's max-pool there (ResNet-18 at the CPU suite's sizes,
+# one thread: 0.95-0.99x eager with its pool in C, 1.00-1.08x with aten's; a stride-2 tap's masked loads do not
+# vectorize; scripts/results/cpu-2026-11-27-windows-ir.log), so :func:`c_refusal` leaves it to aten unless this is
+# True (the IR's Triton source takes it whatever this says).
 POOLS_IN_C = False
 
 
