@@ -133,6 +133,29 @@ def test_max_pool_of_drawn_odd_shapes(shape, k, s, d, ceil, seed):
     compiled(lambda a: F.max_pool2d(a + 1, k, s, p, d, ceil_mode=ceil) * 3, x)
 
 
+WINDOW_CASES = {  # a tap's guard inside a cat's, a cat's inside a tap's, per-channel reads, views, other ranks
+    "pool_of_cat": (lambda a, b, s: F.max_pool2d(torch.cat([a * 2, b.relu()], 1), 3, 2, 1) + 1),
+    "cat_of_pools": (lambda a, b, s: torch.cat([F.max_pool2d(a, 2), F.max_pool2d(b * 3, 2)], 1) * 2),
+    "cat_along_h": (lambda a, b, s: torch.cat([F.max_pool2d(a, 3, 1, 1), a], 2) - 1),
+    "per_channel": (lambda a, b, s: F.max_pool2d(a * s + s.exp(), 3, 2, 1, ceil_mode=True)),
+    "of_a_reshape": (lambda a, b, s: F.max_pool2d((a * 2).reshape(1, 3, 8, 9), 3, 2, 1)),
+    "of_a_permute": (lambda a, b, s: F.max_pool2d((a + 1).permute(0, 1, 3, 2), 3, 2, 1)),
+    "pool3d": (lambda a, b, s: F.max_pool3d(a.unsqueeze(0) * 2, 2, 2, 1)),
+    "pool1d": (lambda a, b, s: F.max_pool1d(a.flatten(2) * 2, 3, 2, 1)),
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_windows_among_cats_views_and_other_ranks(case):
+    fn, inputs = WINDOW_CASES[case], (_r(1, 3, 9, 8), _r(1, 2, 9, 8, seed=1), _r(3, 1, 1, seed=2))
+    with c_runtime.use("c"):
+        model = compile_regions(Fn(fn), inputs)
+    close(model(*inputs), fn(*inputs))
+    owners = [lch.owner for lch in model.compiled.launchers]
+    assert owners and all(o.ran == "c" for o in owners) and not model.report.skipped, model.report.table()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Depthwise convolutions, from C
 
@@ -354,10 +377,12 @@ def test_a_costly_chain_before_a_window_is_left_to_aten_with_its_reason():
 
 
 @needs_triton
-@pytest.mark.parametrize("case", ["pool", "depthwise"])
+@pytest.mark.parametrize("case", ["pool", "depthwise", "cat_along_h"])
 def test_windows_from_the_ir_s_triton_source_in_the_interpreter(case):
     options = {"renderer": "triton", "triton_source": "ir"}
-    if case == "pool":
+    if case == "cat_along_h":  # a tap's guard under a cat's
+        ran = compiled(lambda a: WINDOW_CASES[case](a, None, None), _r(1, 3, 9, 8), options=options)
+    elif case == "pool":
         x = _r(1, 3, 9, 7)
         ran = compiled(lambda a: F.max_pool2d(a * 2 - 1, 3, 2, 1, ceil_mode=True) + 1, x, options=options)
     else:
