@@ -343,19 +343,38 @@ def test_a_window_inside_a_reduction_kernel_is_refused_with_eager_s_values():
     def fn(a):
         return torch.softmax(F.max_pool2d(a * 2, 2).flatten(2), -1)
 
-    regions = unique_regions(build_fusion_regions(capture_aten(Fn(fn), (x,))))
-    reasons = []
-    for r in regions:
-        try:
-            Lowering(r)
-            Lowering(r).kernel()
-        except Exception as e:  # noqa: BLE001 - the refusal is the point
-            reasons.append(str(e))
-    if reasons:
-        assert any("reduction in this kernel" in why for why in reasons), reasons
     with c_runtime.use("c"):
         model = compile_regions(Fn(fn), (x,))
     close(model(x), fn(x))
+    reasons = " ".join(s.reason for s in model.report.skipped)
+    assert "read by a reduction in this kernel" in reasons, model.report.table()
+
+
+REFUSED = {  # what the region writer refuses about a window (triton_blocks._one_window_deep, _cheap_per_tap)
+    "window_of_a_window": lambda a: F.max_pool2d(F.max_pool2d(a * 2, 3, 1, 1), 3, 1, 1) + 1,
+    "costly_chain": lambda a: F.max_pool2d((a * 2).exp() + 1, 3, 1, 1) * 2,
+    "in_a_reduction": lambda a: torch.softmax(F.max_pool2d(a * 2, 2).flatten(2), -1),
+    "long_chain": lambda a: F.max_pool2d(((((a * 2 + 1) * 3 - 1) * 2 + 1) * 3 - 1).abs().neg().abs().neg().abs(), 3),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_the_lowering_refuses_what_the_region_writer_refuses_with_the_same_reason(case):
+    from fusion.codegen import generate_kernel
+
+    x = _r(1, 2, 8, 8)
+    outcomes = []
+    for r in unique_regions(build_fusion_regions(capture_aten(Fn(REFUSED[case]), (x,)))):
+        both = []
+        for build in (lambda: generate_kernel(r), lambda: Lowering(r).kernel()):  # noqa: B023
+            try:
+                build()
+                both.append("generated")
+            except Exception as e:  # noqa: BLE001 - the refusal is the point
+                both.append(f"{type(e).__name__}: {e}")
+        assert both[0] == both[1], both
+        outcomes.append(both[1])
+    assert any(o != "generated" for o in outcomes), outcomes
 
 
 @needs_cc
