@@ -17,6 +17,11 @@ sums ``value * weight[c, 0, a, b]`` in the window's order from +0.0, in float32 
 the legality rules and their reasons (``triton_blocks._one_window_deep``, ``_cheap_per_tap``): not inside a
 reduction kernel, not over another window's values in the same kernel, and what a tap computes again at most
 :data:`~fusion.kernels.triton_blocks.MAX_OPS_PER_TAP` ops, none of them costly.
+
+Both renderers take the record (``fusion.kernels.c_render``, ``fusion.kernels.triton_render``). On a CPU the C
+kernel of a window measured slower than aten's (scripts/results/cpu-2026-11-27-windows-ir.log: a stride-2 tap's
+masked loads do not vectorize, a 7x7 or 14x14 map's rows are shorter than the SIMD width), so there a max-pool is
+left to aten (:func:`c_refusal`) and the pass ``depthwise`` does not rename (``fusion.compiler.driver``) unless asked.
 """
 
 from __future__ import annotations
@@ -146,13 +151,14 @@ def _taps(low, node: fx.Node, x: fx.Node, index: list[ir.Affine], win: tuple, dt
         if skip:
             continue
         again: list[fx.Node] = []
-        low.trace = again if i == 1 else None
+        low.trace = again if i == 1 else None  # what the second tap computes again (the first: what all share)
         try:
-            yield offsets, _tap(low, x, src, bounds, lead, dtype, outside)
+            value = _tap(low, x, src, bounds, lead, dtype, outside)
         finally:
             low.trace = None
         if i == 1:
             _cheap(low, node, x, [n for n in again if n in low.members and not is_view_node(n)])
+        yield offsets, value
 
 
 def _tap(low, x: fx.Node, src: list[ir.Affine], bounds: list, lead: list[ir.Affine], dtype, outside: float) -> str:
