@@ -101,7 +101,8 @@ def depthwise_windows(gm: fx.GraphModule, part: PartReport) -> None:
     if convs and convs[0].meta["val"].device.type == "cpu" and not asked:
         if (getattr(opts, "renderer", None) or c_runtime.chosen()) == "c":
             why = "on CPU aten's convolution beats the C window kernel (options={'depthwise': True} asks for it)"
-            part.note_pass("depthwise conv", [n.name for n in convs], "skipped", why)
+            for n in convs:  # one note each, as the pass notes them: its own refusal first
+                part.note_pass("depthwise conv", [n.name], "skipped", depthwise.refusal(n) or why)
             return
     depthwise.depthwise_as_window_sums(gm, part.note_pass)
 
