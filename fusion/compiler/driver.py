@@ -36,7 +36,7 @@ from fusion.compiler import (
     wrapper_passes,
 )
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
-from fusion.kernels import triton_ir_runtime
+from fusion.kernels import c_runtime, triton_ir_runtime
 from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
 
 
@@ -92,6 +92,22 @@ def cudnn_epilogue(gm: fx.GraphModule, part: PartReport) -> None:
         epilogue.install_epilogues(gm, GROUPED_REFUSAL, part.note_pass)
 
 
+def depthwise_windows(gm: fx.GraphModule, part: PartReport) -> None:
+    """The pass ``depthwise`` (``fusion.compiler.depthwise``), except on a CPU whose kernels C renders, unless
+    ``options={"depthwise": True}`` asks: there aten's depthwise convolution beat the C window kernel (MobileNetV2
+    and blocks of it, 2026-11-27: scripts/results/cpu-2026-11-27-windows-ir.log)."""
+    convs = [n for n in gm.graph.nodes if depthwise.is_depthwise_conv(n)]
+    opts = passes.current()
+    asked = "depthwise" in getattr(opts, "explicit", ())
+    if convs and convs[0].meta["val"].device.type == "cpu" and not asked:
+        if (getattr(opts, "renderer", None) or c_runtime.chosen()) == "c":
+            why = "on CPU aten's convolution beats the C window kernel (options={'depthwise': True} asks for it)"
+            for n in convs:  # one note each, as the pass notes them: its own refusal first
+                part.note_pass("depthwise conv", [n.name], "skipped", depthwise.refusal(n) or why)
+            return
+    depthwise.depthwise_as_window_sums(gm, part.note_pass)
+
+
 noted, lesson = passes.noted, registry.lazy  # f(gm, note) as a pass run(gm, part); a lesson's function, looked up
 PASSES = [
     passes.Pass("fold_bn", lesson("fold_bn"), kinds=("inference",), default=False,
@@ -110,7 +126,7 @@ PASSES = [
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(epilogue.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
-    passes.Pass("depthwise", noted(depthwise.depthwise_as_window_sums), kinds=("inference",), requires=("codegen",),
+    passes.Pass("depthwise", depthwise_windows, kinds=("inference",), requires=("codegen",),
                 unless=("cudagraphs",),  # replayed, a launch costs no CPU: cuDNN's faster kernel wins (measured)
                 doc="a depthwise conv (<= 5x5) as a window sum in the generated kernel around it: fewer launches"),
     passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
@@ -132,6 +148,7 @@ class Options(passes.Options):
 
     def __init__(self, passes_, options: dict | None = None) -> None:
         options = dict(options or {})
+        self.explicit = frozenset(options)  # the switches the caller named (depthwise_windows reads it)
         self.triton_source = options.pop("triton_source", None)  # None: $FUSION_TRITON_SOURCE, else "region"
         if self.triton_source is not None:
             triton_ir_runtime.check_source(self.triton_source, "options={'triton_source': ...}")

@@ -5,9 +5,9 @@
 What it takes is what Phase 8's generator takes, decided by the same checks (``triton_lang.check_region``,
 ``stored_members``): pointwise regions (views, broadcasting, strides, casts, a cat), and reductions over the same
 dims of one shape, trailing or not (sum, mean, amax, amin, var, var_mean, any: softmax, a masked softmax, LayerNorm,
-a bias gradient's ``sum([0, 1])``; ``fusion.compiler.lower_reductions``). Anything else (a max-pool's window, a
-depthwise convolution, a transposed store of rows) raises :class:`Unsupported` with the reason, and the caller falls
-back (the Triton path, or aten).
+a bias gradient's ``sum([0, 1])``; ``fusion.compiler.lower_reductions``), and windows (a max-pool's values, a
+depthwise convolution: their taps unrolled as guarded loads, ``fusion.compiler.lower_windows``). Anything else
+raises :class:`Unsupported` with the reason, and the caller falls back (the Triton path, or aten).
 
 The numerics are Phase 8's rules:
 
@@ -36,6 +36,7 @@ from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
+from fusion.compiler.lower_windows import c_refusal, is_window, window
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
@@ -64,14 +65,13 @@ class Lowering(Reductions):
         self.region, self.members = region, region.members
         self.stored = list(stored) if stored is not None else tlang.stored_members(region)
         tlang.check_region(region, self.stored, REDUCTIONS)
-        for n in region.nodes:
-            if tlang.is_max_pool(n) or tlang.is_depthwise(n) or tlang.pooled_values(n):
-                raise Unsupported(f"{n.name} ({n.target}): a window is not lowered to the kernel IR yet", n)
         self.inputs, self.fixed = list(inputs or ()), inputs is not None
         self.reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.top: list = []
         self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
-        self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range), innermost last
+        self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range, a tap's), innermost last
+        self.safe: dict[str, frozenset] = {}  # a tap's mask -> the index parts it need not guard (lower_windows)
+        self.trace: list | None = None  # where a window counts what a tap computes again (lower_windows)
         if self.reductions:
             self.rows = walk_rows(self.reductions, self.stored, self.members)  # kept dims, then reduced (any dims)
             self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
@@ -144,11 +144,13 @@ class Lowering(Reductions):
     def value(self, node: fx.Node, index: Sequence[ir.Affine]) -> tuple[str, torch.dtype]:
         """(name, compute dtype) of ``node``'s element at ``index``, computed once per index and scope."""
         index = [recombined(i) for i in index]  # a reshape split and merged again: the index it was
-        key = (node, tuple(index), tuple(self.guards))  # a value under a mask is not the unmasked one
+        guards = self.guards_at(index)
+        key = (node, tuple(index), guards)  # a value under a mask is not the unmasked one
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
         self.reading.append(node)
+        outer, self.guards = self.guards, list(guards)
         try:
             out = self._compute(node, list(index))
         except Unsupported as e:
@@ -156,8 +158,19 @@ class Lowering(Reductions):
             raise
         finally:
             self.reading.pop()
+            self.guards = outer
+        if self.trace is not None:
+            self.trace.append(node)
         self.scopes[-1][key] = out
         return out
+
+    def guards_at(self, index: Sequence[ir.Affine]) -> tuple[str, ...]:
+        """The masks a value at ``index`` is read under: a window tap's is dropped where every part of the index is
+        a constant or the window's own leading index (a per-channel parameter: inside whatever the tap)."""
+        n, safe = len(self.guards), self.safe
+        while n and self.guards[n - 1] in safe and all(not i.terms or i in safe[self.guards[n - 1]] for i in index):
+            n -= 1
+        return tuple(self.guards[:n])
 
     def operand(self, arg: object, index, dtype: torch.dtype, op_dtype: torch.dtype | None = None) -> str:
         """``arg`` (a node or a scalar) read at ``index`` broadcast to its shape, as torch converts it for an op of
@@ -200,6 +213,8 @@ class Lowering(Reductions):
             mask = self.guards[-1] if self.guards else None
             self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct), mask))
             return out, ct
+        if is_window(node):  # a max-pool's values, a depthwise convolution: fusion.compiler.lower_windows
+            return window(self, node, index)
         if node.target is operator.getitem:
             return self.reduce(node.args[0], index)[node.args[1]]
         if is_view(node):
@@ -380,5 +395,8 @@ def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequen
 
 
 def lower_plan(plan) -> ir.Kernel:
-    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order."""
+    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order (a max-pool's window is
+    left to aten where C renders the CPU kernels: ``lower_windows.c_refusal``)."""
+    if (refused := c_refusal(plan)) is not None:
+        raise refused
     return lower_region(plan.kernel.region, plan.inputs, plan.stored, plan.kernel.name)

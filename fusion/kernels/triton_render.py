@@ -36,7 +36,7 @@ from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import next_power_of_2, row_warps, rows_per_program
 from fusion.kernels.ir_loops import coalesce
 from fusion.kernels.rows import COALESCED_ROWS, COLUMN_LOOP_RBLOCK, COLUMN_RBLOCK
-from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES
+from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES, WINDOW_BLOCK
 
 MAX_RBLOCK = 16384  # fusion.codegen.MAX_RBLOCK: the longest row held in registers whole (a lesson: not imported)
 INTERPRETER_BLOCK = 16384  # a pointwise program's elements in Triton's interpreter (KernelPlan.launch_config)
@@ -237,8 +237,9 @@ def _column(k: ir.Kernel) -> bool:
 def launch_facts(k: ir.Kernel) -> Launch:
     """The block sizes and warps of the region writer's table (see the module's docstring) for kernel ``k``."""
     numel = math.prod(lp.size for lp in k.loops)
-    if k.kind != "reduction":
-        return Launch(k.name, "pointwise", numel)
+    if k.kind != "reduction":  # a depthwise window's many loads: 512 a program (triton_lang.pointwise_block)
+        window = any(op.endswith("depthwise_conv2d.default") for op in k.ops)
+        return Launch(k.name, "pointwise", numel, xblock=WINDOW_BLOCK if window else POINTWISE_BLOCK)
     rnumel, column = math.prod(lp.size for lp in k.reduce_loops), _column(k)
     rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, MAX_RBLOCK) if column else MAX_RBLOCK
     looped = rblock > block
