@@ -367,6 +367,7 @@ def test_kernel_compiles_for_an_h100_without_one():
     assert "cvt.rn.bf16" in ptx and "cvt.rz" not in ptx
 
 
+@pytest.mark.phase9
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_bias_gradients_cast_joins_the_group_on_a_gpu_only(device):
     """A bias gradient (a sum over the batch) cast back to float32 and returned: on a GPU aten runs that lone sum, so
