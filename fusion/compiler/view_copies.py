@@ -1,0 +1,276 @@
+"""Copies at computed indices as ops both writers take (issue 39: the attention families' fallbacks).
+
+Shifted-window, grid and block attention move data more than they compute: a zero padding before each window
+partition, ``torch.roll`` for the shifted windows, ``split`` for q/k/v and ``select_scatter`` in the backward of an
+``unbind``. AOTAutograd hands each to the code generator as an op Phase 6's rule keeps out of every region
+(``constant_pad_nd``, ``index``, ``select_scatter``) or one the writers have no expression for (a split's getitem),
+so each runs as its own aten call where Inductor lowers it as index arithmetic inside the kernel around it. These
+passes rewrite them into ops the region writer and the kernel IR's lowering already take — views, ``cat`` and
+pointwise ops — exactly, and only where the graph's layouts stay what they were traced as:
+
+- ``zero_pads``: ``constant_pad_nd`` with every pad 0 (Swin's windows divide its feature maps) is its input;
+- ``rotations``: ``index`` along one dimension at a constant rotation ``(arange(n) + s) % n`` (``torch.roll``
+  after its decomposition and the pass ``constants``) is a ``cat`` of two slices;
+- ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
+- ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask_i, unsqueeze(v, dim), 0)`` with a
+  constant mask (the backward of ``unbind``: q, k, v's gradients stacked); the adds after it fuse with it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from fusion.compiler import passes
+from fusion.compiler.graph_passes import _escaping, _same_tensor_meta, _written
+from fusion.fxutils.finish import relint
+from fusion.fxutils.meta import call_with_meta
+
+aten = torch.ops.aten
+PAD = aten.constant_pad_nd.default
+INDEX = aten.index.Tensor
+SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
+UNBIND = aten.unbind.int
+SELECT_SCATTER = aten.select_scatter.default
+ZERO_MAKERS = (aten.full.default, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
+EVAL_LIMIT = 1 << 16  # elements: a constant index is evaluated at compile time only up to this size
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``zero_pads``: ``constant_pad_nd(x, [0, ...])`` is ``x`` where ``x`` (an op's value or an input) has the
+    same shape, dtype, strides and offset, the pad is not returned (the caller owns each output) and neither is
+    written in place: the pad's readers only read. Returns how many dropped."""
+    escaping, written = _escaping(gm.graph), _written(gm.graph)  # a returned pad stays a copy: the caller's own
+    dropped = []
+    for node in list(gm.graph.find_nodes(op="call_function", target=PAD)):
+        x, pads = node.args[0], node.args[1]
+        if not (isinstance(x, fx.Node) and all(p == 0 for p in pads)):
+            continue
+        if node in escaping or node in written or x in written or x.op not in ("call_function", "placeholder"):
+            continue
+        if _val(x) is None or not _same_tensor_meta(_val(x), _val(node)):
+            continue
+        node.replace_all_uses_with(x)
+        gm.graph.erase_node(node)
+        dropped.append(node.name)
+    if dropped:
+        relint(gm)
+        note("zero pads", dropped, "dropped", "a padding of 0 everywhere is its input (the same layout, not returned)")
+    return len(dropped)
+
+
+def constant_value(gm: fx.GraphModule, node: object, cache: dict) -> torch.Tensor | None:
+    """The value of ``node`` if it is computed from no graph input (a folded constant, or ``iota``/``add``/``fmod``
+    the pass ``constants`` kept because the backward reads it) and small (:data:`EVAL_LIMIT`); else None."""
+    if not isinstance(node, fx.Node):
+        return node
+    if node in cache:
+        return cache[node]
+    cache[node] = None
+    val = _val(node)
+    if val is None or val.numel() > EVAL_LIMIT:
+        return None
+    if node.op == "get_attr":
+        cache[node] = getattr(gm, node.target, None)
+    elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.target._schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
+            return None
+        args = []
+        for a in node.args:
+            if isinstance(a, fx.Node):
+                a = constant_value(gm, a, cache)
+                if a is None:
+                    return None
+            elif isinstance(a, (list, tuple)) and any(isinstance(b, fx.Node) for b in a):
+                return None
+            args.append(a)
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes(), torch.no_grad():
+            cache[node] = node.target(*args, **node.kwargs)
+    return cache[node]
+
+
+def _rotation(idx: torch.Tensor | None, n: int) -> int | None:
+    """``s`` where ``idx`` is ``(arange(n) + s) % n`` with 0 < s < n (negative entries wrap, as ``index`` reads them)."""
+    if idx is None or idx.dim() != 1 or idx.numel() != n or idx.dtype not in (torch.int64, torch.int32) or n < 2:
+        return None
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():  # real tensors, outside the fake mode a compile may hold
+        idx = idx.to(torch.int64) % n
+        s = int(idx[0])
+        ok = 0 < s < n and torch.equal(idx, (torch.arange(n, device=idx.device) + s) % n)
+    return s if ok else None
+
+
+def rotations_as_cats(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``rotations``: ``x[..., idx, ...]`` (``index`` along one dimension ``d``) where ``idx`` is the constant
+    ``(arange(n) + s) % n`` is ``cat([x[s:], x[:s]], d)`` along ``d``: two views and a cat, each element one load.
+    Kept where the cat's layout differs from the index's (the views after it were traced on that one)."""
+    cache, done = {}, []
+    for node in list(gm.graph.find_nodes(op="call_function", target=INDEX)):
+        x, indices = node.args
+        at = [i for i, t in enumerate(indices) if t is not None]
+        if len(at) != 1 or _val(x) is None or _val(node) is None:
+            continue
+        d = at[0]
+        n = _val(x).shape[d]
+        s = _rotation(constant_value(gm, indices[d], cache), n)
+        if s is None:
+            continue
+        with gm.graph.inserting_before(node):
+            head = call_with_meta(gm.graph, aten.slice.Tensor, (x, d, s, n))
+            tail = call_with_meta(gm.graph, aten.slice.Tensor, (x, d, 0, s))
+            cat = call_with_meta(gm.graph, aten.cat.default, ([head, tail], d))
+        if not _same_tensor_meta(_val(cat), _val(node)):
+            for new in (cat, tail, head):
+                gm.graph.erase_node(new)
+            continue
+        node.replace_all_uses_with(cat)
+        gm.graph.erase_node(node)
+        done.append(node.name)
+    if done:
+        gm.graph.eliminate_dead_code()
+        relint(gm)
+        note("rotations", done, "cat of two slices", "an index at a constant rotation (torch.roll): one load each")
+    return len(done)
+
+
+def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``splits``: every getitem of a ``split`` / ``split_with_sizes`` becomes ``slice(x, dim, start, end)``,
+    and of an ``unbind`` ``select(x, dim, i)``: the same view (same sizes, strides and offset), which the writers
+    read as a load at an offset. Returns how many multi-output views went."""
+    done = []
+    for node in [n for t in SPLITS for n in gm.graph.find_nodes(op="call_function", target=t)]:
+        x = node.args[0]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        vals = node.meta.get("val")
+        users = list(node.users)
+        if not isinstance(vals, (list, tuple)) or any(u.target is not operator.getitem for u in users):
+            continue
+        dim = dim % _val(x).dim()
+        starts = [0]
+        for v in vals:
+            starts.append(starts[-1] + v.shape[dim])
+        for u in users:
+            i = u.args[1]
+            with gm.graph.inserting_before(u):
+                sl = call_with_meta(gm.graph, aten.slice.Tensor, (x, dim, starts[i], starts[i + 1]))
+            if not _same_tensor_meta(_val(sl), _val(u)):
+                gm.graph.erase_node(sl)
+                continue
+            u.replace_all_uses_with(sl)
+            gm.graph.erase_node(u)
+        if not node.users:
+            gm.graph.erase_node(node)
+            done.append(node.name)
+    for node in list(gm.graph.find_nodes(op="call_function", target=UNBIND)):
+        users, dim = list(node.users), node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if any(u.target is not operator.getitem for u in users):
+            continue
+        for u in users:
+            with gm.graph.inserting_before(u):
+                sel = call_with_meta(gm.graph, aten.select.int, (node.args[0], dim, u.args[1]))
+            if not _same_tensor_meta(_val(sel), _val(u)):
+                gm.graph.erase_node(sel)
+                continue
+            u.replace_all_uses_with(sel)
+            gm.graph.erase_node(u)
+        if not node.users:
+            gm.graph.erase_node(node)
+            done.append(node.name)
+    if done:
+        relint(gm)
+        note("splits", done, "views", "each piece of a split (an unbind) is a slice (a select): a view at an offset")
+    return len(done)
+
+
+def _zeros(gm: fx.GraphModule, node: object) -> bool:
+    """A tensor of zeros made in the graph (``full(..., 0)``, ``zeros``...) or a folded constant of zeros."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "get_attr":
+        t = getattr(gm, node.target, None)
+        return isinstance(t, torch.Tensor) and t.numel() <= EVAL_LIMIT and not bool(t.any())
+    if node.target is aten.full.default:
+        return node.args[1] == 0
+    return node.target in ZERO_MAKERS[1:]
+
+
+def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: torch.Tensor, fake) -> fx.Node:
+    """A get_attr of ``value`` at the top of the graph (a constant between two fusible ops would cut their run in
+    two, as ``hoist_constants`` says), one per distinct value."""
+    key = (tuple(value.shape), value.dtype, str(value.device), tuple(value.flatten().tolist()))
+    if key not in made:
+        gm.register_buffer(name, value)
+        with gm.graph.inserting_before(top):
+            made[key] = gm.graph.get_attr(name)
+        made[key].meta["val"] = fake.from_tensor(value, static_shapes=True)
+    return made[key]
+
+
+def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask, unsqueeze(v, dim), 0)`` with
+    ``mask`` a constant bool tensor, True at ``i`` along ``dim`` (broadcast over the rest), and a constant 0-d zero
+    of the value's dtype: pointwise, so it fuses
+    with the adds that stack q, k and v's gradients and with ``v``'s producer. Kept where the layouts differ."""
+    done, masks = [], {}
+    top = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in list(gm.graph.find_nodes(op="call_function", target=SELECT_SCATTER)):
+        base, v, dim, i = node.args[:4]
+        out = _val(node)
+        if (
+            out is None
+            or getattr(out, "fake_mode", None) is None
+            or not _zeros(gm, base)
+            or not isinstance(v, fx.Node)
+            or _val(v) is None
+        ):
+            continue
+        dim = dim % out.dim()
+        i = i % out.shape[dim]
+        shape = [1] * out.dim()
+        shape[dim] = out.shape[dim]
+        mask = torch.zeros(shape, dtype=torch.bool, device=out.device)
+        mask.view(-1)[i] = True
+        m = _constant(gm, masks, top, f"_mask_{node.name}", mask, out.fake_mode)
+        zero = _constant(
+            gm, masks, top, f"_zero_{node.name}", torch.zeros((), dtype=out.dtype, device=out.device), out.fake_mode
+        )
+        with gm.graph.inserting_before(node):  # where.self: tagged pointwise (where.ScalarOther is not: no region)
+            up = call_with_meta(gm.graph, aten.unsqueeze.default, (v, dim))
+            new = call_with_meta(gm.graph, aten.where.self, (m, up, zero))
+        if not _same_tensor_meta(_val(new), out):
+            for n in (new, up):
+                gm.graph.erase_node(n)
+            continue
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        done.append(node.name)
+    for m in masks.values():  # a constant no kept rewrite reads
+        if not m.users:
+            gm.graph.erase_node(m)
+            delattr(gm, m.target)
+    if done:
+        gm.graph.eliminate_dead_code()
+        relint(gm)
+        note("select scatters", done, "where", "a select scattered into zeros: pointwise, with a constant mask")
+    return len(done)
+
+
+VIEW_COPY_PASSES = [
+    passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),
+    passes.Pass("rotations", passes.noted(rotations_as_cats), doc="an index at a constant rotation (roll): a cat"),
+    passes.Pass("splits", passes.noted(splits_as_slices), doc="a split's pieces: slices the writers load"),
+    passes.Pass("select_scatters", passes.noted(select_scatters_as_where),
+                doc="a select scattered into zeros (unbind's backward): a pointwise where"),
+]  # fmt: skip

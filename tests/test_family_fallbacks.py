@@ -1,0 +1,119 @@
+"""Issue 39: the attention families' copies (Swin's zero pads and rolls, MaxViT's splits, the backward of q/k/v's
+unbind) become ops the generated kernels take (``fusion/compiler/view_copies.py``): each pass, switched off, leaves
+the op as an aten call outside every kernel; switched on, the op is gone and the outputs (and gradients) are eager's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusion import backend
+from fusion.compiler import driver
+
+pytestmark = pytest.mark.phase9
+
+
+def _outside(options: dict, fn, *args, grad: bool = False) -> tuple[Counter, list]:
+    """Compile ``fn`` with ``options``: the ops every part left outside its kernels (library calls and fallbacks by
+    op name), checked against eager (the outputs and, with ``grad``, every input's gradient)."""
+    driver.reset()
+    args = [a.detach().clone().requires_grad_(grad) for a in args]
+    ref_args = [a.detach().clone().requires_grad_(grad) for a in args]
+    got, ref = torch.compile(fn, backend="fusion", options=options)(*args), fn(*ref_args)
+    torch.testing.assert_close(got, ref)
+    if grad:
+        torch.testing.assert_close(
+            torch.autograd.grad(got.square().sum(), args), torch.autograd.grad(ref.square().sum(), ref_args)
+        )
+    out = Counter()
+    for rep in driver.reports:
+        assert not rep.error, rep.error
+        for part in rep.parts:
+            out += part.library_calls
+    fallbacks = [f for rep in driver.reports for f in rep.fallbacks]
+    backend.reset()
+    return out, fallbacks
+
+
+def _windows(x):  # Swin: a LayerNorm-like row op, a pad of 0 (the windows divide the map), the window partition
+    y = F.layer_norm(x, x.shape[-1:]) * 2.0
+    y = F.pad(y, (0, 0, 0, 0, 0, 0))
+    return y.view(2, 2, 4, 2, 4, 8).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16, 8) + 1.0
+
+
+def _shifted(x):  # Swin's shifted windows: torch.roll on two dims, between pointwise ops
+    y = torch.relu(x * 2.0)
+    return torch.roll(y, shifts=(-2, -2), dims=(1, 2)).sigmoid() + y
+
+
+def _split(x):  # MaxViT: q/k/v split along the channels
+    a, b = (x * 2.0).split([4, 4], dim=-1)
+    return a.sigmoid() * b + 1.0
+
+
+def _unbind(x):
+    a, b, c = (x * 2.0).unbind(1)
+    return a * b + c.sin()
+
+
+def _qkv(x, w, w2):  # q, k, v selected from one projection (Swin's qkv[0]...): their gradients, select_scatters
+    qkv = (x @ w).view(2, 8, 3, 4).permute(2, 0, 1, 3)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    return q @ w2 + k @ w2.t() + v @ (w2 * 2.0)
+
+
+def _x(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_zero_pad_is_its_input(grad):
+    x = _x(2, 8, 8, 8)
+    off, _ = _outside({"zero_pads": False}, _windows, x, grad=grad)
+    on, _ = _outside({}, _windows, x, grad=grad)
+    assert off["constant_pad_nd"] >= 1, off
+    assert on["constant_pad_nd"] == 0 and sum(on.values()) < sum(off.values()), (on, off)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_roll_is_a_cat_of_two_slices(grad):
+    x = _x(2, 8, 8, 4)
+    off, _ = _outside({"rotations": False}, _shifted, x, grad=grad)
+    on, _ = _outside({}, _shifted, x, grad=grad)
+    assert off["index"] >= 2, off
+    assert on["index"] < off["index"] and sum(on.values()) < sum(off.values()), (on, off)
+    if not grad:  # the forward's index is a folded rotation: both go (the backward reads one saved from it)
+        assert not on, on
+
+
+@pytest.mark.parametrize("fn", [_split, _unbind])
+def test_split_pieces_are_views(fn):
+    x = _x(2, 3, 8) if fn is _unbind else _x(2, 4, 8)
+    off, off_fb = _outside({"splits": False}, fn, x)
+    on, on_fb = _outside({}, fn, x)
+    assert any("getitem" in what for what, _ in off_fb), off_fb
+    assert not on_fb and not on, (on, on_fb)
+
+
+def test_select_scatter_of_zeros_is_a_where():
+    x, w, w2 = _x(2, 8, 6), _x(6, 12), _x(4, 4)
+    off, _ = _outside({"select_scatters": False}, _qkv, x, w, w2, grad=True)
+    on, _ = _outside({}, _qkv, x, w, w2, grad=True)
+    assert off["select_scatter"] == 3, off
+    assert on["select_scatter"] == 0 and on["where"] == 0 and sum(on.values()) < sum(off.values()), (on, off)
+
+
+def test_a_pad_of_a_returned_value_is_kept():
+    def fn(x):  # the pad's input is returned: the pad must stay a copy (two outputs never share memory)
+        y = x * 2.0
+        return y, F.pad(y, (0, 0)) + 1.0
+
+    driver.reset()
+    x = _x(4, 4)
+    got = torch.compile(fn, backend="fusion")(x)
+    torch.testing.assert_close(got, fn(x))
+    assert got[0].data_ptr() != got[1].data_ptr()
