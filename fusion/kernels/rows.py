@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
+from fusion.kernels.row_splits import misfit_store
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
@@ -352,43 +353,6 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
         if 0 < len(first) < len(stored):
             return SplitRegion(why, others[0], first)
     return SplitRegion(why, others[0], [])  # every output needs both walks: cut just before the other walk
-
-
-def misfit_store(misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.Node], members) -> Unsupported:
-    """Stores the rows' walk cannot write (Swin's window partition: a permutation of a reshape of a LayerNorm's
-    rows, then an add): :class:`SplitRegion` just before the first op of the misfit's own tail (its ancestors in the
-    region of other shapes than the walk's ``walked``), where that tail holds two ops or more: a second, pointwise
-    kernel copies the rows (the outputs outside the tail stay in the first); else a plain :class:`Unsupported` for
-    the first misfit (it runs as an aten call, its reason in the report)."""
-    shape = walked[0]
-
-    def why(n: fx.Node) -> str:
-        return (f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a reshape or a permutation of "
-                "them nor one element per row")  # fmt: skip
-
-    def off_walk(m: fx.Node) -> bool:
-        val = m.meta.get("val")
-        return m in members and isinstance(val, torch.Tensor) and tuple(val.shape) not in walked
-
-    position = {m: i for i, m in enumerate(misfits[0].graph.nodes)} if members is not None else {}
-    for n in sorted(misfits, key=position.__getitem__) if members is not None else ():
-        tail, stack = set(), [n]
-        while stack:  # the misfit and its ancestors in the region that are not the walk's shapes
-            m = stack.pop()
-            if m not in tail and off_walk(m):
-                tail.add(m)
-                stack += m.all_input_nodes
-        ops = sorted((m for m in tail if not is_view_node(m)), key=position.__getitem__)
-        if len(ops) >= 2:
-            reach, stack = set(), [ops[0]]
-            while stack:
-                m = stack.pop()
-                if m not in reach and m in members:
-                    reach.add(m)
-                    stack += list(m.users)
-            first = [s for s in stored if s not in reach]
-            return SplitRegion(f"{why(n)}: a second kernel copies the rows from {ops[0].name} on", ops[0], first)
-    return Unsupported(f"{why(misfits[0])}: stored by another kernel", misfits[0])
 
 
 def stored_members(region) -> list[fx.Node]:
