@@ -66,6 +66,12 @@ def _qkv(x, w, w2):  # q, k, v selected from one projection (Swin's qkv[0]...): 
     return q @ w2 + k @ w2.t() + v @ (w2 * 2.0)
 
 
+def _qkv_bmm(x, w):  # attention itself: k's gradient comes transposed out of its bmm (the where takes its layout)
+    qkv = (x @ w).view(2, 8, 3, 4).permute(2, 0, 1, 3)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    return torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
+
+
 def _x(*shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
 
@@ -99,10 +105,12 @@ def test_split_pieces_are_views(fn):
     assert not on_fb and not on, (on, on_fb)
 
 
-def test_select_scatter_of_zeros_is_a_where():
-    x, w, w2 = _x(2, 8, 6), _x(6, 12), _x(4, 4)
-    off, _ = _outside({"select_scatters": False}, _qkv, x, w, w2, grad=True)
-    on, _ = _outside({}, _qkv, x, w, w2, grad=True)
+@pytest.mark.parametrize("fn", [_qkv, _qkv_bmm])
+def test_select_scatter_of_zeros_is_a_where(fn):
+    args = (_x(2, 8, 6), _x(6, 12), _x(4, 4))[: 3 if fn is _qkv else 2]
+    args = [a.double() for a in args]  # a softmax's gradient: float64, where only a wrong kernel differs
+    off, _ = _outside({"select_scatters": False}, fn, *args, grad=True)
+    on, _ = _outside({}, fn, *args, grad=True)
     assert off["select_scatter"] == 3, off
     assert on["select_scatter"] == 0 and on["where"] == 0 and sum(on.values()) < sum(off.values()), (on, off)
 

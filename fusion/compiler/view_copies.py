@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.compiler import passes
 from fusion.compiler.graph_passes import _escaping, _same_tensor_meta, _written
 from fusion.fxutils.finish import relint
@@ -46,25 +47,39 @@ def _val(node: object) -> torch.Tensor | None:
 
 def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Pass ``zero_pads``: ``constant_pad_nd(x, [0, ...])`` is ``x`` where ``x`` (an op's value or an input) has the
-    same shape, dtype, strides and offset, the pad is not returned (the caller owns each output) and neither is
-    written in place: the pad's readers only read. Returns how many dropped."""
-    escaping, written = _escaping(gm.graph), _written(gm.graph)  # a returned pad stays a copy: the caller's own
-    dropped = []
+    same shape, dtype, strides and offset and neither is written in place (the pad's readers only read), and the pad
+    is not returned unless ``x`` is a fresh value returned by nothing else (the caller owns each output); elsewhere,
+    with a contiguous result, it is ``clone(x)``: a copy, as the pad was, but pointwise, so it fuses with the ops
+    around it. Returns how many rewritten."""
+    escaping, written = _escaping(gm.graph), _written(gm.graph)
+    dropped, copied = [], []
     for node in list(gm.graph.find_nodes(op="call_function", target=PAD)):
         x, pads = node.args[0], node.args[1]
-        if not (isinstance(x, fx.Node) and all(p == 0 for p in pads)):
+        if not (isinstance(x, fx.Node) and all(p == 0 for p in pads)) or _val(x) is None or _val(node) is None:
             continue
-        if node in escaping or node in written or x in written or x.op not in ("call_function", "placeholder"):
+        if node in written or x in written or x.op not in ("call_function", "placeholder"):
             continue
-        if _val(x) is None or not _same_tensor_meta(_val(x), _val(node)):
-            continue
-        node.replace_all_uses_with(x)
-        gm.graph.erase_node(node)
-        dropped.append(node.name)
-    if dropped:
+        fresh = x.op == "call_function" and not is_view_node(x) and x not in escaping
+        if _same_tensor_meta(_val(x), _val(node)) and (node not in escaping or fresh):
+            node.replace_all_uses_with(x)
+            gm.graph.erase_node(node)
+            dropped.append(node.name)
+        elif _val(node).is_contiguous():
+            with gm.graph.inserting_before(node):
+                copy = call_with_meta(gm.graph, aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+            if not _same_tensor_meta(_val(copy), _val(node)):
+                gm.graph.erase_node(copy)
+                continue
+            node.replace_all_uses_with(copy)
+            gm.graph.erase_node(node)
+            copied.append(node.name)
+    if dropped or copied:
         relint(gm)
-        note("zero pads", dropped, "dropped", "a padding of 0 everywhere is its input (the same layout, not returned)")
-    return len(dropped)
+    if dropped:
+        note("zero pads", dropped, "dropped", "a padding of 0 everywhere is its input (the same layout)")
+    if copied:
+        note("zero pads", copied, "clone", "a padding of 0 everywhere is a copy: pointwise, it fuses")
+    return len(dropped) + len(copied)
 
 
 def constant_value(gm: fx.GraphModule, node: object, cache: dict) -> torch.Tensor | None:
@@ -221,8 +236,8 @@ def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: to
 def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Pass ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask, unsqueeze(v, dim), 0)`` with
     ``mask`` a constant bool tensor, True at ``i`` along ``dim`` (broadcast over the rest), and a constant 0-d zero
-    of the value's dtype: pointwise, so it fuses
-    with the adds that stack q, k and v's gradients and with ``v``'s producer. Kept where the layouts differ."""
+    of the value's dtype (a contiguous copy after it where the where takes ``v``'s layout): pointwise, so it fuses
+    with the adds that stack q, k and v's gradients and with ``v``'s producer."""
     done, masks = [], {}
     top = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for node in list(gm.graph.find_nodes(op="call_function", target=SELECT_SCATTER)):
@@ -249,9 +264,12 @@ def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> i
         with gm.graph.inserting_before(node):  # where.self: tagged pointwise (where.ScalarOther is not: no region)
             up = call_with_meta(gm.graph, aten.unsqueeze.default, (v, dim))
             new = call_with_meta(gm.graph, aten.where.self, (m, up, zero))
+            if not _same_tensor_meta(_val(new), out) and out.is_contiguous():  # the where took v's layout
+                new = call_with_meta(gm.graph, aten.clone.default, (new,), {"memory_format": torch.contiguous_format})
         if not _same_tensor_meta(_val(new), out):
-            for n in (new, up):
-                gm.graph.erase_node(n)
+            for n in dict.fromkeys([new, *new.all_input_nodes[:1], up]):  # the clone, the where, the unsqueeze
+                if not n.users and n.op == "call_function":
+                    gm.graph.erase_node(n)
             continue
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
