@@ -12,6 +12,8 @@ pointwise ops — exactly, and only where the graph's layouts stay what they wer
 - ``rotations``: ``index`` along one dimension at a constant rotation ``(arange(n) + s) % n`` (``torch.roll``
   after its decomposition and the pass ``constants``) is a ``cat`` of two slices;
 - ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
+- ``avg_pools`` (inference): ``avg_pool2d`` is a depthwise window sum of weight ``1 / taps`` (pass ``depthwise``'s
+  op, which the generator computes inside the kernel around it);
 - ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask_i, unsqueeze(v, dim), 0)`` with a
   constant mask (the backward of ``unbind``: q, k, v's gradients stacked); the adds after it fuse with it.
 """
@@ -38,6 +40,13 @@ UNBIND = aten.unbind.int
 SELECT_SCATTER = aten.select_scatter.default
 ZERO_MAKERS = (aten.full.default, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
 EVAL_LIMIT = 1 << 16  # elements: a constant index is evaluated at compile time only up to this size
+
+
+def _real():
+    """Real tensors inside this block, outside the fake mode a compile may hold (a constant is computed for real)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 
 
 def _val(node: object) -> torch.Tensor | None:
@@ -107,9 +116,7 @@ def constant_value(gm: fx.GraphModule, node: object, cache: dict) -> torch.Tenso
             elif isinstance(a, (list, tuple)) and any(isinstance(b, fx.Node) for b in a):
                 return None
             args.append(a)
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes(), torch.no_grad():
+        with _real(), torch.no_grad():
             cache[node] = node.target(*args, **node.kwargs)
     return cache[node]
 
@@ -118,9 +125,7 @@ def _rotation(idx: torch.Tensor | None, n: int) -> int | None:
     """``s`` where ``idx`` is ``(arange(n) + s) % n`` with 0 < s < n (negative entries wrap, as ``index`` reads them)."""
     if idx is None or idx.dim() != 1 or idx.numel() != n or idx.dtype not in (torch.int64, torch.int32) or n < 2:
         return None
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():  # real tensors, outside the fake mode a compile may hold
+    with _real():
         idx = idx.to(torch.int64) % n
         s = int(idx[0])
         ok = 0 < s < n and torch.equal(idx, (torch.arange(n, device=idx.device) + s) % n)
@@ -224,7 +229,8 @@ def _zeros(gm: fx.GraphModule, node: object) -> bool:
 def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: torch.Tensor, fake) -> fx.Node:
     """A get_attr of ``value`` at the top of the graph (a constant between two fusible ops would cut their run in
     two, as ``hoist_constants`` says), one per distinct value."""
-    key = (tuple(value.shape), value.dtype, str(value.device), tuple(value.flatten().tolist()))
+    with _real():
+        key = (tuple(value.shape), value.dtype, str(value.device), tuple(value.flatten().tolist()))
     if key not in made:
         gm.register_buffer(name, value)
         with gm.graph.inserting_before(top):
@@ -255,12 +261,12 @@ def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> i
         i = i % out.shape[dim]
         shape = [1] * out.dim()
         shape[dim] = out.shape[dim]
-        mask = torch.zeros(shape, dtype=torch.bool, device=out.device)
-        mask.view(-1)[i] = True
+        with _real():
+            mask = torch.zeros(shape, dtype=torch.bool, device=out.device)
+            mask.view(-1)[i] = True
+            zero = torch.zeros((), dtype=out.dtype, device=out.device)
         m = _constant(gm, masks, top, f"_mask_{node.name}", mask, out.fake_mode)
-        zero = _constant(
-            gm, masks, top, f"_zero_{node.name}", torch.zeros((), dtype=out.dtype, device=out.device), out.fake_mode
-        )
+        zero = _constant(gm, masks, top, f"_zero_{node.name}", zero, out.fake_mode)
         with gm.graph.inserting_before(node):  # where.self: tagged pointwise (where.ScalarOther is not: no region)
             up = call_with_meta(gm.graph, aten.unsqueeze.default, (v, dim))
             new = call_with_meta(gm.graph, aten.where.self, (m, up, zero))
@@ -285,10 +291,56 @@ def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> i
     return len(done)
 
 
+def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``avg_pools``: ``avg_pool2d(x, k, s, p)`` counting the padding (PyTorch's default; MaxViT's downsampling
+    branch) is a depthwise window sum with the constant weight ``1 / (kh * kw)`` (``fusion.compiler.depthwise``:
+    the generator computes it inside the kernel around it, or runs it as ``torch.convolution``). Not renamed: ceil
+    mode, a divisor override, padding not counted, a window over ``depthwise.MAX_TAPS`` taps, integers."""
+    from fusion.compiler.depthwise import DEPTHWISE, MAX_TAPS
+    from fusion.kernels.rows import bind_args
+
+    done, made = [], {}
+    top = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.avg_pool2d.default)):
+        x, out = node.args[0], _val(node)
+        a = bind_args(node)
+        kernel, stride, padding = (list(a.get(k) or []) for k in ("kernel_size", "stride", "padding"))
+        ceil, counted, divisor = a.get("ceil_mode", False), a.get("count_include_pad", True), a.get("divisor_override")
+        kernel = kernel * (2 // len(kernel))
+        stride = (stride or kernel) * (2 // len(stride or kernel))
+        padding = (padding or [0]) * (2 // len(padding or [0]))
+        if ceil or divisor is not None or not (counted or not any(padding)) or out is None or out.dim() != 4:
+            continue
+        if kernel[0] * kernel[1] > MAX_TAPS or not out.dtype.is_floating_point or "fake_mode" not in dir(out):
+            continue
+        c = out.shape[1]
+        with _real():
+            weight = torch.full((c, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), dtype=out.dtype, device=out.device)
+        w = _constant(gm, made, top, f"_window_{node.name}", weight, out.fake_mode)
+        with gm.graph.inserting_before(node):
+            new = call_with_meta(gm.graph, DEPTHWISE, (x, w, stride, padding, [1, 1]))
+        if not _same_tensor_meta(_val(new), out):
+            gm.graph.erase_node(new)
+            continue
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        done.append(node.name)
+    for w in made.values():
+        if not w.users:
+            gm.graph.erase_node(w)
+            delattr(gm, w.target)
+    if done:
+        relint(gm)
+        note("avg pools", done, "window sum", "an average over a window: a depthwise sum the generated kernel takes")
+    return len(done)
+
+
 VIEW_COPY_PASSES = [
     passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),
     passes.Pass("rotations", passes.noted(rotations_as_cats), doc="an index at a constant rotation (roll): a cat"),
     passes.Pass("splits", passes.noted(splits_as_slices), doc="a split's pieces: slices the writers load"),
+    passes.Pass("avg_pools", passes.noted(avg_pools_as_window_sums), kinds=("inference",), requires=("codegen",),
+                doc="an avg_pool2d counting its padding: a depthwise window sum in the generated kernel"),
     passes.Pass("select_scatters", passes.noted(select_scatters_as_where),
                 doc="a select scattered into zeros (unbind's backward): a pointwise where"),
 ]  # fmt: skip
