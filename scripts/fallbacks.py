@@ -9,7 +9,9 @@ An aten call outside the kernels is one of:
 - ``fallback``: a node of a region the code generator refused (its report's reason; ``PartReport.fallbacks``);
 - ``alone``: a fusible op whose span holds no other op to fuse with (a region needs two), so it runs as aten;
 - ``not fusible``: an op Phase 6's rule keeps out of every region (``fusion.regions.fusible_reason``);
-- ``library``: a GEMM, convolution or attention call: compute-bound, a library's kernel by design (counted only).
+- ``library``: a GEMM, convolution or attention call: compute-bound, a library's kernel by design (counted only);
+  a window sum (a depthwise convolution or an average pool renamed for a kernel) left to ``torch.convolution`` is a
+  ``fallback`` instead.
 
 The report is the same on a GPU: the regions, and the generator's reasons, do not depend on the device.
 
@@ -40,7 +42,7 @@ from fusion import regions  # noqa: E402  (Phase 6's rule: which ops may share a
 from fusion.aten.nodes import is_view_node  # noqa: E402
 from fusion.bench import suite as S  # noqa: E402
 from fusion.compiler import driver  # noqa: E402
-from fusion.compiler.report import library_name  # noqa: E402
+from fusion.compiler.report import is_window_sum, library_name  # noqa: E402
 
 DEFAULT = "swin_t,maxvit_t,convnext_tiny,t5_encoder,mistral,opt"
 # Compute-bound calls a library runs by design (not a fusion loss): GEMMs, convolutions, attention kernels
@@ -88,6 +90,9 @@ def outside_kernels(gm: fx.GraphModule, part) -> Counter:
             out["fallback", op, _short(fell[n.name])] += 1
         elif is_view_node(n):
             continue
+        elif is_window_sum(n):  # a depthwise conv or an average pool renamed for a kernel, run as torch.convolution
+            why = next((p[3] for p in part.passes if p[1] == n.name and p[2] == "torch.convolution"), "")
+            out["fallback", "window sum", _short(why or "no kernel computes it (the C renderer takes no window)")] += 1
         elif LIBRARY.match(op):
             out["library", op, ""] += 1
         elif regions.is_fusible_node(n):

@@ -36,7 +36,8 @@ def misfit_store(misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.
                 tail.add(m)
                 stack += m.all_input_nodes
         ops = sorted((m for m in tail if not is_view_node(m)), key=position.__getitem__)
-        if len(ops) >= 2:
+        # a cut with ops of the region on both sides (else the split would hand back the region itself)
+        if len(ops) >= 2 and any(position[m] < position[ops[0]] and not is_view_node(m) for m in members):
             reach, stack = set(), [ops[0]]
             while stack:
                 m = stack.pop()
