@@ -1,7 +1,7 @@
-"""Issue 39: the attention families' copies (Swin's zero pads and rolls, MaxViT's splits, the backward of q/k/v's
-unbind) become ops the generated kernels take (``fusion/compiler/view_copies.py``): each pass, switched off, leaves
-the op as an aten call outside every kernel; switched on, the op is gone and the outputs (and gradients) are eager's.
-"""
+"""Issue 39: the attention families' copies (Swin's zero pads and rolls, MaxViT's splits and average pools, the
+backward of q/k/v's unbind) become ops the generated kernels take (``fusion/compiler/view_copies.py``,
+``fusion/aten/roll.py``): each pass, switched off, leaves the op as an aten call outside every kernel; switched on,
+the op is gone and the outputs (and gradients) are eager's."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fusion import backend
+from fusion.aten.capture import capture_aten
 from fusion.compiler import driver
 
 pytestmark = pytest.mark.phase9
@@ -72,6 +73,15 @@ def _qkv_bmm(x, w):  # attention itself: k's gradient comes transposed out of it
     return torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
 
 
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 def _x(*shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
 
@@ -87,13 +97,14 @@ def test_zero_pad_is_its_input(grad):
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_roll_is_a_cat_of_two_slices(grad):
+    """torch.roll decomposes into two slices and a cat (fusion/aten/roll.py), forward and backward (the opposite
+    roll): no index, fmod or iota outside the kernels (torch's reference decomposition gathers at a computed index)."""
     x = _x(2, 8, 8, 4)
-    off, _ = _outside({"rotations": False}, _shifted, x, grad=grad)
-    on, _ = _outside({}, _shifted, x, grad=grad)
-    assert off["index"] >= 2, off
-    assert on["index"] < off["index"] and sum(on.values()) < sum(off.values()), (on, off)
-    if not grad:  # the forward's index is a folded rotation: both go (the backward reads one saved from it)
-        assert not on, on
+    on, fallbacks = _outside({}, _shifted, x, grad=grad)
+    assert not on and not fallbacks, (on, fallbacks)
+    gm = capture_aten(Fn(_shifted), (x,))
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.cat.default in ops and not ops & {torch.ops.aten.index.Tensor, torch.ops.aten.roll.default}
 
 
 @pytest.mark.parametrize("fn", [_split, _unbind])

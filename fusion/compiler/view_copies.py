@@ -1,16 +1,15 @@
 """Copies at computed indices as ops both writers take (issue 39: the attention families' fallbacks).
 
 Shifted-window, grid and block attention move data more than they compute: a zero padding before each window
-partition, ``torch.roll`` for the shifted windows, ``split`` for q/k/v and ``select_scatter`` in the backward of an
-``unbind``. AOTAutograd hands each to the code generator as an op Phase 6's rule keeps out of every region
-(``constant_pad_nd``, ``index``, ``select_scatter``) or one the writers have no expression for (a split's getitem),
+partition, ``split`` for q/k/v and ``select_scatter`` in the backward of an ``unbind`` (``torch.roll``, for the
+shifted windows, is decomposed into two slices and a cat: ``fusion/aten/roll.py``). AOTAutograd hands each to the
+code generator as an op Phase 6's rule keeps out of every region (``constant_pad_nd``, ``select_scatter``) or one the
+writers have no expression for (a split's getitem),
 so each runs as its own aten call where Inductor lowers it as index arithmetic inside the kernel around it. These
 passes rewrite them into ops the region writer and the kernel IR's lowering already take — views, ``cat`` and
 pointwise ops — exactly, and only where the graph's layouts stay what they were traced as:
 
 - ``zero_pads``: ``constant_pad_nd`` with every pad 0 (Swin's windows divide its feature maps) is its input;
-- ``rotations``: ``index`` along one dimension at a constant rotation ``(arange(n) + s) % n`` (``torch.roll``
-  after its decomposition and the pass ``constants``) is a ``cat`` of two slices;
 - ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
 - ``avg_pools`` (inference): ``avg_pool2d`` is a depthwise window sum of weight ``1 / taps`` (pass ``depthwise``'s
   op, which the generator computes inside the kernel around it);
@@ -34,12 +33,11 @@ from fusion.fxutils.meta import call_with_meta
 
 aten = torch.ops.aten
 PAD = aten.constant_pad_nd.default
-INDEX = aten.index.Tensor
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
 UNBIND = aten.unbind.int
 SELECT_SCATTER = aten.select_scatter.default
 ZERO_MAKERS = (aten.full.default, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
-EVAL_LIMIT = 1 << 16  # elements: a constant index is evaluated at compile time only up to this size
+EVAL_LIMIT = 1 << 16  # elements: a folded constant is read at compile time (is it all zeros?) only up to this size
 
 
 def _real():
@@ -89,80 +87,6 @@ def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     if copied:
         note("zero pads", copied, "clone", "a padding of 0 everywhere is a copy: pointwise, it fuses")
     return len(dropped) + len(copied)
-
-
-def constant_value(gm: fx.GraphModule, node: object, cache: dict) -> torch.Tensor | None:
-    """The value of ``node`` if it is computed from no graph input (a folded constant, or ``iota``/``add``/``fmod``
-    the pass ``constants`` kept because the backward reads it) and small (:data:`EVAL_LIMIT`); else None."""
-    if not isinstance(node, fx.Node):
-        return node
-    if node in cache:
-        return cache[node]
-    cache[node] = None
-    val = _val(node)
-    if val is None or val.numel() > EVAL_LIMIT:
-        return None
-    if node.op == "get_attr":
-        cache[node] = getattr(gm, node.target, None)
-    elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        if node.target._schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
-            return None
-        args = []
-        for a in node.args:
-            if isinstance(a, fx.Node):
-                a = constant_value(gm, a, cache)
-                if a is None:
-                    return None
-            elif isinstance(a, (list, tuple)) and any(isinstance(b, fx.Node) for b in a):
-                return None
-            args.append(a)
-        with _real(), torch.no_grad():
-            cache[node] = node.target(*args, **node.kwargs)
-    return cache[node]
-
-
-def _rotation(idx: torch.Tensor | None, n: int) -> int | None:
-    """``s`` where ``idx`` is ``(arange(n) + s) % n`` with 0 < s < n (negative entries wrap, as ``index`` reads them)."""
-    if idx is None or idx.dim() != 1 or idx.numel() != n or idx.dtype not in (torch.int64, torch.int32) or n < 2:
-        return None
-    with _real():
-        idx = idx.to(torch.int64) % n
-        s = int(idx[0])
-        ok = 0 < s < n and torch.equal(idx, (torch.arange(n, device=idx.device) + s) % n)
-    return s if ok else None
-
-
-def rotations_as_cats(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """Pass ``rotations``: ``x[..., idx, ...]`` (``index`` along one dimension ``d``) where ``idx`` is the constant
-    ``(arange(n) + s) % n`` is ``cat([x[s:], x[:s]], d)`` along ``d``: two views and a cat, each element one load.
-    Kept where the cat's layout differs from the index's (the views after it were traced on that one)."""
-    cache, done = {}, []
-    for node in list(gm.graph.find_nodes(op="call_function", target=INDEX)):
-        x, indices = node.args
-        at = [i for i, t in enumerate(indices) if t is not None]
-        if len(at) != 1 or _val(x) is None or _val(node) is None:
-            continue
-        d = at[0]
-        n = _val(x).shape[d]
-        s = _rotation(constant_value(gm, indices[d], cache), n)
-        if s is None:
-            continue
-        with gm.graph.inserting_before(node):
-            head = call_with_meta(gm.graph, aten.slice.Tensor, (x, d, s, n))
-            tail = call_with_meta(gm.graph, aten.slice.Tensor, (x, d, 0, s))
-            cat = call_with_meta(gm.graph, aten.cat.default, ([head, tail], d))
-        if not _same_tensor_meta(_val(cat), _val(node)):
-            for new in (cat, tail, head):
-                gm.graph.erase_node(new)
-            continue
-        node.replace_all_uses_with(cat)
-        gm.graph.erase_node(node)
-        done.append(node.name)
-    if done:
-        gm.graph.eliminate_dead_code()
-        relint(gm)
-        note("rotations", done, "cat of two slices", "an index at a constant rotation (torch.roll): one load each")
-    return len(done)
 
 
 def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
@@ -337,7 +261,6 @@ def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
 
 VIEW_COPY_PASSES = [
     passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),
-    passes.Pass("rotations", passes.noted(rotations_as_cats), doc="an index at a constant rotation (roll): a cat"),
     passes.Pass("splits", passes.noted(splits_as_slices), doc="a split's pieces: slices the writers load"),
     passes.Pass("avg_pools", passes.noted(avg_pools_as_window_sums), kinds=("inference",), requires=("codegen",),
                 doc="an avg_pool2d counting its padding: a depthwise window sum in the generated kernel"),
