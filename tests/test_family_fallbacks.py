@@ -1,7 +1,7 @@
-"""Issue 39: the attention families' copies (Swin's zero pads and rolls, MaxViT's splits and average pools, the
-backward of q/k/v's unbind) become ops the generated kernels take (``fusion/compiler/view_copies.py``,
-``fusion/aten/roll.py``): each pass, switched off, leaves the op as an aten call outside every kernel; switched on,
-the op is gone and the outputs (and gradients) are eager's."""
+"""Issue 39: the attention families' copies (Swin's zero pads and rolls, MaxViT's splits and average pools) become
+ops the generated kernels take (``fusion/compiler/view_copies.py``, ``fusion/aten/roll.py``): each pass, switched
+off, leaves the op as an aten call outside every kernel; switched on, the op is gone and the outputs (and gradients)
+are eager's."""
 
 from __future__ import annotations
 
@@ -61,18 +61,6 @@ def _unbind(x):
     return a * b + c.sin()
 
 
-def _qkv(x, w, w2):  # q, k, v selected from one projection (Swin's qkv[0]...): their gradients, select_scatters
-    qkv = (x @ w).view(2, 8, 3, 4).permute(2, 0, 1, 3)
-    q, k, v = qkv[0], qkv[1], qkv[2]
-    return q @ w2 + k @ w2.t() + v @ (w2 * 2.0)
-
-
-def _qkv_bmm(x, w):  # attention itself: k's gradient comes transposed out of its bmm (the where takes its layout)
-    qkv = (x @ w).view(2, 8, 3, 4).permute(2, 0, 1, 3)
-    q, k, v = qkv[0], qkv[1], qkv[2]
-    return torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
-
-
 class Fn(torch.nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -114,16 +102,6 @@ def test_split_pieces_are_views(fn):
     on, on_fb = _outside({}, fn, x)
     assert any("getitem" in what for what, _ in off_fb), off_fb
     assert not on_fb and not on, (on, on_fb)
-
-
-@pytest.mark.parametrize("fn", [_qkv, _qkv_bmm])
-def test_select_scatter_of_zeros_is_a_where(fn):
-    args = (_x(2, 8, 6), _x(6, 12), _x(4, 4))[: 3 if fn is _qkv else 2]
-    args = [a.double() for a in args]  # a softmax's gradient: float64, where only a wrong kernel differs
-    off, _ = _outside({"select_scatters": False}, fn, *args, grad=True)
-    on, _ = _outside({}, fn, *args, grad=True)
-    assert off["select_scatter"] == 3, off
-    assert on["select_scatter"] == 0 and on["where"] == 0 and sum(on.values()) < sum(off.values()), (on, off)
 
 
 def test_a_pad_of_a_returned_value_is_kept():

@@ -1,10 +1,10 @@
 """Copies at computed indices as ops both writers take (issue 39: the attention families' fallbacks).
 
 Shifted-window, grid and block attention move data more than they compute: a zero padding before each window
-partition, ``split`` for q/k/v and ``select_scatter`` in the backward of an ``unbind`` (``torch.roll``, for the
-shifted windows, is decomposed into two slices and a cat: ``fusion/aten/roll.py``). AOTAutograd hands each to the
-code generator as an op Phase 6's rule keeps out of every region (``constant_pad_nd``, ``select_scatter``) or one the
-writers have no expression for (a split's getitem),
+partition, ``split`` for q/k/v, average pools (``torch.roll``, for the shifted windows, is decomposed into two
+slices and a cat: ``fusion/aten/roll.py``; q/k/v's stacked gradients are pass ``stack_scatters``'s). AOTAutograd
+hands each to the code generator as an op Phase 6's rule keeps out of every region (``constant_pad_nd``) or one the
+writers have no expression for (a split's getitem, ``avg_pool2d``),
 so each runs as its own aten call where Inductor lowers it as index arithmetic inside the kernel around it. These
 passes rewrite them into ops the region writer and the kernel IR's lowering already take — views, ``cat`` and
 pointwise ops — exactly, and only where the graph's layouts stay what they were traced as:
@@ -13,8 +13,6 @@ pointwise ops — exactly, and only where the graph's layouts stay what they wer
 - ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
 - ``avg_pools`` (inference): ``avg_pool2d`` is a depthwise window sum of weight ``1 / taps`` (pass ``depthwise``'s
   op, which the generator computes inside the kernel around it);
-- ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask_i, unsqueeze(v, dim), 0)`` with a
-  constant mask (the backward of ``unbind``: q, k, v's gradients stacked); the adds after it fuse with it.
 """
 
 from __future__ import annotations
@@ -35,9 +33,6 @@ aten = torch.ops.aten
 PAD = aten.constant_pad_nd.default
 SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
 UNBIND = aten.unbind.int
-SELECT_SCATTER = aten.select_scatter.default
-ZERO_MAKERS = (aten.full.default, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
-EVAL_LIMIT = 1 << 16  # elements: a folded constant is read at compile time (is it all zeros?) only up to this size
 
 
 def _real():
@@ -138,18 +133,6 @@ def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     return len(done)
 
 
-def _zeros(gm: fx.GraphModule, node: object) -> bool:
-    """A tensor of zeros made in the graph (``full(..., 0)``, ``zeros``...) or a folded constant of zeros."""
-    if not isinstance(node, fx.Node):
-        return False
-    if node.op == "get_attr":
-        t = getattr(gm, node.target, None)
-        return isinstance(t, torch.Tensor) and t.numel() <= EVAL_LIMIT and not bool(t.any())
-    if node.target is aten.full.default:
-        return node.args[1] == 0
-    return node.target in ZERO_MAKERS[1:]
-
-
 def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: torch.Tensor, fake) -> fx.Node:
     """A get_attr of ``value`` at the top of the graph (a constant between two fusible ops would cut their run in
     two, as ``hoist_constants`` says), one per distinct value."""
@@ -161,58 +144,6 @@ def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: to
             made[key] = gm.graph.get_attr(name)
         made[key].meta["val"] = fake.from_tensor(value, static_shapes=True)
     return made[key]
-
-
-def select_scatters_as_where(gm: fx.GraphModule, note: Callable[..., None]) -> int:
-    """Pass ``select_scatters``: ``select_scatter(zeros, v, dim, i)`` is ``where(mask, unsqueeze(v, dim), 0)`` with
-    ``mask`` a constant bool tensor, True at ``i`` along ``dim`` (broadcast over the rest), and a constant 0-d zero
-    of the value's dtype (a contiguous copy after it where the where takes ``v``'s layout): pointwise, so it fuses
-    with the adds that stack q, k and v's gradients and with ``v``'s producer."""
-    done, masks = [], {}
-    top = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for node in list(gm.graph.find_nodes(op="call_function", target=SELECT_SCATTER)):
-        base, v, dim, i = node.args[:4]
-        out = _val(node)
-        if (
-            out is None
-            or getattr(out, "fake_mode", None) is None
-            or not _zeros(gm, base)
-            or not isinstance(v, fx.Node)
-            or _val(v) is None
-        ):
-            continue
-        dim = dim % out.dim()
-        i = i % out.shape[dim]
-        shape = [1] * out.dim()
-        shape[dim] = out.shape[dim]
-        with _real():
-            mask = torch.zeros(shape, dtype=torch.bool, device=out.device)
-            mask.view(-1)[i] = True
-            zero = torch.zeros((), dtype=out.dtype, device=out.device)
-        m = _constant(gm, masks, top, f"_mask_{node.name}", mask, out.fake_mode)
-        zero = _constant(gm, masks, top, f"_zero_{node.name}", zero, out.fake_mode)
-        with gm.graph.inserting_before(node):  # where.self: tagged pointwise (where.ScalarOther is not: no region)
-            up = call_with_meta(gm.graph, aten.unsqueeze.default, (v, dim))
-            new = call_with_meta(gm.graph, aten.where.self, (m, up, zero))
-            if not _same_tensor_meta(_val(new), out) and out.is_contiguous():  # the where took v's layout
-                new = call_with_meta(gm.graph, aten.clone.default, (new,), {"memory_format": torch.contiguous_format})
-        if not _same_tensor_meta(_val(new), out):
-            for n in dict.fromkeys([new, *new.all_input_nodes[:1], up]):  # the clone, the where, the unsqueeze
-                if not n.users and n.op == "call_function":
-                    gm.graph.erase_node(n)
-            continue
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        done.append(node.name)
-    for m in masks.values():  # a constant no kept rewrite reads
-        if not m.users:
-            gm.graph.erase_node(m)
-            delattr(gm, m.target)
-    if done:
-        gm.graph.eliminate_dead_code()
-        relint(gm)
-        note("select scatters", done, "where", "a select scattered into zeros: pointwise, with a constant mask")
-    return len(done)
 
 
 def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> int:
@@ -264,6 +195,4 @@ VIEW_COPY_PASSES = [
     passes.Pass("splits", passes.noted(splits_as_slices), doc="a split's pieces: slices the writers load"),
     passes.Pass("avg_pools", passes.noted(avg_pools_as_window_sums), kinds=("inference",), requires=("codegen",),
                 doc="an avg_pool2d counting its padding: a depthwise window sum in the generated kernel"),
-    passes.Pass("select_scatters", passes.noted(select_scatters_as_where),
-                doc="a select scattered into zeros (unbind's backward): a pointwise where"),
 ]  # fmt: skip
