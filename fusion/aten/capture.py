@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx as fx
 
+from fusion.aten.roll import roll_as_cat
 from fusion.common import ensure_module
 
 # Inductor decompositions that read torch._inductor.lowering when they run (max_pool*_with_indices asks
@@ -92,6 +93,7 @@ def decomposition_table(decompose: bool = True, keep: tuple[torch._ops.OpOverloa
     for op, fn in table.items():
         if isinstance(op, torch._ops.OpOverload) and op._schema.name in _NEEDS_LOWERING:
             table[op] = _with_lowering(fn)
+    table[torch.ops.aten.roll.default] = roll_as_cat  # two slices and a cat, not a gather (fusion/aten/roll.py)
     for op in (*KEEP_WHOLE, *keep):
         table.pop(op, None)
     return table

@@ -33,6 +33,7 @@ from fusion.compiler import (
     registry,
     scatter_passes,
     split_reductions,
+    view_copies,
     wrapper_passes,
 )
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
@@ -117,6 +118,7 @@ PASSES = [
                 doc="a sum of select_scatters into zeros covering a dim: one cat (before constants folds the zeros)"),
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
+    *view_copies.VIEW_COPY_PASSES,  # copies as views, cats and pointwise ops; before "reorder" moves them
     random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks
     split_reductions.SPLIT_REDUCTIONS,  # before "reorder": the producers then meet the new view (CUDA graphs only)
     passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),

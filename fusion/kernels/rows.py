@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
+from fusion.kernels.row_splits import misfit_store
 
 CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
@@ -159,7 +160,7 @@ class Rows:
                                   f"innermost in memory, and the innermost kept dim is not one of >= {COALESCED_ROWS} "
                                   "neighbouring rows: its reads would be scattered (aten's reduction reads them "
                                   "coalesced)", reductions[0])  # fmt: skip
-        per_row, reshaped = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row(), set()
+        per_row, reshaped, misfits = cls(shape, nred, rnumel, 1, order=tuple(kept + reduced)).per_row(), set(), []
         for n in stored:
             if not isinstance(n.meta["val"], torch.Tensor):
                 raise Unsupported(f"{n.name} has several outputs read outside the region: stored by another kernel", n)
@@ -168,8 +169,9 @@ class Rows:
             if members is not None and row_reshape(n, shape, members, reductions):
                 reshaped.add(n.name)
             elif not trailing or row_permutation(n, shape) is None:
-                raise Unsupported(f"{n.name} {tuple(n.meta['val'].shape)} is neither the rows {shape}, a reshape or "
-                                  "a permutation of them nor one element per row: stored by another kernel", n)  # fmt: skip
+                misfits.append(n)
+        if misfits:
+            raise misfit_store(misfits, (shape, *per_row), stored, members)
         order = None if trailing else tuple(kept + reduced)
         rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, max_rblock) if column else max_rblock
         reshaped = frozenset(reshaped)

@@ -1,0 +1,198 @@
+"""Copies at computed indices as ops both writers take (issue 39: the attention families' fallbacks).
+
+Shifted-window, grid and block attention move data more than they compute: a zero padding before each window
+partition, ``split`` for q/k/v, average pools (``torch.roll``, for the shifted windows, is decomposed into two
+slices and a cat: ``fusion/aten/roll.py``; q/k/v's stacked gradients are pass ``stack_scatters``'s). AOTAutograd
+hands each to the code generator as an op Phase 6's rule keeps out of every region (``constant_pad_nd``) or one the
+writers have no expression for (a split's getitem, ``avg_pool2d``),
+so each runs as its own aten call where Inductor lowers it as index arithmetic inside the kernel around it. These
+passes rewrite them into ops the region writer and the kernel IR's lowering already take — views, ``cat`` and
+pointwise ops — exactly, and only where the graph's layouts stay what they were traced as:
+
+- ``zero_pads``: ``constant_pad_nd`` with every pad 0 (Swin's windows divide its feature maps) is its input;
+- ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
+- ``avg_pools`` (inference): ``avg_pool2d`` is a depthwise window sum of weight ``1 / taps`` (pass ``depthwise``'s
+  op, which the generator computes inside the kernel around it);
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from fusion.aten.nodes import is_view_node
+from fusion.compiler import passes
+from fusion.compiler.graph_passes import _escaping, _same_tensor_meta, _written
+from fusion.fxutils.finish import relint
+from fusion.fxutils.meta import call_with_meta
+
+aten = torch.ops.aten
+PAD = aten.constant_pad_nd.default
+SPLITS = (aten.split.Tensor, aten.split_with_sizes.default)
+UNBIND = aten.unbind.int
+
+
+def _real():
+    """Real tensors inside this block, outside the fake mode a compile may hold (a constant is computed for real)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``zero_pads``: ``constant_pad_nd(x, [0, ...])`` is ``x`` where ``x`` (an op's value or an input) has the
+    same shape, dtype, strides and offset and neither is written in place (the pad's readers only read), and the pad
+    is not returned unless ``x`` is a fresh value returned by nothing else (the caller owns each output); elsewhere,
+    with a contiguous result, it is ``clone(x)``: a copy, as the pad was, but pointwise, so it fuses with the ops
+    around it. Returns how many rewritten."""
+    escaping, written = _escaping(gm.graph), _written(gm.graph)
+    dropped, copied = [], []
+    for node in list(gm.graph.find_nodes(op="call_function", target=PAD)):
+        x, pads = node.args[0], node.args[1]
+        if not (isinstance(x, fx.Node) and all(p == 0 for p in pads)) or _val(x) is None or _val(node) is None:
+            continue
+        if node in written or x in written or x.op not in ("call_function", "placeholder"):
+            continue
+        fresh = x.op == "call_function" and not is_view_node(x) and x not in escaping
+        if _same_tensor_meta(_val(x), _val(node)) and (node not in escaping or fresh):
+            node.replace_all_uses_with(x)
+            gm.graph.erase_node(node)
+            dropped.append(node.name)
+        elif _val(node).is_contiguous():
+            with gm.graph.inserting_before(node):
+                copy = call_with_meta(gm.graph, aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+            if not _same_tensor_meta(_val(copy), _val(node)):
+                gm.graph.erase_node(copy)
+                continue
+            node.replace_all_uses_with(copy)
+            gm.graph.erase_node(node)
+            copied.append(node.name)
+    if dropped or copied:
+        relint(gm)
+    if dropped:
+        note("zero pads", dropped, "dropped", "a padding of 0 everywhere is its input (the same layout)")
+    if copied:
+        note("zero pads", copied, "clone", "a padding of 0 everywhere is a copy: pointwise, it fuses")
+    return len(dropped) + len(copied)
+
+
+def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``splits``: every getitem of a ``split`` / ``split_with_sizes`` becomes ``slice(x, dim, start, end)``,
+    and of an ``unbind`` ``select(x, dim, i)``: the same view (same sizes, strides and offset), which the writers
+    read as a load at an offset. Returns how many multi-output views went."""
+    done = []
+    for node in [n for t in SPLITS for n in gm.graph.find_nodes(op="call_function", target=t)]:
+        x = node.args[0]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        vals = node.meta.get("val")
+        users = list(node.users)
+        if not isinstance(vals, (list, tuple)) or any(u.target is not operator.getitem for u in users):
+            continue
+        dim = dim % _val(x).dim()
+        starts = [0]
+        for v in vals:
+            starts.append(starts[-1] + v.shape[dim])
+        for u in users:
+            i = u.args[1]
+            with gm.graph.inserting_before(u):
+                sl = call_with_meta(gm.graph, aten.slice.Tensor, (x, dim, starts[i], starts[i + 1]))
+            if not _same_tensor_meta(_val(sl), _val(u)):
+                gm.graph.erase_node(sl)
+                continue
+            u.replace_all_uses_with(sl)
+            gm.graph.erase_node(u)
+        if not node.users:
+            gm.graph.erase_node(node)
+            done.append(node.name)
+    for node in list(gm.graph.find_nodes(op="call_function", target=UNBIND)):
+        users, dim = list(node.users), node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if any(u.target is not operator.getitem for u in users):
+            continue
+        for u in users:
+            with gm.graph.inserting_before(u):
+                sel = call_with_meta(gm.graph, aten.select.int, (node.args[0], dim, u.args[1]))
+            if not _same_tensor_meta(_val(sel), _val(u)):
+                gm.graph.erase_node(sel)
+                continue
+            u.replace_all_uses_with(sel)
+            gm.graph.erase_node(u)
+        if not node.users:
+            gm.graph.erase_node(node)
+            done.append(node.name)
+    if done:
+        relint(gm)
+        note("splits", done, "views", "each piece of a split (an unbind) is a slice (a select): a view at an offset")
+    return len(done)
+
+
+def _constant(gm: fx.GraphModule, made: dict, top: fx.Node, name: str, value: torch.Tensor, fake) -> fx.Node:
+    """A get_attr of ``value`` at the top of the graph (a constant between two fusible ops would cut their run in
+    two, as ``hoist_constants`` says), one per distinct value."""
+    with _real():
+        key = (tuple(value.shape), value.dtype, str(value.device), tuple(value.flatten().tolist()))
+    if key not in made:
+        gm.register_buffer(name, value)
+        with gm.graph.inserting_before(top):
+            made[key] = gm.graph.get_attr(name)
+        made[key].meta["val"] = fake.from_tensor(value, static_shapes=True)
+    return made[key]
+
+
+def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``avg_pools``: ``avg_pool2d(x, k, s, p)`` counting the padding (PyTorch's default; MaxViT's downsampling
+    branch) is a depthwise window sum with the constant weight ``1 / (kh * kw)`` (``fusion.compiler.depthwise``:
+    the generator computes it inside the kernel around it, or runs it as ``torch.convolution``). Not renamed: ceil
+    mode, a divisor override, padding not counted, a window over ``depthwise.MAX_TAPS`` taps, integers."""
+    from fusion.compiler.depthwise import DEPTHWISE, MAX_TAPS
+    from fusion.kernels.rows import bind_args
+
+    done, made = [], {}
+    top = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.avg_pool2d.default)):
+        x, out = node.args[0], _val(node)
+        a = bind_args(node)
+        kernel, stride, padding = (list(a.get(k) or []) for k in ("kernel_size", "stride", "padding"))
+        ceil, counted, divisor = a.get("ceil_mode", False), a.get("count_include_pad", True), a.get("divisor_override")
+        kernel = kernel * (2 // len(kernel))
+        stride = (stride or kernel) * (2 // len(stride or kernel))
+        padding = (padding or [0]) * (2 // len(padding or [0]))
+        if ceil or divisor is not None or not (counted or not any(padding)) or out is None or out.dim() != 4:
+            continue
+        if kernel[0] * kernel[1] > MAX_TAPS or not out.dtype.is_floating_point or "fake_mode" not in dir(out):
+            continue
+        c = out.shape[1]
+        with _real():
+            weight = torch.full((c, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), dtype=out.dtype, device=out.device)
+        w = _constant(gm, made, top, f"_window_{node.name}", weight, out.fake_mode)
+        with gm.graph.inserting_before(node):
+            new = call_with_meta(gm.graph, DEPTHWISE, (x, w, stride, padding, [1, 1]))
+        if not _same_tensor_meta(_val(new), out):
+            gm.graph.erase_node(new)
+            continue
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        done.append(node.name)
+    for w in made.values():
+        if not w.users:
+            gm.graph.erase_node(w)
+            delattr(gm, w.target)
+    if done:
+        relint(gm)
+        note("avg pools", done, "window sum", "an average over a window: a depthwise sum the generated kernel takes")
+    return len(done)
+
+
+VIEW_COPY_PASSES = [
+    passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),
+    passes.Pass("splits", passes.noted(splits_as_slices), doc="a split's pieces: slices the writers load"),
+    passes.Pass("avg_pools", passes.noted(avg_pools_as_window_sums), kinds=("inference",), requires=("codegen",),
+                doc="an avg_pool2d counting its padding: a depthwise window sum in the generated kernel"),
+]  # fmt: skip
