@@ -17,7 +17,7 @@ from support import Fn
 from fusion.codegen import compile_regions
 from fusion.kernels import c_bundle, c_runtime
 
-pytestmark = [pytest.mark.tooling, pytest.mark.skipif(not c_runtime.available()[0], reason="no C compiler here")]
+pytestmark = [pytest.mark.phase8, pytest.mark.skipif(not c_runtime.available()[0], reason="no C compiler here")]
 
 
 def f(x, w):
