@@ -10,7 +10,7 @@
 #     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
-#     bash scripts/gpu_measure.sh session    # CUDA tests (Triton from the region and from the IR); ViT and BERT steps
+#     bash scripts/gpu_measure.sh session    # CUDA tests (Triton from the region and from the IR); Swin-T, MaxViT-T
 #     bash scripts/gpu_measure.sh ir         # the CUDA tests with Triton rendered from the kernel IR; six models with
 #                                            # Triton from the region and from the IR (default and CUDA graphs);
 #                                            # GPT-2 and Llama training steps with pass combo_casts on and off
@@ -126,7 +126,7 @@ train)
 session)
     cuda_tests 170
     FUSION_TRITON_SOURCE=ir cuda_tests 120 cuda_tests_ir
-    suite $((565 - (SECONDS - start))) vit_b_16_train,bert_train eager,fusion,inductor
+    suite $((565 - (SECONDS - start))) swin_t,maxvit_t,swin_t_train,maxvit_t_train eager,fusion,inductor
     ;;
 *) echo "part must be numerics, cuda, profile, final, reductions, round, ir, session, suite or train" && exit 2 ;;
 esac
