@@ -17,12 +17,12 @@ import time
 from collections import Counter
 
 import torch
+from suite_steps import fresh_steps
 from torch.profiler import ProfilerActivity, profile
 
 from fusion import backend
 from fusion.bench.results import save_json
-from fusion.bench.suite import SuiteConfig, _runner
-from fusion.bench.suite_models import MODELS
+from fusion.bench.suite import SuiteConfig
 
 
 def wall_ms(step, n: int) -> float:
@@ -84,46 +84,40 @@ def main(argv: list[str]) -> None:
     backends = tuple(picked.split(",")) if picked else ("eager", "fusion") if dry else ("eager", "fusion", "inductor")
     out = os.environ.get("OUT")
     results = []
-    for name in names:
-        spec = MODELS[name]
-        model32, inputs32 = spec.build(cfg.sizes)
-        for label in backends:
-            backend.reset()
-            torch._dynamo.reset()
-            step = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
-            t0 = time.perf_counter()
+    for name, label, step in fresh_steps(names, backends, cfg):
+        t0 = time.perf_counter()
+        step()
+        first = time.perf_counter() - t0
+        for _ in range(2 if dry else 5):
             step()
-            first = time.perf_counter() - t0
-            for _ in range(2 if dry else 5):
-                step()
-            row = {"model": name, "backend": label, "first_call_s": round(first, 2)}
-            row["wall_ms"] = round(wall_ms(step, 3 if dry else 30), 3)
-            row.update(kernels(step, 1 if dry else 5, 15))
-            if label == "fusion":
-                calls, refused, falls = Counter(), Counter(), Counter()
-                for r in backend.reports:
-                    for p in r.parts:
-                        calls.update(p.library_calls)
-                        falls.update(f"{p.kind}: {why[:110]}" for _, why in p.fallbacks)
-                    for k in getattr(r, "refusals", []) or []:
-                        refused[str(k)[:100]] += 1
-                row["library_calls"] = dict(calls.most_common(20))
-                row["graphs"] = len(backend.reports)
-                row["fallbacks"] = dict(falls.most_common(25))
-            print(
-                f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
-                f"{row['launches']:.0f} launches, first call {first:.1f} s",
-                flush=True,
-            )
-            for k in row["groups"]:
-                print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['group'][:110]}")
-            if "library_calls" in row:
-                print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
-                for why, c in row["fallbacks"].items():
-                    print(f"  fallback ×{c}: {why}")
-            results.append(row)
-            del step
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        row = {"model": name, "backend": label, "first_call_s": round(first, 2)}
+        row["wall_ms"] = round(wall_ms(step, 3 if dry else 30), 3)
+        row.update(kernels(step, 1 if dry else 5, 15))
+        if label == "fusion":
+            calls, refused, falls = Counter(), Counter(), Counter()
+            for r in backend.reports:
+                for p in r.parts:
+                    calls.update(p.library_calls)
+                    falls.update(f"{p.kind}: {why[:110]}" for _, why in p.fallbacks)
+                for k in getattr(r, "refusals", []) or []:
+                    refused[str(k)[:100]] += 1
+            row["library_calls"] = dict(calls.most_common(20))
+            row["graphs"] = len(backend.reports)
+            row["fallbacks"] = dict(falls.most_common(25))
+        print(
+            f"\n{name} {label}: wall {row['wall_ms']:.2f} ms, GPU kernels {row['gpu_ms']:.2f} ms, "
+            f"{row['launches']:.0f} launches, first call {first:.1f} s",
+            flush=True,
+        )
+        for k in row["groups"]:
+            print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['group'][:110]}")
+        if "library_calls" in row:
+            print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
+            for why, c in row["fallbacks"].items():
+                print(f"  fallback ×{c}: {why}")
+        results.append(row)
+        del step
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
     if out:
         save_json(os.path.join(out, "profile_models.json"), {"rows": results}, device=cfg.device)
 

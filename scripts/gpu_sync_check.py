@@ -16,15 +16,9 @@ import warnings
 from collections import Counter
 
 import torch
+from suite_steps import fresh_steps, sync
 
-from fusion import backend
-from fusion.bench.suite import SuiteConfig, _runner
-from fusion.bench.suite_models import MODELS
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from fusion.bench.suite import SuiteConfig
 
 
 def main(argv: list[str]) -> None:
@@ -34,47 +28,42 @@ def main(argv: list[str]) -> None:
     picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "")
     backends = tuple(picked.split(",")) if picked else ("fusion", "inductor")
     print(torch.__version__, "cpu" if dry else torch.cuda.get_device_name(), flush=True)
-    for name in names:
-        spec = MODELS[name]
-        model32, inputs32 = spec.build(cfg.sizes)
-        for label in backends:
-            backend.reset()
-            torch._dynamo.reset()
-            step = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
-            for _ in range(3 if dry else 8):
-                step()
+    for name, label, step in fresh_steps(names, backends, cfg):
+        for _ in range(3 if dry else 8):
+            step()
+        sync()
+        n = 3 if dry else 30
+        walls, cpus = [], []
+        for _ in range(n):
             sync()
-            n = 3 if dry else 30
-            walls, cpus = [], []
-            for _ in range(n):
-                sync()
-                w0, c0 = time.perf_counter(), time.process_time()
-                step()
-                sync()
-                walls.append(time.perf_counter() - w0)
-                cpus.append(time.process_time() - c0)
-            walls.sort(), cpus.sort()
-            print(f"\n{name} {label}: wall {walls[n // 2] * 1e3:.2f} ms, CPU {cpus[n // 2] * 1e3:.2f} ms per step",
-                  flush=True)
-            found: Counter = Counter()
-            if torch.cuda.is_available():
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        step()
-                        sync()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
-                for w in caught:
-                    if "synchroniz" in str(w.message):
-                        found[(str(w.message)[:80], f"{w.filename}:{w.lineno}")] += 1
-            for (msg, where), c in found.most_common(15):
-                print(f"  sync ×{c}: {msg} at {where}")
-            if not found:
-                print("  no synchronising call in one step" if torch.cuda.is_available() else "  (no CUDA)")
-            del step
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            w0, c0 = time.perf_counter(), time.process_time()
+            step()
+            sync()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        walls.sort(), cpus.sort()
+        print(
+            f"\n{name} {label}: wall {walls[n // 2] * 1e3:.2f} ms, CPU {cpus[n // 2] * 1e3:.2f} ms per step", flush=True
+        )
+        found: Counter = Counter()
+        if torch.cuda.is_available():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    step()
+                    sync()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            for w in caught:
+                if "synchroniz" in str(w.message) and "prototype" not in str(w.message):
+                    found[(str(w.message)[:80], f"{w.filename}:{w.lineno}")] += 1
+        for (msg, where), c in found.most_common(15):
+            print(f"  sync ×{c}: {msg} at {where}")
+        if not found:
+            print("  no synchronising call in one step" if torch.cuda.is_available() else "  (no CUDA)")
+        del step
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ folds its taps with ``maximum`` in the window's order (NaN propagates, as aten's
 sums ``value * weight[c, 0, a, b]`` in the window's order from +0.0, in float32 for half types, rounded once. So are
 the legality rules and their reasons (``triton_blocks._one_window_deep``, ``_cheap_per_tap``): not inside a
 reduction kernel, not over another window's values in the same kernel, and what a tap computes again at most
-:data:`~fusion.kernels.triton_blocks.MAX_OPS_PER_TAP` ops, none of them costly.
+:data:`~fusion.kernels.window_rules.MAX_OPS_PER_TAP` ops, none of them costly.
 
 Both renderers take the record (``fusion.kernels.c_render``, ``fusion.kernels.triton_render``). On a CPU the C
 kernel of a window measured slower than aten's (scripts/results/cpu-2026-11-27-windows-ir.log: a stride-2 tap's
@@ -36,10 +36,10 @@ from fusion.aten.nodes import is_view_node
 from fusion.compiler.index_algebra import add, const, maxval, scale
 from fusion.compiler.lower_reductions import HALF, compute, dtype_name
 from fusion.ir import kernel_ir as ir
-from fusion.ir.plan import SplitRegion, Unsupported
+from fusion.ir.plan import Unsupported
 from fusion.kernels import c_runtime, triton_ir_runtime
-from fusion.kernels.rows import bind_args, is_depthwise, pooled_values
-from fusion.kernels.triton_blocks import COSTLY_PER_TAP, MAX_OPS_PER_TAP
+from fusion.kernels.rows import bind_args, pooled_values
+from fusion.kernels.window_rules import cheap_per_tap, window_here
 
 # A max-pool's window from C on a CPU: measured slower than aten's max-pool there (ResNet-18 at the CPU suite's sizes,
 # one thread: 0.95-0.99x eager with its pool in C, 1.00-1.08x with aten's; a stride-2 tap's masked loads do not
@@ -56,11 +56,6 @@ def c_refusal(plan) -> Unsupported | None:
     pool = next((n.args[0] for n in plan.kernel.region.nodes if pooled_values(n)), None)
     why = "on CPU aten's max-pool beats the C window kernel (fusion.compiler.lower_windows.POOLS_IN_C)"
     return Unsupported(f"{pool.name}: {why}", pool) if pool is not None else None
-
-
-def is_window(node: fx.Node) -> bool:
-    """Is ``node`` a window the lowering computes: a max-pool's values (getitem 0) or a depthwise convolution?"""
-    return pooled_values(node) or is_depthwise(node)
 
 
 def window(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
@@ -106,36 +101,10 @@ def window_sum(low, node: fx.Node, index: list[ir.Affine]) -> str:
     return acc
 
 
-def _legal(low, node: fx.Node, x: fx.Node) -> None:
-    """``triton_blocks._one_window_deep``: not inside a reduction kernel (:class:`Unsupported`: the window is an aten
-    call), not over another window's values in this kernel (:class:`SplitRegion` at ``x``)."""
-    if low.rows:
-        raise Unsupported(f"{node.name} is read by a reduction in this kernel: its window runs as an aten call", node)
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n not in low.members:
-            continue
-        seen.add(n)
-        if is_window(n):
-            raise SplitRegion(f"{node.name} reads {x.name}, computed from the window of {n.name}: each tap would "
-                              "compute that window again", node, [x])  # fmt: skip
-        stack += n.all_input_nodes
-
-
-def _cheap(low, node: fx.Node, x: fx.Node, again: list[fx.Node]) -> None:
-    """``triton_blocks._cheap_per_tap``: what the second tap computed again (``again``: the region's ops) is at most
-    :data:`MAX_OPS_PER_TAP` ops, none of them :data:`COSTLY_PER_TAP`, else :class:`Unsupported` (an aten call)."""
-    costly = [n.name for n in again if getattr(n.target, "overloadpacket", None) in COSTLY_PER_TAP]
-    if costly or len(again) > MAX_OPS_PER_TAP:
-        why = f"{', '.join(costly)} at every tap" if costly else f"{len(again)} ops at every tap"
-        raise Unsupported(f"{node.name} reads {x.name}, computed in this kernel: {why}; runs as an aten call", node)
-
-
 def _taps(low, node: fx.Node, x: fx.Node, index: list[ir.Affine], win: tuple, dtype, outside: float) -> Iterator:
     """``(offsets, value)`` per tap of ``win`` = (kernel, stride, padding, dilation) over the last dims of ``x``
     (the input of window op ``node``), its value ``outside`` where the tap lies outside ``x``."""
-    _legal(low, node, x)
+    window_here(bool(low.rows), low.members, node, x)
     kernel, stride, padding, dilation = win
     shape, nd = tuple(x.meta["val"].shape), len(kernel)
     lead, own = list(index[:-nd]), list(index[-nd:])
@@ -157,7 +126,7 @@ def _taps(low, node: fx.Node, x: fx.Node, index: list[ir.Affine], win: tuple, dt
         finally:
             low.trace = None
         if i == 1:
-            _cheap(low, node, x, [n for n in again if n in low.members and not is_view_node(n)])
+            cheap_per_tap(node, x, [n for n in again if n in low.members and not is_view_node(n)])
         yield offsets, value
 
 

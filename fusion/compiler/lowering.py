@@ -36,11 +36,12 @@ from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
-from fusion.compiler.lower_windows import c_refusal, is_window, window
+from fusion.compiler.lower_windows import c_refusal, window
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.rows import cat_parts, row_permutation
+from fusion.kernels.window_rules import is_window
 
 aten, prims = torch.ops.aten, torch.ops.prims
 UNARY = {aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.log: "log", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",

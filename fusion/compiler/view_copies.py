@@ -84,48 +84,43 @@ def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     return len(dropped) + len(copied)
 
 
+def _pieces_as_views(gm: fx.GraphModule, node: fx.Node, view: Callable[[int], tuple]) -> bool:
+    """Replace each ``getitem(node, i)`` by the view ``view(i)`` = (target, args) gives where its value is the same
+    (sizes, strides, offset); True when ``node`` has no reader left (it is erased)."""
+    for u in list(node.users):
+        with gm.graph.inserting_before(u):
+            new = call_with_meta(gm.graph, *view(u.args[1]))
+        if not _same_tensor_meta(_val(new), _val(u)):
+            gm.graph.erase_node(new)
+            continue
+        u.replace_all_uses_with(new)
+        gm.graph.erase_node(u)
+    if node.users:
+        return False
+    gm.graph.erase_node(node)
+    return True
+
+
 def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Pass ``splits``: every getitem of a ``split`` / ``split_with_sizes`` becomes ``slice(x, dim, start, end)``,
     and of an ``unbind`` ``select(x, dim, i)``: the same view (same sizes, strides and offset), which the writers
     read as a load at an offset. Returns how many multi-output views went."""
     done = []
-    for node in [n for t in SPLITS for n in gm.graph.find_nodes(op="call_function", target=t)]:
-        x = node.args[0]
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        vals = node.meta.get("val")
-        users = list(node.users)
-        if not isinstance(vals, (list, tuple)) or any(u.target is not operator.getitem for u in users):
+    for node in [n for t in (*SPLITS, UNBIND) for n in gm.graph.find_nodes(op="call_function", target=t)]:
+        x, vals = node.args[0], node.meta.get("val")
+        at = 2 if node.target in SPLITS else 1
+        dim = node.args[at] if len(node.args) > at else node.kwargs.get("dim", 0)
+        if not isinstance(vals, (list, tuple)) or any(u.target is not operator.getitem for u in node.users):
             continue
         dim = dim % _val(x).dim()
-        starts = [0]
-        for v in vals:
-            starts.append(starts[-1] + v.shape[dim])
-        for u in users:
-            i = u.args[1]
-            with gm.graph.inserting_before(u):
-                sl = call_with_meta(gm.graph, aten.slice.Tensor, (x, dim, starts[i], starts[i + 1]))
-            if not _same_tensor_meta(_val(sl), _val(u)):
-                gm.graph.erase_node(sl)
-                continue
-            u.replace_all_uses_with(sl)
-            gm.graph.erase_node(u)
-        if not node.users:
-            gm.graph.erase_node(node)
-            done.append(node.name)
-    for node in list(gm.graph.find_nodes(op="call_function", target=UNBIND)):
-        users, dim = list(node.users), node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        if any(u.target is not operator.getitem for u in users):
-            continue
-        for u in users:
-            with gm.graph.inserting_before(u):
-                sel = call_with_meta(gm.graph, aten.select.int, (node.args[0], dim, u.args[1]))
-            if not _same_tensor_meta(_val(sel), _val(u)):
-                gm.graph.erase_node(sel)
-                continue
-            u.replace_all_uses_with(sel)
-            gm.graph.erase_node(u)
-        if not node.users:
-            gm.graph.erase_node(node)
+        if node.target is UNBIND:
+            view = lambda i, x=x, dim=dim: (aten.select.int, (x, dim, i))  # noqa: E731
+        else:
+            starts = [0]
+            for v in vals:
+                starts.append(starts[-1] + v.shape[dim])
+            view = lambda i, x=x, dim=dim, st=starts: (aten.slice.Tensor, (x, dim, st[i], st[i + 1]))  # noqa: E731
+        if _pieces_as_views(gm, node, view):
             done.append(node.name)
     if done:
         relint(gm)

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import torch
 import torch.fx as fx
 
-from fusion.ir.plan import SplitRegion, Unsupported
 from fusion.kernels.rows import CAT, bind_args, cat_parts, is_depthwise, pooled_values
 from fusion.kernels.triton_lang import Line, compute_dtype, tl_dtype
+from fusion.kernels.window_rules import cheap_per_tap, window_here
 
 aten = torch.ops.aten
 
@@ -148,44 +148,15 @@ def window_taps(writer, index: list[str], shape, kernel, stride, padding, dilati
             yield offsets, src, writer.emit(" & ".join(conds), torch.bool)[0] if conds else None, shifted
 
 
-# What a window may compute again at each of its taps: a few cheap ops (MobileNet's BatchNorm and ReLU6 before its
-# depthwise convolution, 7 lines a tap; MobileNetV3's hardswish), not a transcendental function or a long chain
-# (EfficientNet's SiLU, an exp at every tap, made its GPU time 3.7x: scripts/results/h200-2026-11-25-as-suite.json;
-# storing the chain for the window's kernel instead measured slower than leaving the convolution to cuDNN, part au).
-COSTLY_PER_TAP = frozenset({aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.sigmoid, aten.tanh,
-                            aten.erf, aten.erfc, aten.pow, aten.sin, aten.cos, aten.atan, aten.gelu, aten.silu})  # fmt: skip
-MAX_OPS_PER_TAP = 12
-
-
 def _one_window_deep(writer, node: fx.Node, x: fx.Node) -> None:
-    """Where a window is generated. Not inside a reduction kernel (a row walk would compute it in each pass over the
-    rows, its loads scattered): :class:`Unsupported`, the window is an aten call and the reduction keeps its kernel.
-    Not over another window's values in this kernel (9 x 9 loads for two 3x3 windows in a row): :class:`SplitRegion`
-    there, ``x`` stored by a first kernel and read by the second."""
-    if writer.rows:
-        raise Unsupported(f"{node.name} is read by a reduction in this kernel: its window runs as an aten call", node)
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n not in writer.members:
-            continue
-        seen.add(n)
-        if is_depthwise(n) or pooled_values(n):
-            raise SplitRegion(f"{node.name} reads {x.name}, computed from the window of {n.name}: each tap would "
-                              "compute that window again", node, [x])  # fmt: skip
-        stack += n.all_input_nodes
+    """Where a window is generated: ``window_rules.window_here`` (the lowering of the kernel IR applies the same)."""
+    window_here(bool(writer.rows), writer.members, node, x)
 
 
 def _cheap_per_tap(writer, node: fx.Node, x: fx.Node, start: int) -> None:
     """After a window's second tap (the first also computes what every tap shares: a BatchNorm's per-channel scale):
-    :class:`Unsupported` (the window is left to its library call, the chains around it keep their kernels) unless
-    what the tap computed again (the lines from ``start``) is at most :data:`MAX_OPS_PER_TAP` ops, none of them
-    :data:`COSTLY_PER_TAP`."""
-    again = [ln.node for ln in writer.body[start:] if ln.node in writer.members]
-    costly = [n.name for n in again if getattr(n.target, "overloadpacket", None) in COSTLY_PER_TAP]
-    if costly or len(again) > MAX_OPS_PER_TAP:
-        why = f"{', '.join(costly)} at every tap" if costly else f"{len(again)} ops at every tap"
-        raise Unsupported(f"{node.name} reads {x.name}, computed in this kernel: {why}; runs as an aten call", node)
+    ``window_rules.cheap_per_tap`` over what the tap computed again (the lines from ``start``)."""
+    cheap_per_tap(node, x, [ln.node for ln in writer.body[start:] if ln.node in writer.members])
 
 
 def _window_values(writer, node: fx.Node, x: fx.Node, index: list[str], window: tuple, dtype, outside: str):
