@@ -162,3 +162,53 @@ def test_only_slices_that_tile_the_dim_are_rewritten(spans, rewritten):
     want = gm(*pieces)
     assert stack_select_scatters(gm, lambda *a: None) == (1 if rewritten else 0)
     torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)
+
+
+def _merge(x):
+    """Swin's patch merging: the four 2x2 offsets of an (B, H, W, C) map side by side."""
+    parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+    return torch.cat(parts, -1)
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 8, 3), (1, 2, 2, 1)])
+def test_patch_mergings_gradient_is_woven_back_and_keeps_eagers_values(shape):
+    """The backward of the patch merging's step-2 slices is a step-2 slice_scatter of a step-2 slice_scatter per
+    offset, summed: the pass weaves the four pieces back (cat and view per dim), float64 values exactly eager's."""
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4 * shape[-1], 5, dtype=torch.float64)
+
+    def f(x):
+        return (_merge(x) @ w).square().sum()
+
+    f(x).backward()
+    want, x.grad = x.grad, None
+    for options, scatters in ((None, 0), ({"stack_scatters": False}, 8)):
+        backend.reset()
+        torch.compile(f, backend="fusion", options=options)(x).backward()
+        calls = backend.reports[0].part("backward").library_calls
+        assert calls.get("slice_scatter", 0) == scatters, calls
+        torch.testing.assert_close(x.grad, want, atol=0, rtol=0)
+        x.grad = None
+
+
+@pytest.mark.parametrize(
+    "offsets, rewritten", [((0, 1, 2), True), ((2, 0, 1), True), ((0, 2), False), ((0, 1, 1), False)]
+)
+def test_only_strided_pieces_covering_every_offset_are_woven(offsets, rewritten):
+    g = fx.Graph()
+    full = g.call_function(aten.full.default, ([2, 9], 0.0), {"dtype": torch.float64})
+    full.meta["val"] = torch.empty(2, 9, dtype=torch.float64)
+    total, pieces = None, []
+    for k, o in enumerate(offsets):
+        p = g.placeholder(f"p{k}")
+        p.meta["val"] = torch.empty(2, 3, dtype=torch.float64)
+        pieces.append(torch.randn(2, 3, dtype=torch.float64))
+        s = g.call_function(aten.slice_scatter.default, (full, p, 1, o, 9223372036854775807, 3))
+        s.meta["val"] = torch.empty(2, 9, dtype=torch.float64)
+        total = s if total is None else g.call_function(aten.add.Tensor, (total, s))
+        total.meta["val"] = torch.empty(2, 9, dtype=torch.float64)
+    g.output(total)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    want = gm(*pieces)
+    assert stack_select_scatters(gm, lambda *a: None) == (1 if rewritten else 0)
+    torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)

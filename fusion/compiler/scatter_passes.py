@@ -17,13 +17,19 @@ writes as one kernel of masked loads, with the ops around it. Values: the same, 
 eager's ``-0.0 + 0.0`` turns into +0.0 and the ``cat`` keeps (equal under every comparison of values). Inductor's
 pattern matcher rewrites scatter sums likewise.
 
+Swin's patch merging reads the four 2x2 offsets of its map (``x[:, 0::2, 0::2]``, ...): each gradient is a step-2
+``slice_scatter`` of a step-2 ``slice_scatter`` into zeros, and the four are summed. Where strided pieces cover every
+offset of their steps once, they are woven back (:func:`_interleaved`): along each dim, a ``cat`` of the pieces
+unsqueezed after it and a ``view`` merging the two dims.
+
 What is left alone: a gap (an index no piece writes), an overlap, a base that is not all zeros, sums with ``alpha``,
-slices with a step, pieces of different dtypes, and any ``add`` inside the sum read elsewhere (its partial sum is
+strided slices that stop before the end, pieces of different dtypes, and any ``add`` inside the sum read elsewhere (its partial sum is
 needed as it is). A sum of scatters and other terms rewrites its scatters' own sum where that is an ``add`` of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -92,6 +98,11 @@ def stack_select_scatters(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         leaves = _leaves(node)
         if not leaves or len(leaves) < 2 or any(leaf.target not in SCATTERS for leaf in leaves):
             continue
+        woven = _interleaved(gm, node, leaves)
+        if woven is not None:
+            node.replace_all_uses_with(woven)
+            done.append(node.name)
+            continue
         val = node.meta.get("val")
         bases = [leaf.args[0] for leaf in leaves]
         if not isinstance(val, torch.Tensor) or not all(_zeros(b) and b.meta["val"].shape == val.shape for b in bases):
@@ -118,3 +129,58 @@ def stack_select_scatters(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         relint(gm)
         note("stack select_scatters", done, "rewritten", "a sum of scatters into zeros tiling a dim: one cat")
     return len(done)
+
+
+def _strided(leaf: fx.Node, shape) -> tuple[dict[int, tuple[int, int]], fx.Node] | None:
+    """``({dim: (start, step)}, source)`` of a ``slice_scatter`` into zeros of ``shape`` with a step, nested ones
+    (Swin's patch merging reads ``x[:, 0::2, 1::2]``: its gradient is a step-2 scatter of a step-2 scatter) taken
+    whole: every slice runs to the end of its dim, which its step divides; None for anything else."""
+    at: dict[int, tuple[int, int]] = {}
+    while leaf.op == "call_function" and leaf.target is aten.slice_scatter.default and _zeros(leaf.args[0]):
+        args = list(leaf.args) + [None] * (6 - len(leaf.args))
+        full = tuple(leaf.meta["val"].shape)
+        dim, lo, hi, step = (args[2] or 0) % len(full), args[3] or 0, args[4], args[5] or 1
+        size = full[dim]
+        if dim in at or step < 2 or size % step or not 0 <= lo < step or (hi is not None and hi < size):
+            return None
+        if tuple(leaf.args[1].meta["val"].shape)[dim] != size // step:
+            return None
+        at[dim] = (lo, step)
+        leaf = leaf.args[1]
+        if len(leaf.users) != 1:
+            break
+    return (at, leaf) if at and len(shape) == len(leaf.meta["val"].shape) else None
+
+
+def _interleaved(gm: fx.GraphModule, node: fx.Node, leaves: list[fx.Node]) -> fx.Node | None:
+    """The sum ``node`` of strided scatters into zeros whose pieces interleave over their dims, every offset of every
+    step once (the patch merging's four 2x2 offsets), as the pieces woven together: along each dim, from the last,
+    ``cat`` of the pieces unsqueezed after it, then a ``view`` merging the two dims. None where it is not that."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or any(leaf.meta["val"].dtype != val.dtype for leaf in leaves):
+        return None
+    found = [_strided(leaf, tuple(val.shape)) for leaf in leaves]
+    if any(f is None for f in found):
+        return None
+    dims = sorted(found[0][0])
+    steps = {d: found[0][0][d][1] for d in dims}
+    if any(sorted(at) != dims or any(at[d][1] != steps[d] for d in dims) for at, _ in found):
+        return None
+    pieces = {tuple(at[d][0] for d in dims): src for at, src in found}
+    if len(pieces) != len(found) or len(pieces) != math.prod(steps.values()):
+        return None  # an offset twice (a sum) or one missing (zeros there)
+    if any(src.meta["val"].dtype != val.dtype for src in pieces.values()):
+        return None
+    with gm.graph.inserting_before(node):
+        for k in range(len(dims) - 1, -1, -1):  # weave the last dim first: keys lose their last offset each round
+            d, woven = dims[k], {}
+            for key in sorted({key[:k] for key in pieces}):
+                group = [pieces[key + (o,)] for o in range(steps[d])]
+                parts = [call_with_meta(gm.graph, aten.unsqueeze.default, (p, d + 1)) for p in group]
+                cat = call_with_meta(gm.graph, aten.cat.default, (parts, d + 1))
+                shape = list(cat.meta["val"].shape)
+                shape[d : d + 2] = [shape[d] * shape[d + 1]]
+                woven[key] = call_with_meta(gm.graph, aten.view.default, (cat, shape))
+            pieces = woven
+    (out,) = pieces.values()
+    return out if tuple(out.meta["val"].shape) == tuple(val.shape) else None
