@@ -68,6 +68,13 @@ def _leaves(root: fx.Node) -> list[fx.Node] | None:
 SCATTERS = (aten.select_scatter.default, aten.slice_scatter.default)
 
 
+def _slice_args(leaf: fx.Node) -> tuple[int, int | None, int | None, int | None]:
+    """(dim, start, end, step) of ``slice_scatter(base, src, dim=0, start=None, end=None, step=1)``, the dim made
+    non-negative, the others as given (None where omitted)."""
+    args = list(leaf.args) + [None] * (6 - len(leaf.args))
+    return (args[2] or 0) % leaf.meta["val"].dim(), args[3], args[4], args[5]
+
+
 def _piece(leaf: fx.Node, rank: int, shape) -> tuple[int, int, int, fx.Node] | None:
     """(dim, start, end, value to cat) of a scatter into ``shape``: a select writes ``[i, i + 1)`` (its source
     unsqueezed at the cat), a slice of step 1 ``[start, end)``; None for a slice with a step."""
@@ -75,9 +82,7 @@ def _piece(leaf: fx.Node, rank: int, shape) -> tuple[int, int, int, fx.Node] | N
         dim = leaf.args[2] % rank
         i = leaf.args[3] % shape[dim]
         return dim, i, i + 1, None
-    args = list(leaf.args) + [None] * (6 - len(leaf.args))
-    dim, lo, hi, step = args[2] if args[2] is not None else 0, args[3], args[4], args[5]
-    dim %= rank
+    dim, lo, hi, step = _slice_args(leaf)
     if step not in (None, 1):
         return None
     size = shape[dim]
@@ -137,10 +142,8 @@ def _strided(leaf: fx.Node, shape) -> tuple[dict[int, tuple[int, int]], fx.Node]
     whole: every slice runs to the end of its dim, which its step divides; None for anything else."""
     at: dict[int, tuple[int, int]] = {}
     while leaf.op == "call_function" and leaf.target is aten.slice_scatter.default and _zeros(leaf.args[0]):
-        args = list(leaf.args) + [None] * (6 - len(leaf.args))
-        full = tuple(leaf.meta["val"].shape)
-        dim, lo, hi, step = (args[2] or 0) % len(full), args[3] or 0, args[4], args[5] or 1
-        size = full[dim]
+        dim, lo, hi, step = _slice_args(leaf)
+        lo, step, size = lo or 0, step or 1, leaf.meta["val"].shape[dim]
         if dim in at or step < 2 or size % step or not 0 <= lo < step or (hi is not None and hi < size):
             return None
         if tuple(leaf.args[1].meta["val"].shape)[dim] != size // step:
@@ -169,8 +172,9 @@ def _interleaved(gm: fx.GraphModule, node: fx.Node, leaves: list[fx.Node]) -> fx
     pieces = {tuple(at[d][0] for d in dims): src for at, src in found}
     if len(pieces) != len(found) or len(pieces) != math.prod(steps.values()):
         return None  # an offset twice (a sum) or one missing (zeros there)
-    if any(src.meta["val"].dtype != val.dtype for src in pieces.values()):
-        return None
+    piece_shape = [size // steps[d] if d in steps else size for d, size in enumerate(val.shape)]
+    if any(src.meta["val"].dtype != val.dtype or list(src.meta["val"].shape) != piece_shape for src in pieces.values()):
+        return None  # each piece is the sum's shape with every woven dim divided by its step
     with gm.graph.inserting_before(node):
         for k in range(len(dims) - 1, -1, -1):  # weave the last dim first: keys lose their last offset each round
             d, woven = dims[k], {}
@@ -183,4 +187,4 @@ def _interleaved(gm: fx.GraphModule, node: fx.Node, leaves: list[fx.Node]) -> fx
                 woven[key] = call_with_meta(gm.graph, aten.view.default, (cat, shape))
             pieces = woven
     (out,) = pieces.values()
-    return out if tuple(out.meta["val"].shape) == tuple(val.shape) else None
+    return out
