@@ -110,7 +110,7 @@ def compile_kernels(kernels: Sequence[object], workers: int | None = None) -> tu
             named.append((k, None, "", "", None))
     distinct = {code: (renamed, path) for _, code, _, renamed, path in named if code is not None}
     if not workers:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = c_runtime.cores()
     compiled = bundles = 0
     with c_runtime._LOCK:  # this process's loads wait; other processes see the kernels' file locks
         loaded = set()

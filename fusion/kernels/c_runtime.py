@@ -142,6 +142,11 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
     return cc, tuple(flags), version
 
 
+def cores() -> int:
+    """The CPU cores this process may use (its affinity where the OS says, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def available() -> tuple[bool, str]:
     """(is there a compiler, what it is / the message naming the fix). Never raises."""
     try:

@@ -196,7 +196,7 @@ def precompile_c(kernels: Sequence[object]) -> dict[str, object]:
         return {"skipped": f"bundled compile failed ({type(e).__name__}: {str(e)[:300]})"}
     for k, ck in zip(mine, made, strict=True):
         if ck is not None:  # what RegionKernel.c_kernel would compile at the first call
-            k._compiled["c"], k.c_refused = ck, ""
+            k.use_c_kernel(ck)
     return summary
 
 
@@ -206,5 +206,4 @@ def _c_workers() -> int:
     env = os.environ.get("FUSION_COMPILE_WORKERS")
     if env:
         return max(1, int(env))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    return max(1, c_runtime.cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))

@@ -258,6 +258,11 @@ class RegionKernel(torch.nn.Module):
             self._compiled["c"], self.c_refused = c_runtime.kernel_for(self.plan)
         return self._compiled["c"]
 
+    def use_c_kernel(self, kernel) -> None:
+        """The C kernel ``c_kernel`` would compile at the first call, compiled already (with the graph's others:
+        ``precompile.precompile_c``)."""
+        self._compiled["c"], self.c_refused = kernel, ""
+
     def check(self, inputs: Sequence[torch.Tensor]) -> None:
         """Raise :class:`ShapeMismatchError` unless every input has the shape, strides and dtype generated for."""
         for want, t, dtype in zip(self.plan.inputs, inputs, self._in_dtypes, strict=True):
