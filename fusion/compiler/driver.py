@@ -150,7 +150,6 @@ class Options(passes.Options):
 
     def __init__(self, passes_, options: dict | None = None) -> None:
         options = dict(options or {})
-        self.explicit = frozenset(options)  # the switches the caller named (depthwise_windows reads it)
         self.triton_source = options.pop("triton_source", None)  # None: $FUSION_TRITON_SOURCE, else "region"
         if self.triton_source is not None:
             triton_ir_runtime.check_source(self.triton_source, "options={'triton_source': ...}")

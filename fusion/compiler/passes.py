@@ -43,6 +43,7 @@ class Options:
         listed = {p.name for p in passes}  # the stages' passes, where the driver's list does not name them
         self.passes = [*passes, *(p for p in STAGE_PASSES if p.name not in listed)]
         options = dict(options or {})
+        self.explicit = frozenset(options)  # the switches the caller named: an explicit option beats any rule
         # Not a switch: which renderer runs CPU kernels, "c" or "triton" (None: $FUSION_RENDERER, else the default)
         self.renderer = options.pop("renderer", None)
         if self.renderer is not None:
@@ -53,7 +54,7 @@ class Options:
             raise ValueError(f"unknown fusion backend option(s) {sorted(unknown)}; known: {list(known)}")
         self.enabled = {name: bool((options or {}).get(name, default)) for name, default in known.items()}
         for p in self.passes:  # a default that another switch turns off: depthwise under cudagraphs
-            if p.name not in (options or {}) and any(self.enabled[u] for u in p.unless):
+            if p.name not in self.explicit and any(self.enabled[u] for u in p.unless):
                 self.enabled[p.name] = False
 
     def __getattr__(self, name: str) -> bool:  # opts.fold_bn, opts.codegen
