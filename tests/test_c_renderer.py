@@ -315,6 +315,30 @@ def test_cat_reads_each_input_masked_to_its_range(case):
     close(compiled_in_c(fn, *inputs), fn(*inputs))
 
 
+def rotate_half(q):
+    """Llama's rotary ``rotate_half`` of a GEMM output reshaped into heads: a cat of the two negated-swapped halves."""
+    x = q.view(2, 5, 3, 8).permute(0, 2, 1, 3)
+    return torch.cat([-x[..., 4:], x[..., :4]], -1) * 2
+
+
+def test_a_cat_of_slices_of_a_reshape_reads_each_half_without_division():
+    # each input's index ranges over its own part of the cat only (its mask says so), so the reshape's // and %
+    # cancel: the rotary halves are read at plain strides (Llama's rotate_half; measured 10 % of a CUDA-graph step)
+    ((_, kernel),) = lowered(rotate_half, torch.randn(10, 24))
+    loads = [s for s in kernel.statements() if isinstance(s, ir.Load)]
+    assert len(loads) == 2 and not any("//" in ir.index_text(s.offset) or "%" in ir.index_text(s.offset)
+                                       for s in loads), [ir.index_text(s.offset) for s in loads]  # fmt: skip
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cat_of_slices_of_a_reshape_matches_eager(dtype):
+    q = special(torch.randn(10, 24)).to(dtype)
+    close(compiled_in_c(rotate_half, q, kernels=1), rotate_half(q))
+    uneven = lambda q: torch.cat([q.view(2, 5, 24)[..., 7:] * 3, q.view(2, 5, 24)[..., :7]], -1)  # noqa: E731
+    close(compiled_in_c(uneven, q), uneven(q))
+
+
 @needs_cc
 def test_a_long_sum_adds_its_small_terms_together_first():
     """1.0 then 4095 terms of 1e-8: added one by one to the running 1.0 each is lost (1.0, 4e-5 off); summed in

@@ -98,6 +98,20 @@ def mod(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
     return ir.Affine(((1, ir.Mod(low, k)),))
 
 
+def substitute(e: ir.Affine, values: dict[str, ir.Affine]) -> ir.Affine:
+    """``e`` with each variable named in ``values`` replaced by its expression (inside ``//`` and ``%`` too)."""
+    if not values or not e.variables() & values.keys():
+        return e
+    parts = [const(e.const)]
+    for k, a in e.terms:
+        if isinstance(a, ir.Var):
+            parts.append(scale(values.get(a.name, var(a.name)), k))
+        else:
+            inner = substitute(a.of, values)
+            parts.append(ir.Affine(((k, ir.FloorDiv(inner, a.by) if isinstance(a, ir.FloorDiv) else ir.Mod(inner, a.by)),)))
+    return add(*parts)
+
+
 def offset(index: Sequence[ir.Affine], strides: Sequence[int]) -> ir.Affine:
     return add(*(scale(i, s) for i, s in zip(index, strides, strict=True)))
 

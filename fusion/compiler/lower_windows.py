@@ -163,5 +163,5 @@ def _bound(low, at: ir.Affine, test: str, bound: int) -> str:
     scope = low.scopes[0]
     if ("tap-index", at) not in scope:
         pos = scope[("tap-index", at)] = low.new()
-        low.block.append(ir.Index(pos, at))
+        low.block.append(ir.Index(pos, low.real(at)))
     return _cached(low, (test, at, bound), test, [scope[("tap-index", at)], low.const(bound, torch.int64)])

@@ -34,7 +34,7 @@ import torch.fx as fx
 
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
-from fusion.compiler.index_algebra import broadcast, const, offset, split, var, view_index
+from fusion.compiler.index_algebra import broadcast, const, offset, split, substitute, var, view_index
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
 from fusion.compiler.lower_windows import c_refusal, window
 from fusion.ir import kernel_ir as ir
@@ -73,6 +73,7 @@ class Lowering(Reductions):
         self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range, a tap's), innermost last
         self.safe: dict[str, frozenset] = {}  # a tap's mask -> the index parts it need not guard (lower_windows)
         self.trace: list | None = None  # where a window counts what a tap computes again (lower_windows)
+        self.rebased: dict[str, ir.Affine] = {}  # a cat input's own index variable -> its loop expression (concatenation)
         if self.reductions:
             self.rows = walk_rows(self.reductions, self.stored, self.members)  # kept dims, then reduced (any dims)
             self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
@@ -165,6 +166,10 @@ class Lowering(Reductions):
         self.scopes[-1][key] = out
         return out
 
+    def real(self, e: ir.Affine) -> ir.Affine:
+        """``e`` in the kernel's loop variables: a cat input's own index variable replaced by what it stands for."""
+        return substitute(e, self.rebased) if self.rebased else e
+
     def guards_at(self, index: Sequence[ir.Affine]) -> tuple[str, ...]:
         """The masks a value at ``index`` is read under: a window tap's is dropped where every part of the index is
         a constant or the window's own leading index (a per-channel parameter: inside whatever the tap)."""
@@ -212,7 +217,7 @@ class Lowering(Reductions):
             out, ct = self.new(), compute(val.dtype)
             buf = f"in{self.inputs.index(node)}"
             mask = self.guards[-1] if self.guards else None
-            self.block.append(ir.Load(out, buf, offset(index, val.stride()), dtype_name(ct), mask))
+            self.block.append(ir.Load(out, buf, self.real(offset(index, val.stride())), dtype_name(ct), mask))
             return out, ct
         if is_window(node):  # a max-pool's values, a depthwise convolution: fusion.compiler.lower_windows
             return window(self, node, index)
@@ -241,14 +246,23 @@ class Lowering(Reductions):
         parts = cat_parts(node, dim)
         i = index[dim]
 
-        def shifted(lo: int) -> list[ir.Affine]:
+        def shifted(lo: int, hi: int) -> list[ir.Affine]:
+            """The input's index: ``index[dim] - lo``. In a pointwise kernel where that is one loop variable ``v``
+            plus a constant, it is a variable of its own, ranging over [0, hi - lo) as the input's mask ensures
+            (``v - lo`` otherwise ranges over the loop's whole [0, size) and below: its views' ``//`` and ``%``
+            could not cancel; a rotary embedding's halves are slices of a reshaped GEMM output)."""
+            k, v = i.terms[0] if len(i.terms) == 1 else (0, None)
+            if self.rows is None and k == 1 and isinstance(v, ir.Var):
+                own = f"{v.name}_{node.name}_{lo}"
+                self.sizes[own], self.rebased[own] = hi - lo, ir.Affine(((1, v),), i.const - lo)
+                return [var(own) if d == dim else j for d, j in enumerate(index)]
             return [ir.Affine(i.terms, i.const - lo) if d == dim else j for d, j in enumerate(index)]
 
         if not i.terms or len(parts) == 1:  # a constant index (a select of the cat) or one input: no select
-            t, lo, _ = next(p for p in parts if p[1] <= i.const < p[2]) if not i.terms else parts[0]
-            return self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)
+            t, lo, hi = next(p for p in parts if p[1] <= i.const < p[2]) if not i.terms else parts[0]
+            return self.operand(t, shifted(lo, hi), dtype, op_dtype=val.dtype)
         at = self.new()
-        self.block.append(ir.Index(at, i))
+        self.block.append(ir.Index(at, self.real(i)))
         picks = []
         for k, (t, lo, hi) in enumerate(parts):
             bounds = [("ge", lo)] if k else []
@@ -258,7 +272,7 @@ class Lowering(Reductions):
             mask = self.op("and", [self.guards[-1], inside], torch.bool) if self.guards else inside
             self.guards.append(mask)
             try:
-                picks.append((inside, self.operand(t, shifted(lo), dtype, op_dtype=val.dtype)))
+                picks.append((inside, self.operand(t, shifted(lo, hi), dtype, op_dtype=val.dtype)))
             finally:
                 self.guards.pop()
         out = picks[-1][1]
@@ -327,7 +341,7 @@ class Lowering(Reductions):
         seed = self.value(seed_node, [const(0)] * seed_node.meta["val"].dim())[0]
         shape = tuple(int(s) for s in size)
         at = self.new()
-        self.block.append(ir.Index(at, offset(broadcast(index, shape), tlang.contiguous_strides(shape))))
+        self.block.append(ir.Index(at, self.real(offset(broadcast(index, shape), tlang.contiguous_strides(shape)))))
         return self.op("rand", [seed, at], torch.float32)
 
     def power(self, x: str, e: object, dtype: torch.dtype, node: fx.Node) -> str:
