@@ -330,6 +330,18 @@ def test_a_cat_of_slices_of_a_reshape_reads_each_half_without_division():
                                        for s in loads), [ir.index_text(s.offset) for s in loads]  # fmt: skip
 
 
+def class_token(cls, maps):
+    """ViT's input: a class token before the patches, a conv's (b, c, h, w) output flattened and transposed."""
+    return torch.cat([cls.expand(maps.shape[0], 1, -1), maps.flatten(2).transpose(1, 2)], 1) + 1
+
+
+def test_a_flattened_feature_map_behind_a_class_token_is_read_at_its_strides():
+    # (196*c + w) // 14 is 14*c + w // 14, and 14*(w // 14) + w % 14 is w again: one plain offset per load
+    ((_, kernel),) = lowered(class_token, torch.randn(1, 1, 6), torch.randn(2, 6, 3, 5))
+    texts = [ir.index_text(s.offset) for s in kernel.statements() if isinstance(s, ir.Load)]
+    assert len(texts) == 2 and not any("//" in t or "%" in t for t in texts), texts
+
+
 @needs_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cat_of_slices_of_a_reshape_matches_eager(dtype):
@@ -337,6 +349,8 @@ def test_a_cat_of_slices_of_a_reshape_matches_eager(dtype):
     close(compiled_in_c(rotate_half, q, kernels=1), rotate_half(q))
     uneven = lambda q: torch.cat([q.view(2, 5, 24)[..., 7:] * 3, q.view(2, 5, 24)[..., :7]], -1)  # noqa: E731
     close(compiled_in_c(uneven, q), uneven(q))
+    cls, maps = torch.randn(1, 1, 6).to(dtype), special(torch.randn(2, 6, 3, 5)).to(dtype)
+    close(compiled_in_c(class_token, cls, maps), class_token(cls, maps))
 
 
 @needs_cc

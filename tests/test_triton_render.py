@@ -359,3 +359,14 @@ def test_the_report_says_which_triton_source_ran_each_kernel():
         torch.testing.assert_close(torch.compile(f, backend="fusion", options=options)(x), f(x))
         ran = backend.reports[0].parts[0].renderers()
         assert ran and set(ran.values()) == {want}, ran
+
+
+def test_an_offset_that_is_the_walk_itself_is_the_flat_index():
+    # a BatchNorm-style epilogue: x read at its own contiguous position (xindex), the channel's parameters at x1;
+    # the loop variables no line reads are not computed
+    gm = capture_aten(Fn(lambda x, s: x * s + 1), (torch.randn(2, 3, 4, 5), torch.randn(3, 1, 1)))
+    (region,) = unique_regions(build_fusion_regions(gm))
+    source, _ = triton_render.render(Lowering(region).kernel("k"))
+    body = source.split("def k(")[1]
+    assert "in0 + (xindex)" in body and "out0 + (xindex)" in body, body
+    assert "xindex // 60" not in body, body  # the batch index: nobody reads it

@@ -71,7 +71,8 @@ def _steps(e: ir.Affine, k: int) -> list[int]:
 
 def floordiv(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
     """``e // k``, exactly: where ``e == g * high + low`` with ``0 <= low < g`` and ``g`` dividing ``k``, it is
-    ``high // (k / g)`` (``high`` itself for ``g == k``); a :class:`FloorDiv` atom where no such ``g`` is found."""
+    ``high // (k / g)`` (``high`` itself for ``g == k``); where no such ``g`` is found, the multiples of ``k`` come
+    out and the rest is a :class:`FloorDiv` atom (``(196*x + w) // 14`` is ``14*x + w // 14``)."""
     if k == 1:
         return e
     if maxval(e, sizes) < k:
@@ -80,7 +81,8 @@ def floordiv(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
         high, low = _parts(e, g)
         if maxval(low, sizes) < g:
             return high if g == k else floordiv(high, k // g, sizes)
-    return ir.Affine(((1, ir.FloorDiv(e, k)),))
+    high, low = _parts(e, k)  # (k*high + low) // k is high + low // k: the multiples of k leave the atom
+    return add(high, ir.Affine(((1, ir.FloorDiv(low, k)),)))
 
 
 def mod(e: ir.Affine, k: int, sizes: dict[str, int]) -> ir.Affine:
@@ -108,7 +110,9 @@ def substitute(e: ir.Affine, values: dict[str, ir.Affine]) -> ir.Affine:
             parts.append(scale(values.get(a.name, var(a.name)), k))
         else:
             inner = substitute(a.of, values)
-            parts.append(ir.Affine(((k, ir.FloorDiv(inner, a.by) if isinstance(a, ir.FloorDiv) else ir.Mod(inner, a.by)),)))
+            parts.append(
+                ir.Affine(((k, ir.FloorDiv(inner, a.by) if isinstance(a, ir.FloorDiv) else ir.Mod(inner, a.by)),))
+            )
     return add(*parts)
 
 

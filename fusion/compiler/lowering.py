@@ -73,7 +73,9 @@ class Lowering(Reductions):
         self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range, a tap's), innermost last
         self.safe: dict[str, frozenset] = {}  # a tap's mask -> the index parts it need not guard (lower_windows)
         self.trace: list | None = None  # where a window counts what a tap computes again (lower_windows)
-        self.rebased: dict[str, ir.Affine] = {}  # a cat input's own index variable -> its loop expression (concatenation)
+        self.rebased: dict[
+            str, ir.Affine
+        ] = {}  # a cat input's own index variable -> its loop expression (concatenation)
         if self.reductions:
             self.rows = walk_rows(self.reductions, self.stored, self.members)  # kept dims, then reduced (any dims)
             self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
@@ -217,7 +219,9 @@ class Lowering(Reductions):
             out, ct = self.new(), compute(val.dtype)
             buf = f"in{self.inputs.index(node)}"
             mask = self.guards[-1] if self.guards else None
-            self.block.append(ir.Load(out, buf, self.real(offset(index, val.stride())), dtype_name(ct), mask))
+            self.block.append(
+                ir.Load(out, buf, self.real(recombined(offset(index, val.stride()))), dtype_name(ct), mask)
+            )
             return out, ct
         if is_window(node):  # a max-pool's values, a depthwise convolution: fusion.compiler.lower_windows
             return window(self, node, index)

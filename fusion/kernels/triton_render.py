@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
@@ -250,6 +251,15 @@ def launch_facts(k: ir.Kernel) -> Launch:
     return Launch(k.name, "reduction", numel, rnumel, rblock, looped, column, min_xblock=least, num_warps=warps)
 
 
+def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
+    """The terms of the flat position over ``loops`` (outermost first) at their contiguous strides."""
+    terms, inner = set(), 1
+    for lp in reversed(loops):
+        terms.add((inner, ir.Var(lp.var)))
+        inner *= lp.size
+    return frozenset(terms)
+
+
 class _Writer:
     def __init__(self, k: ir.Kernel, launch: Launch) -> None:
         self.k, self.launch = k, launch
@@ -261,6 +271,15 @@ class _Writer:
         self.alias: dict[str, str] = {}  # a value computed again -> the value it repeats (one load, one op)
         self.seen: list[dict] = [{}]  # statement key -> value, per scope (a looped reduction's loop: its own)
         self.lines: list[str] = []
+        self.split_lines: dict[int, str] = {}  # line number -> the loop variable it defines
+        # the flat indices themselves: an offset that walks the loops at their own contiguous strides is xindex
+        self.flats = {walked(k.loops): "xindex", walked(k.reduce_loops): "rindex"}
+        self.flats.pop(frozenset(), None)
+
+    def index(self, e: ir.Affine) -> str:
+        """``e`` in Triton: ``xindex`` (``rindex``) where it is the walk's own flat position, else its terms."""
+        flat = self.flats.get(frozenset(e.terms))
+        return index_source(e) if flat is None else flat + (f" + {e.const}" if e.const else "")
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("    " * depth + line)
@@ -277,7 +296,7 @@ class _Writer:
         along (a constant offset: every lane the one element), masked to the rows and lanes that exist."""
         have = self.axes(offset)
         need = need | have or frozenset("x")
-        text = f"{buf} + ({index_source(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
+        text = f"{buf} + ({self.index(offset)})" + "".join(f" + 0 * {a}index" for a in "xr" if a in need - have)
         mask = "xmask & rmask" if need == {"x", "r"} else "rmask" if need == {"r"} else "xmask"
         return text, mask + (f" & {guard}" if guard else "")
 
@@ -302,7 +321,7 @@ class _Writer:
             self.define(s, s.out, s.dtype, load, level, ("load", s.buffer, s.offset, s.dtype, guard), depth)
         elif isinstance(s, ir.Index):
             level = self.axes(s.expr)
-            expr = index_source(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
+            expr = self.index(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
             self.define(s, s.out, "int64", expr, level, ("index", s.expr), depth)
         elif isinstance(s, ir.Const):
             key = ("const", repr(s.value), type(s.value), s.dtype)
@@ -333,7 +352,14 @@ class _Writer:
             lp = loops[i]
             expr = flat if inner == 1 else f"({flat} // {inner})"
             self.emit(f"{lp.var} = {expr if i == 0 else f'{expr} % {lp.size}'}", depth)
+            self.split_lines[len(self.lines) - 1] = lp.var
             inner *= lp.size
+
+    def used_lines(self) -> list[str]:
+        """The lines, less the loop variables no other line reads (an offset that is the flat index itself)."""
+        text = "\n".join(ln for i, ln in enumerate(self.lines) if i not in self.split_lines)
+        used = set(re.findall(r"\b[xr]\d+\b", text))
+        return [ln for i, ln in enumerate(self.lines) if i not in self.split_lines or self.split_lines[i] in used]
 
     def fold(self, f: ir.Reduce, value: str) -> str:
         return f"tl.where(rmask, {value}, {IDENTITY[f.op]})"
@@ -398,7 +424,7 @@ class _Writer:
         head = ["import triton", "import triton.language as tl", "", ""]
         head += [*COMBINE_FUNCTIONS, "", ""] if self.reduction else []
         head += RAND_FUNCTION if any(isinstance(s, ir.Op) and s.op == "rand" for s in k.statements()) else []
-        return "\n".join([*head, "@triton.jit", *self.lines]) + "\n"
+        return "\n".join([*head, "@triton.jit", *self.used_lines()]) + "\n"
 
 
 def render(kernel: ir.Kernel) -> tuple[str, Launch]:
