@@ -56,6 +56,7 @@ from fusion.aten.nodes import (
 )
 from fusion.aten.report import region_table
 from fusion.common import heading, lesson_cli, table
+from fusion.compiler import registry
 from fusion.ir.plan import Region
 
 __all__ = [  # the lesson's API, and what it re-exports from its machinery in fusion/aten/
@@ -417,5 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     return lesson_cli(run, __doc__, argv)
 
 
+registry.register(
+    6, build_fusion_regions=build_fusion_regions
+)  # code generation's regions (fusion/compiler/generate.py)
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from fusion import models
 from fusion.bench.config import SIZES, Config, Sizes
-from fusion.compiler import registry
+from fusion.compiler import generate, registry
 from fusion.kernels.cudnn import cudnn_epilogue_unavailable, fuse_conv_relu_epilogue
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -85,8 +85,11 @@ def cudnn_epilogue_after_fold(folded: nn.Module, inputs=None, config: Config | N
 
 
 def compile_regions(model: nn.Module, inputs: Sequence[torch.Tensor], config=None) -> nn.Module:
-    """Phase 8: one generated Triton kernel per fusion region (built for these inputs' shapes, dtype, device)."""
-    return call_pass(lesson("compile_regions"), 8, model, tuple(inputs))
+    """Phase 8: one generated kernel per fusion region (built for these inputs' shapes, dtype, device): the
+    compiler's code generation with Phase 6's regions and Phase 8's expressions (both from the registry)."""
+    for name in ("build_fusion_regions", "triton_expr", "split_index"):
+        lesson(name)
+    return call_pass(generate.compile_regions, 8, model, tuple(inputs))
 
 
 def compile_fusion_backend(model: nn.Module, inputs=None, config=None) -> Callable:

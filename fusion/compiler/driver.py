@@ -2,8 +2,8 @@
 
 ``torch.compile(model, backend="fusion")`` calls :func:`fusion_backend` once per Dynamo graph. It hands the graph to
 Phase 9's ``lower`` (AOTAutograd, one ``compile_aten_graph`` per aten graph: the lesson ``fusion/backend.py``), which
-runs the enabled :data:`PASSES` and then :func:`generate`: Phase 8's ``compile_graph`` (regions, lowering, rendering,
-partition) and, under ``options={"cudagraphs": True}``, one CUDA graph. What the learner writes comes from the lessons
+runs the enabled :data:`PASSES` and then :func:`generate`: ``fusion.compiler.generate.compile_graph`` (Phase 6's
+regions, lowering, rendering with Phase 8's expressions, partition) and, under ``options={"cudagraphs": True}``, one CUDA graph. What the learner writes comes from the lessons
 through :mod:`fusion.compiler.registry`; nothing here imports a lesson. :data:`STAGES` names each stage, the module
 that does it and what it hands on: the README's "How a tensor flows" table, held true by ``tests/test_layout.py``.
 """
@@ -36,8 +36,9 @@ from fusion.compiler import (
     view_copies,
     wrapper_passes,
 )
+from fusion.compiler.generate import compile_graph
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
-from fusion.kernels import c_runtime, triton_ir_runtime
+from fusion.kernels import c_runtime
 from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
 
 
@@ -145,20 +146,7 @@ PASSES = [
 class Options(passes.Options):
     """``torch.compile(model, backend="fusion", options={...})``: a switch per pass of :data:`PASSES`, and
     ``codegen`` (regions -> generated kernels; False runs the aten graph as it is), ``cudagraphs`` (off by default:
-    inference graphs replayed as CUDA graphs), ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``) and
-    ``triton_source`` of Triton kernels ("region" or "ir": ``kernels/triton_ir_runtime.py``)."""
-
-    def __init__(self, passes_, options: dict | None = None) -> None:
-        options = dict(options or {})
-        self.triton_source = options.pop("triton_source", None)  # None: $FUSION_TRITON_SOURCE, else "region"
-        if self.triton_source is not None:
-            triton_ir_runtime.check_source(self.triton_source, "options={'triton_source': ...}")
-        super().__init__(passes_, options)
-
-    def in_renderer(self, generate, *args):
-        """Code generation with this call's renderer of CPU kernels and source of Triton kernels."""
-        with triton_ir_runtime.use(self.triton_source):
-            return super().in_renderer(generate, *args)
+    inference graphs replayed as CUDA graphs) and ``renderer`` of CPU kernels ("c" or "triton": ``c_runtime``)."""
 
     @classmethod
     def parse(cls, options: dict | None) -> Options:
@@ -166,7 +154,7 @@ class Options(passes.Options):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Code generation: regions, lowering, rendering, partition (Phase 8's compile_graph), then the runtime's wrapper
+# Code generation: regions, lowering, rendering, partition (fusion.compiler.generate), then the runtime's wrapper
 
 
 def generate(gm: fx.GraphModule, part: PartReport, opts: Options):
@@ -178,8 +166,11 @@ def generate(gm: fx.GraphModule, part: PartReport, opts: Options):
     return run
 
 
+LESSON_PARTS = ("build_fusion_regions", "triton_expr", "split_index")  # what code generation asks the lessons for
+
+
 def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
-    """Phase 8's ``compile_graph`` on the rewritten graph, or the aten graph itself with the reason why not."""
+    """``compile_graph`` (``fusion.compiler.generate``) on the rewritten graph, or the aten graph itself with the reason why not."""
     part.count_folds(gm)
     why = ""
     if not opts.codegen:
@@ -188,14 +179,15 @@ def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
         why = "dynamic shapes: generated kernels are specialised to static sizes (torch.compile(dynamic=False))"
     else:
         try:
-            compile_graph = registry.get("compile_graph")
+            for name in LESSON_PARTS:
+                registry.get(name)
         except registry.NotRegistered as e:
-            compile_graph, why = None, str(e)
-        if compile_graph is not None:
+            why = str(e)
+        else:
             try:
                 compiled = opts.in_renderer(compile_graph, gm, aot.input_values(gm))  # options={"renderer": "c"}
             except Exception as e:  # never a crash for a user; raised in tests and practice workspaces
-                why = "compile_graph failed: " + fallback_reason(e, "Phase 8's compile_graph")
+                why = "code generation failed: " + fallback_reason(e, "code generation")
             else:
                 part.regions = compiled.regions
                 part.kernels = list(compiled.kernels)

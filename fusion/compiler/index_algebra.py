@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels.triton_lang import bind_args
+from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten
 

@@ -38,13 +38,12 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
     )
     stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], dtype_name(n.meta["val"].dtype)) for n in plan.stored)
     devices = {str(n.meta["val"].device) for n in (*plan.inputs, *plan.stored) if "val" in n.meta}
-    refused = plan.ir_refused
     kernel = plan.kernel
     return LaunchPlan(
         kernel.name, kernel.source, kernel.kind, tuple(kernel.ops), inputs, stored,
         tuple(recipe(n, where) for n in plan.outputs), min(devices) if devices else "",
         plan.grid, tuple(plan.constexprs.items()), plan.num_warps, plan.xnumel, plan.xblock, plan.min_xblock,
-        plan.ir, "" if refused is None else str(refused),
+        plan.ir,
     )  # fmt: skip
 
 

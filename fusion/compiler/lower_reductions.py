@@ -23,7 +23,7 @@ import torch.fx as fx
 from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels import triton_lang as tlang
+from fusion.kernels import rows as krows
 from fusion.kernels.rows import Rows, bind_args, row_permutation, row_reshape
 
 aten = torch.ops.aten
@@ -155,7 +155,7 @@ class Reductions:
                 if target.overloadpacket is not aten.sum:
                     out = self.op("truediv", [out, self.const(float(n), dt)], dt)
             if target.overloadpacket in (aten.var_mean, aten.var):
-                mean, corr = out, tlang.bind_args(node).get("correction")
+                mean, corr = out, krows.bind_args(node).get("correction")
 
                 def squares() -> str:
                     c = self.op("sub", [x(), mean], dt)

@@ -37,7 +37,7 @@ from fusion.compiler.index_algebra import add, const, maxval, scale
 from fusion.compiler.lower_reductions import HALF, compute, dtype_name
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels import c_runtime, triton_ir_runtime
+from fusion.kernels import c_runtime
 from fusion.kernels.rows import bind_args, pooled_values
 from fusion.kernels.window_rules import cheap_per_tap, window_here
 
@@ -48,14 +48,16 @@ from fusion.kernels.window_rules import cheap_per_tap, window_here
 POOLS_IN_C = False
 
 
-def c_refusal(plan) -> Unsupported | None:
-    """Why the C renderer should not take ``plan`` (a Phase 8 ``KernelPlan``), or None: a max-pool's window, on a
-    CPU whose kernels C renders, unless :data:`POOLS_IN_C`."""
-    if POOLS_IN_C or c_runtime.chosen() != "c" or triton_ir_runtime.plan_device(plan) not in ("cpu", ""):
+def c_refusal(region) -> Unsupported | None:
+    """Why the C renderer should not take ``region``, or None: a max-pool's window, on a CPU whose kernels C renders,
+    unless :data:`POOLS_IN_C` (aten's max-pool is faster there: the region is cut at the pool)."""
+    if POOLS_IN_C or c_runtime.chosen() != "c":
         return None
-    pool = next((n.args[0] for n in plan.kernel.region.nodes if pooled_values(n)), None)
+    pool = next((n.args[0] for n in region.nodes if pooled_values(n)), None)
+    if pool is None or pool.meta["val"].device.type != "cpu":
+        return None
     why = "on CPU aten's max-pool beats the C window kernel (fusion.compiler.lower_windows.POOLS_IN_C)"
-    return Unsupported(f"{pool.name}: {why}", pool) if pool is not None else None
+    return Unsupported(f"{pool.name}: {why}", pool)
 
 
 def window(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:

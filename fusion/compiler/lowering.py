@@ -1,13 +1,13 @@
-"""The device-neutral lowering: one fusion region (Phase 6's, as Phase 8's generator takes it) -> a kernel IR record.
+"""The device-neutral lowering: one fusion region (Phase 6's) -> a kernel IR record, which each target renders.
 
-    FusionRegion ──lower_region──▶ kernel_ir.Kernel ──a renderer (fusion.kernels.c_render, ...)──▶ source
+    FusionRegion ──lower_region──▶ kernel_ir.Kernel ──a renderer (kernels/triton_render.py, kernels/c_render.py)──▶ source
 
-What it takes is what Phase 8's generator takes, decided by the same checks (``triton_lang.check_region``,
-``stored_members``): pointwise regions (views, broadcasting, strides, casts, a cat), and reductions over the same
+What it takes is decided by the checks code generation runs first (``fusion.compiler.generate.check``:
+``rows.check_region``, ``stored_members``): pointwise regions (views, broadcasting, strides, casts, a cat), and reductions over the same
 dims of one shape, trailing or not (sum, mean, amax, amin, var, var_mean, any: softmax, a masked softmax, LayerNorm,
 a bias gradient's ``sum([0, 1])``; ``fusion.compiler.lower_reductions``), and windows (a max-pool's values, a
 depthwise convolution: their taps unrolled as guarded loads, ``fusion.compiler.lower_windows``). Anything else
-raises :class:`Unsupported` with the reason, and the caller falls back (the Triton path, or aten).
+raises :class:`Unsupported` with the reason, and the region is cut there (that op runs as aten).
 
 The numerics are Phase 8's rules:
 
@@ -36,9 +36,10 @@ from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, substitute, var, view_index
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
-from fusion.compiler.lower_windows import c_refusal, window
+from fusion.compiler.lower_windows import window
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
+from fusion.kernels import rows as krows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.rows import cat_parts, row_permutation
 from fusion.kernels.window_rules import is_window
@@ -64,8 +65,8 @@ class Lowering(Reductions):
 
     def __init__(self, region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None):
         self.region, self.members = region, region.members
-        self.stored = list(stored) if stored is not None else tlang.stored_members(region)
-        tlang.check_region(region, self.stored, REDUCTIONS)
+        self.stored = list(stored) if stored is not None else krows.stored_members(region)
+        krows.check_region(region, self.stored, REDUCTIONS)
         self.inputs, self.fixed = list(inputs or ()), inputs is not None
         self.reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.top: list = []
@@ -231,7 +232,7 @@ class Lowering(Reductions):
             return self.value(node.args[0], view_index(node, index, self.sizes))
         if node.target in REDUCTIONS:
             return self.reduce(node, index)
-        if node.target is tlang.CAT:
+        if node.target is krows.CAT:
             return self.concatenation(node, index), compute(val.dtype)
         if node.target is prims.convert_element_type.default:
             src_dtype = compute(node.args[0].meta["val"].dtype)
@@ -246,7 +247,7 @@ class Lowering(Reductions):
         """``cat(tensors, dim)`` at ``index``: each input owns a range [lo, hi) along ``dim`` and is read at
         ``index[dim] - lo`` with its loads masked to that range (never outside its bounds); ``where`` picks."""
         val = node.meta["val"]
-        dim, dtype = tlang.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
+        dim, dtype = krows.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
         parts = cat_parts(node, dim)
         i = index[dim]
 
@@ -285,7 +286,7 @@ class Lowering(Reductions):
         return out
 
     def pointwise(self, node: fx.Node, index: list[ir.Affine], out_dtype: torch.dtype) -> str:
-        packet, bound = node.target.overloadpacket, tlang.bind_args(node)
+        packet, bound = node.target.overloadpacket, krows.bind_args(node)
         args, cast_to = list(node.args), compute(out_dtype)
         if packet in COMPARISONS:
             promoted = torch.result_type(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args[:2]))
@@ -411,11 +412,3 @@ def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequen
     ``inputs``/``stored``: the argument order a launcher passes (a ``KernelPlan``'s); by default the order of first
     use and ``stored_members(region)``."""
     return Lowering(region, inputs, stored).kernel(name)
-
-
-def lower_plan(plan) -> ir.Kernel:
-    """The kernel IR of a Phase 8 ``KernelPlan``: its region, with the plan's argument order (a max-pool's window is
-    left to aten where C renders the CPU kernels: ``lower_windows.c_refusal``)."""
-    if (refused := c_refusal(plan)) is not None:
-        raise refused
-    return lower_region(plan.kernel.region, plan.inputs, plan.stored, plan.kernel.name)

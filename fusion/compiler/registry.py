@@ -20,8 +20,9 @@ PROVIDERS: dict[str, tuple[int, str]] = {
     "fuse_matmul_add_relu": (3, "fusion.pattern_rewriter"),
     "fuse_conv_bn": (5, "fusion.conv_bn_fusion"),
     "fuse_horizontal": (7, "fusion.horizontal_fusion"),
-    "compile_graph": (8, "fusion.codegen"),  # an aten graph -> a CompiledGraph (regions as generated kernels)
-    "compile_regions": (8, "fusion.codegen"),  # an nn.Module -> a CompiledModel (Phase 4's "codegen" rows)
+    "build_fusion_regions": (6, "fusion.regions"),  # an aten graph -> its fusion regions (node -> region)
+    "triton_expr": (8, "fusion.codegen"),  # an IR op's Triton expression (kernels/triton_render.LESSON_OPS)
+    "split_index": (8, "fusion.codegen"),  # a flat index -> one index per loop (the Triton renderer's loop variables)
     "fold_bn": (9, "fusion.backend"),  # the pass fold_bn: run(gm, part)
     "compile_aten_graph": (9, "fusion.backend"),  # AOTAutograd's compiler for one aten graph
     "lower": (9, "fusion.backend"),  # Dynamo's graph -> AOTAutograd -> compile_aten_graph per aten graph

@@ -65,13 +65,8 @@ class PartReport:
         return list(getattr(self.graph, "launchers", ()))
 
     def renderers(self) -> dict[str, str]:
-        """Kernel name -> what ran it ("c", "triton-interpreter" or "triton"; a Triton kernel rendered from the kernel
-        IR says so: "triton (ir)"), for kernels launched so far."""
-        return {
-            lch.__name__: lch.owner.ran + (" (ir)" if getattr(lch.owner, "triton_source", "") == "ir" else "")
-            for lch in self.launchers()
-            if getattr(lch.owner, "ran", "")
-        }
+        """Kernel name -> what ran it ("c", "triton-interpreter" or "triton"), for kernels launched so far."""
+        return {lch.__name__: lch.owner.ran for lch in self.launchers() if getattr(lch.owner, "ran", "")}
 
     def note_pass(self, name: str, nodes: Iterable[str], action: str, note: str = "") -> None:
         self.passes.append((name, " → ".join(nodes), action, note))

@@ -149,10 +149,7 @@ class KernelPlan(LaunchGeometry):
     xnumel: int = 0  # elements of a pointwise kernel: XBLOCK and the grid are chosen at launch, per device
     xblock: int = 1024  # a pointwise kernel's elements a program on a GPU (fewer for a window's many loads)
     min_xblock: int = 1  # a reduction's fewest rows a program on a GPU (a column walk's: whole sectors a warp)
-    # A CPU kernel's pure-data kernel IR (``fusion.compiler.lowering`` fills it), which the C renderer renders, or why
-    # the region does not lower to it (its node, where it names one, is where the partition cuts the region).
-    ir: kernel_ir.Kernel | None = None
-    ir_refused: Unsupported | None = None
+    ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR the source was rendered from (C renders it again)
     launch: LaunchPlan | None = None  # the run-time plan, once the partition has made it
 
 
@@ -194,8 +191,7 @@ class LaunchPlan(LaunchGeometry):
     xnumel: int = 0
     xblock: int = 1024
     min_xblock: int = 1
-    ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR (the C renderer's input), where it lowered
-    ir_refused: str = ""  # why it did not lower, where it did not
+    ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR (the C renderer's input)
 
 
 # A reduction kernel's block of XBLOCK rows x RBLOCK lanes, as a table (Inductor autotunes over a few such configs):

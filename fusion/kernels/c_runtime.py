@@ -350,7 +350,7 @@ def kernel_for(plan) -> tuple[CKernel | None, str]:
 
     kernel = plan.ir
     if kernel is None:
-        return None, f"not lowered to the kernel IR: {plan.ir_refused or 'the compiler did not lower it'}"
+        return None, "the plan holds no kernel IR"
     try:
         return compile_kernel(kernel), ""
     except CompilerMissing as e:
@@ -360,19 +360,10 @@ def kernel_for(plan) -> tuple[CKernel | None, str]:
 
 
 def refusal(plan, triton: bool = False):
-    """Why the C renderer cannot run ``plan`` (an ``Unsupported``: not lowered to the kernel IR, or, without Triton,
-    not on the CPU; its node, where it names one, is where the partition cuts the region), or None. A kernel on
-    another device is Triton's where Triton runs (``triton``). A CPU kernel C does not take runs as aten ops, never in
-    Triton's interpreter behind the user's back: the interpreter is a correctness tool, one option away
-    (``FUSION_RENDERER=triton``)."""
+    """Why the C renderer cannot run ``plan`` (an ``Unsupported``), or None: without Triton (``triton`` False), a
+    kernel not on the CPU. A kernel on another device is Triton's where Triton runs."""
     from fusion.ir.plan import Unsupported
 
     if any(n.meta["val"].device.type != "cpu" for n in (*plan.inputs, *plan.stored)):
         return None if triton else Unsupported("Triton is not installed and the kernel is not on the CPU (C's device)")
-    if (e := plan.ir_refused) is not None:
-        e = Unsupported(str(e), e.node)
-        why = "the C renderer runs CPU kernels" if triton else "Triton is not installed: CPU kernels run from C"
-        e.args = (f"{e} ({why}, and C does not take this one: aten runs it; FUSION_RENDERER=triton for the "
-                  "interpreter)" if triton else f"{e} ({why}, and C does not take this one)",)  # fmt: skip
-        return e
     return None

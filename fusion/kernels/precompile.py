@@ -134,7 +134,7 @@ def precompile(kernels: Sequence[object]) -> dict[str, object]:
             continue
         grid, constexprs = k.config(torch.device(plan.device))
         dtypes = tuple(spec.dtype for spec in (*plan.inputs, *plan.stored))
-        code = k.ir_kernel or k.kernel  # the Triton source it launches: rendered from the kernel IR, or the region's
+        code = k.kernel  # the Triton source it launches
         source = shared_source(code.source)  # what the first launch will load: kernels of one code compile once
         key = (source, dtypes, k.num_warps, tuple(sorted(constexprs.items())))
         if grid > 0 and key not in _WARMED and key not in queued:

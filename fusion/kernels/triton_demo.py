@@ -1,6 +1,5 @@
 """Machinery behind Phase 8's lesson (``fusion.codegen.run``): the printing and the demo models a learner need not
-read. The lesson passes its own ``compile_graph`` / ``compile_regions`` in, so this file never imports
-``fusion.codegen``.
+read. The lesson passes its functions in, so this file never imports ``fusion.codegen``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ def show_region(kernel: GeneratedKernel) -> None:
     print(f"The region's aten ops (the {len(kernel.region.nodes)} nodes Phase 6 grouped):")
     for n in kernel.region.nodes:
         print(f"    {n.name} = {n.target}({', '.join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)})")
-    print(f"\n...become one kernel, {kernel.name} (one line per op, loads and stores around them):\n")
+    print(f"\n...become one Triton kernel, {kernel.name} (rendered from the kernel IR below, with your triton_expr and "
+          "split_index):\n")  # fmt: skip
     print(kernel.source)
 
 
@@ -43,15 +43,24 @@ def show_looped(kernel: GeneratedKernel, max_rblock: int) -> None:
     print("def triton" + kernel.source.split("@triton.jit\ndef triton")[1])
 
 
-def show_indexing(split_index: Callable, broadcast_index: Callable, offset_expr: Callable) -> None:
-    """What the lesson's indexing functions give for an (8, 64) output, a broadcast (64,) and a transposed input."""
-    print("The output (8, 64) is walked by one flat index; each dimension's index is cut out of it:\n"
+def show_indexing(split_index: Callable, kernel_ir) -> None:
+    """What the lesson's ``split_index`` gives for an (8, 64) walk, and where the IR's loads read each tensor."""
+    print("An (8, 64) output is walked by one flat index; each loop's index is cut out of it:\n"
           + "\n".join(f"    {var} = {expr}" for var, expr in split_index("xindex", (8, 64))))  # fmt: skip
-    b, xt = broadcast_index(["x1", "x0"], (64,)), offset_expr(["x1", "x0"], (1, 64))
-    print(f"x (8, 64) with strides (64, 1) is read at {offset_expr(['x1', 'x0'], (64, 1))} (the kernel writes xindex); "
-          f"a (64,) broadcasts: index {b}, offset {offset_expr(b, (1,))};\nx.t() (64, 8) has strides (1, 64): the same "
-          f"element sits at {xt}. Nothing is copied: broadcasting is index arithmetic. 1000 elements, XBLOCK=1024: "
-          "the mask xindex < 1000 switches off the last 24 lanes.")  # fmt: skip
+    print(
+        "\nThe lowering adds the indices up at each tensor's strides (exact integer algebra: a reshape's // and % "
+        "cancel where the loop ranges prove it). The chain's loads:"
+    )
+    from fusion.ir import kernel_ir as ir
+
+    for s in kernel_ir.statements():
+        if isinstance(s, ir.Load):
+            buf = next(b for b in kernel_ir.buffers if b.name == s.buffer)
+            print(f"    {s.buffer} {buf.sizes} strides {buf.strides}: at {ir.index_text(s.offset)}")
+    print(
+        "A (64,) parameter broadcast over the rows is read at the inner index alone: broadcasting is index arithmetic, nothing is "
+        "copied. 1000 elements, XBLOCK=1024: the mask xindex < 1000 switches off the last 24 lanes."
+    )
 
 
 class Fallbacks(torch.nn.Module):

@@ -1,28 +1,27 @@
 """The Triton renderer: a kernel IR record (``fusion.ir.kernel_ir``) -> one ``@triton.jit`` kernel and the facts its
-launch needs (:class:`Launch`), the second renderer beside ``fusion.kernels.c_render``. Launched from data alone by
-``fusion.kernels.triton_ir_runtime``.
+launch needs (:class:`Launch`), the renderer of GPU kernels beside ``fusion.kernels.c_render`` (CPU kernels). The
+runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
 
-* One table, :data:`CODE_FOR_OP`: an IR op -> a Triton expression of its operands. The numerics are the region
-  writer's (``fusion/codegen.py`` with ``triton_lang``): maximum/minimum/max/min propagate NaN, tanh is
-  ``triton_lang.tanh`` (its series near 0), a half value is rounded by ``.to(tl.float16/bfloat16).to(tl.float32)``
-  (the runtime makes the interpreter's bfloat16 conversion exact), ``rand`` is ``triton_lang.RAND_FUNCTION`` (bit
-  for bit ``tl.rand``), ``fma`` is ``tl.fma``, a float32 division ``tl.math.div_rn`` (IEEE, as eager and as the
-  region writer's means), integer floor division and remainder with torch's signs whatever ``//`` and ``%`` round
-  to (the GPU truncates, the interpreter's numpy floors: both corrected), anything -> bool is ``!= 0``.
+* The ops: Phase 8's learner spells :data:`LESSON_OPS` (``fusion/codegen.py``'s ``triton_expr``, handed to
+  :func:`render` by the compiler); :data:`CODE_FOR_OP` holds the rest: conversions (anything -> bool is ``!= 0``),
+  roundings to a half type by ``.to(tl.float16/bfloat16).to(tl.float32)`` (the runtime makes the interpreter's
+  bfloat16 conversion exact), integer floor division and remainder with torch's signs whatever ``//`` and ``%``
+  round to (the GPU truncates, the interpreter's numpy floors: both corrected), ``rand`` as
+  ``triton_lang.RAND_FUNCTION`` (bit for bit ``tl.rand``), ``fma`` as ``tl.fma``.
 * A pointwise kernel: XBLOCK lanes of a flat index over the kernel's loops (already in the output's memory order,
-  the innermost contiguous), split into the loop variables with ``//`` and ``%``, masked by ``xindex < numel``.
+  the innermost contiguous), split into the loop variables with ``//`` and ``%`` (Phase 8's ``split_index``),
+  masked by ``xindex < numel``; an offset that is the walk itself is ``xindex``.
 * A reduction kernel: XBLOCK rows a program (``xindex``, a column) by RBLOCK lanes of a row (``rindex``). A row that
   fits one block is reduced in registers (one ``tl.reduce``); a longer one in a loop over blocks per
   :class:`~fusion.ir.kernel_ir.ReduceLoop`, folding XBLOCK x RBLOCK partials (sum from +0.0, max/min propagating
   NaN), then one ``tl.reduce``; what a row needs after a fold is computed again in the next loop (the IR says so).
   A column walk (``x.sum(0)``: the innermost kept loop contiguous in memory) is the same tile with the rows as the
   neighbouring addresses: XBLOCK >= 16 of them a program, short blocks of a row.
-* Block sizes and warps are the region writer's table, so the GPU timings compare renderers, not tunings: a
-  pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on a GPU and 4 warps; a reduction's RBLOCK
-  is ``rows.Rows.of``'s rule (the row's power of two up to :data:`MAX_RBLOCK` = ``codegen.MAX_RBLOCK``, a column
-  walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4 or ``rows.COLUMN_LOOP_RBLOCK``),
-  XBLOCK ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the interpreter takes the larger blocks
-  ``KernelPlan.launch_config`` gives it (each program costs it ~1 ms of Python).
+* Block sizes and warps from a table: a pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on
+  a GPU and 4 warps (512 for a depthwise window's many loads); a reduction's RBLOCK is the row's power of two up to
+  :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4 or
+  ``rows.COLUMN_LOOP_RBLOCK``), XBLOCK ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the
+  interpreter takes larger blocks (each program costs it ~1 ms of Python).
 * Offsets are int32 unless some index can reach 2**31 (then the flat index is int64, so every product is).
 """
 
@@ -39,7 +38,7 @@ from fusion.kernels.ir_loops import coalesce
 from fusion.kernels.rows import COALESCED_ROWS, COLUMN_LOOP_RBLOCK, COLUMN_RBLOCK
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES, WINDOW_BLOCK
 
-MAX_RBLOCK = 16384  # fusion.codegen.MAX_RBLOCK: the longest row held in registers whole (a lesson: not imported)
+MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
 INTERPRETER_BLOCK = 16384  # a pointwise program's elements in Triton's interpreter (KernelPlan.launch_config)
 
 TL = {"bool": "tl.int1", "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
@@ -51,12 +50,14 @@ def _floating(d: str) -> bool:
     return d in ("float16", "bfloat16", "float32", "float64")
 
 
-def _div(a: str, b: str, d: str) -> str:
+def divide(a: str, b: str, d: str) -> str:
+    """``a / b`` rounded as IEEE (and eager) round it: Triton's ``/`` of float32 is an approximation on a GPU."""
     return f"tl.math.div_rn({a}, {b})" if d == "float32" else f"({a} / {b})"
 
 
-def _tanh(x: str, d: str) -> str:
-    """``triton_lang.tanh``: (1 - e) / (1 + e), e = exp(-2|x|), and near 0 its Taylor series."""
+def tanh(x: str, d: str) -> str:
+    """tanh of ``x`` (dtype ``d``) to its relative accuracy everywhere: (1 - e) / (1 + e), e = exp(-2|x|), and near 0
+    its Taylor series (``1 - e`` cancels there: 2 * sigmoid(2x) - 1 loses every digit of tanh(1e-6))."""
     big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({x}))) / (1.0 + tl.exp(-2.0 * tl.abs({x})))"
     series = "0.0"
     for c in reversed(TANH_SERIES):
@@ -76,14 +77,14 @@ def _floordiv(a, d, ad):
     if not _floating(d):  # q rounded either way by //: one step down where the remainder's sign is not y's
         return f"({x} // {y} - tl.where(({x} % {y} != 0) & (({x} % {y} < 0) != ({y} < 0)), 1, 0)).to({TL[d]})"
     m = f"({x} % {y})"  # fmod; then c10's div_floor_floating
-    q = f"({_div(f'({x} - {m})', y, d)} - tl.where(({m} != 0) & (({y} < 0) != ({m} < 0)), 1.0, 0.0))"
+    q = f"({divide(f'({x} - {m})', y, d)} - tl.where(({m} != 0) & (({y} < 0) != ({m} < 0)), 1.0, 0.0))"
     f = f"(tl.floor({q}) + tl.where({q} - tl.floor({q}) > 0.5, 1.0, 0.0))"
-    return f"tl.where({y} == 0, {_div(x, y, d)}, tl.where({q} != 0, {f}, {_div(x, y, d)} * 0.0))"
+    return f"tl.where({y} == 0, {divide(x, y, d)}, tl.where({q} != 0, {f}, {divide(x, y, d)} * 0.0))"
 
 
 def _truncdiv(a, d, ad):
     if _floating(d):
-        return _trunc([_div(a[0], a[1], d)], d, ad)
+        return _trunc([divide(a[0], a[1], d)], d, ad)
     x, y = a
     return f"({x} // {y} + tl.where(({x} % {y} != 0) & (({x} % {y} < 0) != ({x} < 0)), 1, 0)).to({TL[d]})"
 
@@ -103,43 +104,31 @@ def _sign(a, d, ad):
     return f"tl.where({x} != {x}, {x}, {s})" if _floating(d) else s
 
 
-def _pow(a, d, ad):  # a non-integer exponent (the lowering writes integer ones as products): the region writer's
-    x, e = a
-    return f'tl.where({x} == float("-inf"), tl.where({e} < 0, 0.0, float("inf")), tl.exp(tl.log({x}) * {e}))'
-
-
-def _logical(op: str):
-    return lambda a, d, ad: f"(({a[0]}.to(tl.int32) {op} {a[1]}.to(tl.int32)) != 0)"
-
-
 def _f(fmt: str):
     return lambda a, d, ad: fmt.format(*a)
 
 
-MAXIMUM = "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))"  # NaN wins
-MINIMUM = "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"
+# The ops Phase 8's learner spells (``fusion/codegen.py``'s ``triton_expr``, handed to :func:`render`): arithmetic,
+# math, comparisons, logic, where. The machinery spells the rest: conversions and roundings, integer division with
+# torch's signs, the Philox counter, fma.
+LESSON_OPS = frozenset({
+    "identity", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "sin", "cos", "sigmoid", "tanh", "reciprocal",
+    "relu", "logical_not", "add", "sub", "mul", "truediv", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt",
+    "ge", "and", "or", "bitwise_and", "bitwise_or", "where",
+})  # fmt: skip
 # IR op -> Triton expression: (operands, the op's dtype, the operands' dtypes) -> source.
 CODE_FOR_OP = {
-    "identity": _f("{0}"), "neg": _f("(-{0})"), "abs": _f("tl.abs({0})"), "exp": _f("tl.exp({0})"),
-    "log": _f("tl.log({0})"), "sqrt": _f("tl.sqrt({0})"), "rsqrt": _f("tl.rsqrt({0})"), "erf": _f("tl.erf({0})"),
-    "sin": _f("tl.sin({0})"), "cos": _f("tl.cos({0})"), "sigmoid": _f("(1.0 / (1.0 + tl.exp(-{0})))"),
-    "tanh": lambda a, d, ad: _tanh(a[0], d), "reciprocal": _f("(1.0 / {0})"),
-    "relu": _f("tl.where({0} < 0, 0, {0})"),  # NaN < 0 is false: NaN stays
-    "logical_not": _f("({0} == 0)"),
     "ceil": lambda a, d, ad: f"tl.ceil({a[0]})" if _floating(d) else a[0],
     "floor": lambda a, d, ad: f"tl.floor({a[0]})" if _floating(d) else a[0],
     "trunc": _trunc, "sign": _sign, "to": _to,
     "round_float16": _f("{0}.to(tl.float16).to(tl.float32)"), "round_bfloat16": _f("{0}.to(tl.bfloat16).to(tl.float32)"),
-    "add": _f("({0} + {1})"), "sub": _f("({0} - {1})"), "mul": _f("({0} * {1})"),
-    "truediv": lambda a, d, ad: _div(a[0], a[1], d), "truncdiv": _truncdiv, "floordiv": _floordiv,
-    "remainder": _remainder, "maximum": _f(MAXIMUM), "minimum": _f(MINIMUM), "pow": _pow,
-    "eq": _f("({0} == {1})"), "ne": _f("({0} != {1})"), "lt": _f("({0} < {1})"), "le": _f("({0} <= {1})"),
-    "gt": _f("({0} > {1})"), "ge": _f("({0} >= {1})"), "and": _logical("&"), "or": _logical("|"),
-    "bitwise_and": _f("({0} & {1})"), "bitwise_or": _f("({0} | {1})"), "where": _f("tl.where({0}, {1}, {2})"), "fma": _f("tl.fma({0}, {1}, {2})"),
+    "truncdiv": _truncdiv, "floordiv": _floordiv, "remainder": _remainder, "fma": _f("tl.fma({0}, {1}, {2})"),
     "rand": _f("_philox_rand({0}, {1})"),  # tl.rand's bits (triton_lang.RAND_FUNCTION)
 }  # fmt: skip
-assert set(CODE_FOR_OP) == ir.OPS, sorted(set(CODE_FOR_OP) ^ ir.OPS)
+assert set(CODE_FOR_OP) | LESSON_OPS == ir.OPS and not set(CODE_FOR_OP) & LESSON_OPS, sorted(ir.OPS)
 
+MAXIMUM = "tl.where({0} != {0}, {0}, tl.where({0} > {1}, {0}, {1}))"  # a fold's step: NaN wins
+MINIMUM = "tl.where({0} != {0}, {0}, tl.where({0} < {1}, {0}, {1}))"
 IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}  # what masked lanes hold
 STEP = {"sum": "{0} + {1}", "max": MAXIMUM, "min": MINIMUM}  # a looped fold's partials, block by block
 
@@ -261,8 +250,8 @@ def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
 
 
 class _Writer:
-    def __init__(self, k: ir.Kernel, launch: Launch) -> None:
-        self.k, self.launch = k, launch
+    def __init__(self, k: ir.Kernel, launch: Launch, expr, split) -> None:
+        self.k, self.launch, self.expr, self.split = k, launch, expr, split
         self.buffers = {b.name: b for b in k.buffers}
         self.kept, self.red = {lp.var for lp in k.loops}, {lp.var for lp in k.reduce_loops}
         self.reduction = k.kind == "reduction"
@@ -328,7 +317,10 @@ class _Writer:
             self.define(s, s.out, s.dtype, literal(s.value, s.dtype), frozenset(), key, depth)
         elif isinstance(s, ir.Op):
             args = [self.ref(a) for a in s.args]
-            expr = CODE_FOR_OP[s.op](args, s.dtype, [self.dtypes[a] for a in args])
+            if s.op in LESSON_OPS:
+                expr = self.expr(s.op, args, s.dtype)
+            else:
+                expr = CODE_FOR_OP[s.op](args, s.dtype, [self.dtypes[a] for a in args])
             level = frozenset().union(*(self.level[a] for a in args))
             self.define(s, s.out, s.dtype, expr, level, ("op", s.op, tuple(args), s.dtype), depth)
         elif isinstance(s, ir.Store):
@@ -346,14 +338,14 @@ class _Writer:
             raise TypeError(f"not a statement the Triton renderer takes: {s!r}")
 
     def splits(self, flat: str, loops: tuple[ir.Loop, ...], depth: int) -> None:
-        """``x1 = xindex // 64``, ``x0 = xindex % 64``: one variable per loop (outermost first) of the flat index."""
-        inner = 1
-        for i in range(len(loops) - 1, -1, -1):
-            lp = loops[i]
-            expr = flat if inner == 1 else f"({flat} // {inner})"
-            self.emit(f"{lp.var} = {expr if i == 0 else f'{expr} % {lp.size}'}", depth)
+        """``x1 = xindex // 64``, ``x0 = xindex % 64``: one variable per loop (outermost first) of the flat index,
+        as Phase 8's ``split_index`` splits it."""
+        if not loops:
+            return
+        exprs = [e for _, e in self.split(flat, [lp.size for lp in loops])]
+        for lp, expr in zip(loops, exprs, strict=True):
+            self.emit(f"{lp.var} = {expr}", depth)
             self.split_lines[len(self.lines) - 1] = lp.var
-            inner *= lp.size
 
     def used_lines(self) -> list[str]:
         """The lines, less the loop variables no other line reads (an offset that is the flat index itself)."""
@@ -427,8 +419,10 @@ class _Writer:
         return "\n".join([*head, "@triton.jit", *self.used_lines()]) + "\n"
 
 
-def render(kernel: ir.Kernel) -> tuple[str, Launch]:
-    """(the Triton source of ``kernel``, the facts of its launch). Neighbouring loops every index walks as one
-    range are merged first (``ir_loops.coalesce``: fewer ``//`` and ``%``); the launch facts are read before."""
+def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:
+    """(the Triton source of ``kernel``, the facts of its launch). ``expr(op, operands, dtype)`` spells the ops of
+    :data:`LESSON_OPS` and ``split(flat, sizes)`` splits a flat index into one per loop (Phase 8's ``triton_expr``
+    and ``split_index``, handed in by the compiler). Neighbouring loops every index walks as one range are merged
+    first (``ir_loops.coalesce``: fewer ``//`` and ``%``); the launch facts are read before."""
     launch = launch_facts(kernel)
-    return _Writer(coalesce(kernel), launch).source(), launch
+    return _Writer(coalesce(kernel), launch, expr, split).source(), launch

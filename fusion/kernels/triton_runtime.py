@@ -34,7 +34,7 @@ import torch
 from fusion.aten.nodes import same_layout
 from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan, LaunchPlan
 from fusion.ir.views import Take, runner
-from fusion.kernels import c_runtime, interp_check, triton_ir_runtime
+from fusion.kernels import c_runtime, interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
 
@@ -227,9 +227,6 @@ class RegionKernel(torch.nn.Module):
         self._configs: dict[str, tuple[int, dict[str, int]]] = {}  # device type -> (programs, constexprs)
         self.renderer = c_runtime.chosen()  # of CPU launches: "c" (fusion.kernels.c_runtime) or "triton"
         self.ran, self.c_refused = "", ""  # what ran the kernel ("c", "triton-interpreter", "triton"); why not C
-        # Its Triton source: rendered from the kernel IR (options={"triton_source": "ir"}), else the region writer's
-        self.ir_kernel, self.ir_refused = triton_ir_runtime.kernel_for(plan, load_kernel)
-        self.triton_source = "ir" if self.ir_kernel is not None else "region"
         self.launch = Launcher(self)
 
     @property
@@ -238,8 +235,6 @@ class RegionKernel(torch.nn.Module):
         return self.plan
 
     def _function(self, interpret: bool):
-        if self.ir_kernel is not None:
-            return self.ir_kernel.function(interpret)
         fn = self._compiled.get(interpret)
         if fn is None:
             fn = self._compiled[interpret] = load_kernel(self.kernel.source, self.kernel.name, interpret=interpret)
@@ -247,7 +242,7 @@ class RegionKernel(torch.nn.Module):
 
     @property
     def num_warps(self) -> int:
-        return (self.ir_kernel or self.plan).num_warps
+        return self.plan.num_warps
 
     def c_kernel(self, device: torch.device):
         """The kernel compiled from C for CPU tensors, where the renderer is C and the region lowers to the kernel
@@ -280,7 +275,7 @@ class RegionKernel(torch.nn.Module):
     def config(self, device: torch.device) -> tuple[int, dict[str, int]]:
         config = self._configs.get(device.type)
         if config is None:
-            config = self._configs[device.type] = (self.ir_kernel or self.plan).launch_config(device)
+            config = self._configs[device.type] = self.plan.launch_config(device)
         return config
 
     def _launcher(self, inputs: Sequence[torch.Tensor]) -> tuple[Callable[[], None], list[torch.Tensor]]:
