@@ -10,14 +10,11 @@
 #     bash scripts/gpu_measure.sh round      # CUDA tests; split reductions against the bandwidth limit; in-kernel dropout
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
-#     bash scripts/gpu_measure.sh session    # CUDA tests (Triton from the region and from the IR); Swin-T, MaxViT-T
-#     bash scripts/gpu_measure.sh ir         # the CUDA tests with Triton rendered from the kernel IR; six models with
-#                                            # Triton from the region and from the IR (default and CUDA graphs);
-#                                            # GPT-2 and Llama training steps with pass combo_casts on and off
+#     bash scripts/gpu_measure.sh session    # CUDA tests; Swin-T, MaxViT-T (inference and training)
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
-#                                            # (e.g. BACKENDS=eager,fusion+region,fusion+ir: Triton from the region or
-#                                            # from the kernel IR, measured in one process per model)
+#                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
+#                                            # per model, backends interleaved)
 #
 # Everything lands in $OUT (the device tool brings it back); commit what a document cites under scripts/results/.
 # NVLink multicast stays off (the GPU host requires it). GPU_MEASURE_DRY=1 rehearses the steps on CPU.
@@ -110,12 +107,6 @@ round)
     timeout 140 "$PY" scripts/gpu_random.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/random.log"
     ;;
-ir)
-    FUSION_TRITON_SOURCE=ir cuda_tests 110
-    suite $((400 - (SECONDS - start))) resnet50,mobilenet_v2,efficientnet_b0,bert,gpt2,vit_b_16 \
-        eager,fusion,fusion+ir,fusion+cudagraphs,fusion+ir+cudagraphs
-    suite $((570 - (SECONDS - start))) gpt2_train,llama_train eager,fusion,fusion+no-combo_casts
-    ;;
 suite)
     [ "${CUDA_TESTS_S:-0}" -gt 0 ] && cuda_tests "$CUDA_TESTS_S"
     suite $((570 - (SECONDS - start))) "${MODELS:?MODELS=a,b}" "${BACKENDS:?BACKENDS=x,y}"
@@ -124,10 +115,9 @@ train)
     suite 560 bert_train,gpt2_train,llama_train,resnet50_train,vit_b_16_train,mobilenet_v2_train eager,fusion,inductor
     ;;
 session)
-    cuda_tests 170
-    FUSION_TRITON_SOURCE=ir cuda_tests 120 cuda_tests_ir
+    cuda_tests 240
     suite $((565 - (SECONDS - start))) swin_t,maxvit_t,swin_t_train,maxvit_t_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, ir, session, suite or train" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite or train" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -286,8 +286,8 @@ def test_c_is_the_default_on_cpu_where_a_compiler_is_found(monkeypatch):
 
 @needs_cc
 def test_a_kernel_the_ir_does_not_take_runs_as_aten_with_the_reason():
-    """Under the C renderer a CPU region C does not take (a max-pool window) runs as its aten ops, with the reason in
-    the report, never in Triton's interpreter behind the user's back (the interpreter: FUSION_RENDERER=triton)."""
+    """Under the C renderer a CPU region C does not take (a max-pool window) is cut at the pool, which runs as its
+    aten op with the reason in the report, never in Triton's interpreter behind the user's back."""
     x = torch.randn(1, 3, 8, 8)
 
     def fn(a):
@@ -299,7 +299,7 @@ def test_a_kernel_the_ir_does_not_take_runs_as_aten_with_the_reason():
     owners = [lch.owner for lch in model.compiled.launchers]
     assert all(o.ran == "c" for o in owners), [(o.ran, o.c_refused) for o in owners]
     reasons = " ".join(s.reason for s in model.report.skipped)
-    assert "window" in reasons and "FUSION_RENDERER=triton" in reasons, model.report.table()
+    assert "window" in reasons and "POOLS_IN_C" in reasons, model.report.table()
 
 
 @needs_cc

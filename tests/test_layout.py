@@ -278,16 +278,16 @@ def test_the_registry_names_the_import_that_registers_a_function(monkeypatch):
 
     monkeypatch.setattr(registry, "_functions", {})
     with pytest.raises(
-        registry.NotRegistered, match=r"^Phase 8's compile_graph is not registered: import fusion.codegen$"
+        registry.NotRegistered, match=r"^Phase 8's triton_expr is not registered: import fusion.codegen$"
     ):
-        registry.get("compile_graph")
-    with pytest.raises(ValueError, match="compile_graph is Phase 8's"):
-        registry.register(9, compile_graph=len)
-    with pytest.raises(ValueError, match="unknown name 'compile_grpah'"):
-        registry.register(8, compile_grpah=len)
-    call = registry.lazy("compile_graph")  # looked up when called, not when defined
-    registry.register(8, compile_graph=len)
-    assert call([1, 2]) == 2 and registry.get("compile_graph") is len
+        registry.get("triton_expr")
+    with pytest.raises(ValueError, match="triton_expr is Phase 8's"):
+        registry.register(9, triton_expr=len)
+    with pytest.raises(ValueError, match="unknown name 'triton_exrp'"):
+        registry.register(8, triton_exrp=len)
+    call = registry.lazy("triton_expr")  # looked up when called, not when defined
+    registry.register(8, triton_expr=len)
+    assert call([1, 2]) == 2 and registry.get("triton_expr") is len
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -316,15 +316,7 @@ def test_the_readme_table_is_the_drivers_stage_list():
 # (import, through modules that are no stage's, or look up through fusion.compiler.registry) a later stage's module,
 # never an earlier one's; the driver, which names every stage, is where the walk starts. Each back-edge the walk meets
 # today is listed here with why it is there: fixing one means deleting its line, and a new one fails the test.
-KNOWN_BACK_EDGES = {
-    # Phase 8's compile_graph (the lesson) drives regions -> rendering -> partition itself: it calls Phase 6's
-    # build_fusion_regions, so "rendering" reaches "regions".
-    ("fusion.codegen", "fusion.regions"): "Phase 8's compile_graph calls Phase 6's regions (it is a driver too)",
-    # generate_kernel lowers each region's plan to the kernel IR where a renderer of the IR runs it (C on CPU
-    # tensors, the IR's Triton source): after Phase 8's region writer, not before it as the stage order says, while
-    # the region writer is the default Triton source; and the lesson's run() shows a region as C (lower_region).
-    ("fusion.codegen", "fusion.compiler.lowering"): "Phase 8's generate_kernel lowers each plan for the IR's renderers",
-}
+KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}  # none today
 
 
 def stage_modules() -> list[str]:
@@ -389,7 +381,7 @@ def test_the_stage_walk_finds_a_back_edge_through_a_helper():
     graph["s3"] = {"util"}
     graph["util"] = {"s2"}
     assert stage_walk(graph, order, "root") == ({"s1", "s2", "s3"}, [["s3", "util", "s2"]])
-    assert registry_lookups("registry.get('compile_graph')\nlesson('fold_bn')\nf('x')") == {
+    assert registry_lookups("registry.get('triton_expr')\nlesson('fold_bn')\nf('x')") == {
         "fusion.codegen",
         "fusion.backend",
     }

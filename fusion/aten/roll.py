@@ -4,8 +4,8 @@ Torch's reference decomposition of ``roll`` builds an index, ``(arange(n) + n - 
 ``fmod``), and gathers with it (``index``): three ops no generated kernel takes plus a gather, in the forward and
 again in the backward (a roll's gradient is the opposite roll), where training saves the index for it. Rolled by
 ``s`` along a dim of size ``n``, ``out[i] = x[(i - s) % n]``: the last ``s`` elements, then the first ``n - s``,
-i.e. ``cat([x[n - s:], x[:n - s]])``: two views and a cat, each output element one load, which the region writer and
-the kernel IR's lowering both take. Inductor lowers ``roll`` the same way, as index arithmetic inside the kernel.
+i.e. ``cat([x[n - s:], x[:n - s]])``: two views and a cat, each output element one load, which
+the kernel IR's lowering takes. Inductor lowers ``roll`` the same way, as index arithmetic inside the kernel.
 """
 
 from __future__ import annotations

@@ -64,10 +64,8 @@ CUDAGRAPHS = (
 
 
 PASS_SWITCHES = {"no": False, "with": True}  # fusion+no-<pass>, fusion+with-<pass>: one pass off, or an opt-in on
-# fusion+<flag>: the option it sets. fusion+fold, fusion+cudagraphs: a switch on; fusion+ir / fusion+region: where
-# Triton kernels are rendered from (the kernel IR, or the region as Phase 8 writes it)
-FUSION_FLAGS = {"fold": ("fold_bn", True), "cudagraphs": ("cudagraphs", True), "ir": ("triton_source", "ir"),
-                "region": ("triton_source", "region")}  # fmt: skip
+# fusion+<flag>: the option it sets. fusion+fold, fusion+cudagraphs: a switch on
+FUSION_FLAGS = {"fold": ("fold_bn", True), "cudagraphs": ("cudagraphs", True)}
 
 
 def is_ablation(backend: str) -> bool:

@@ -26,7 +26,7 @@
 * :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM
   copied head-major (MultiheadAttention's packed q, k, v) as one GEMM per head.
 * :mod:`fusion.compiler.depthwise` — pass ``depthwise``: a depthwise convolution renamed ``fusion::depthwise_conv2d``,
-  a window sum the generator computes inside the kernel around it (``fusion.kernels.triton_blocks.window_sum``).
+  a window sum the generator computes inside the kernel around it (``fusion.compiler.lower_windows``).
 * :mod:`fusion.compiler.random_ops` — pass ``random``: dropout's ``aten.rand``/``bernoulli`` as ``fusion::philox_rand``
   over one seeds draw per call, generated inside the kernel that reads it (Philox4x32-10, ``tl.rand``'s bits).
 * :mod:`fusion.compiler.partition` — the cut-and-retry loop over regions and the graph rebuilt around the kernels;

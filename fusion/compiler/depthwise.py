@@ -3,8 +3,8 @@
 A depthwise convolution (``groups`` = input channels = output channels) gives each output element a weighted sum of
 a small window of *one* input channel: ``out[n, c, i, j] = sum_{a, b} x[n, c, i*s - p + a*d, j*s - p + b*d] *
 w[c, 0, a, b]``, zero outside the input. That is a max-pool with weights and a sum: no reduction loop, a few loads
-at shifted indices, so the code generator computes it the way it computes a max-pool (``triton_blocks.window_sum``
-beside ``window_max``), inside the kernel of the pointwise ops around it. An inverted-residual block (MobileNetV2,
+at shifted indices, so the code generator computes it the way it computes a max-pool (``fusion.compiler.lower_windows``:
+a window sum beside the max), inside the kernel of the pointwise ops around it. An inverted-residual block (MobileNetV2,
 EfficientNet) then runs its expansion's BatchNorm and ReLU6, the depthwise convolution, and its BatchNorm and ReLU6
 as one generated kernel where eager runs a cuDNN convolution and two elementwise kernels: two launches fewer per
 block, and the expanded tensor is read once instead of written and read twice.
@@ -21,7 +21,7 @@ reduction kernel that would compute each window again in each pass over its rows
 (``fusion.compiler.driver.PASSES``): replayed, a launch costs no CPU, and cuDNN's kernel is the faster one on the GPU.
 
 The generator still leaves a renamed window to ``torch.convolution`` where it would cost more than it saves
-(``fusion.kernels.triton_blocks``): inside a reduction kernel, or over a chain it would have to compute again at
+(``fusion.kernels.window_rules``): inside a reduction kernel, or over a chain it would have to compute again at
 each tap that holds a transcendental function (EfficientNet's SiLU) or more than a dozen ops. Measured on
 MobileNetV2, EfficientNet-B0 and MobileNetV3: README, "Depthwise convolutions inside the generated kernels".
 """

@@ -54,7 +54,7 @@ STAGES = [
     Stage("passes", "fusion/compiler/driver.py", "the same graph, rewritten (PASSES); decisions in a PartReport"),
     Stage("regions", "fusion/regions.py", "list[Region] (Phase 6)"),
     Stage("lowering", "fusion/compiler/lowering.py", "the kernel IR: frozen records, no torch or fx object"),
-    Stage("rendering", "fusion/codegen.py", "a KernelPlan holding a kernel's source, or Unsupported (Phase 8)"),
+    Stage("rendering", "fusion/kernels/triton_render.py", "Triton source (Phase 8's expressions) and launch facts"),
     Stage("partition", "fusion/compiler/partition.py", "a CompiledGraph: fx Python, one line per launch"),
     Stage("runtime", "fusion/kernels/triton_runtime.py", "a launch (Launcher); the boxed callable Dynamo runs"),
 ]

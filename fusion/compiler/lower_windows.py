@@ -8,13 +8,12 @@ is masked by it (a ``cat``'s guarded loads: ``Lowering.guards``), so a tap in th
 value there is replaced: ``-inf`` for a max-pool (it never wins), 0 for a depthwise convolution (it adds nothing).
 What a tap reads at the window's own leading index (a BatchNorm's per-channel parameters before a depthwise
 convolution, its weights) is unmasked and computed once for all the taps (``Lowering.safe``). A tap whose shifted
-index is a constant outside the input (a size-1 output dim) is left out when the kernel is built, as
-``triton_blocks.window_taps`` does.
+index is a constant outside the input (a size-1 output dim) is left out when the kernel is built.
 
-The values are Phase 8's region writer's (``fusion.kernels.triton_blocks.window_max``/``window_sum``): a max-pool
+The values: a max-pool
 folds its taps with ``maximum`` in the window's order (NaN propagates, as aten's max-pool); a depthwise convolution
-sums ``value * weight[c, 0, a, b]`` in the window's order from +0.0, in float32 for half types, rounded once. So are
-the legality rules and their reasons (``triton_blocks._one_window_deep``, ``_cheap_per_tap``): not inside a
+sums ``value * weight[c, 0, a, b]`` in the window's order from +0.0, in float32 for half types, rounded once. The
+legality rules and their reasons (``fusion.kernels.window_rules``): not inside a
 reduction kernel, not over another window's values in the same kernel, and what a tap computes again at most
 :data:`~fusion.kernels.window_rules.MAX_OPS_PER_TAP` ops, none of them costly.
 
@@ -53,9 +52,10 @@ def c_refusal(region) -> Unsupported | None:
     unless :data:`POOLS_IN_C` (aten's max-pool is faster there: the region is cut at the pool)."""
     if POOLS_IN_C or c_runtime.chosen() != "c":
         return None
-    pool = next((n.args[0] for n in region.nodes if pooled_values(n)), None)
-    if pool is None or pool.meta["val"].device.type != "cpu":
+    values = next((n for n in region.nodes if pooled_values(n)), None)  # getitem 0 of the pool
+    if values is None or values.meta["val"].device.type != "cpu":
         return None
+    pool = values.args[0]
     why = "on CPU aten's max-pool beats the C window kernel (fusion.compiler.lower_windows.POOLS_IN_C)"
     return Unsupported(f"{pool.name}: {why}", pool)
 

@@ -17,7 +17,7 @@ Eager runs ``rand`` as a kernel of its own that writes 4 bytes per element, read
   one kernel source): element ``k`` (its position in the contiguous tensor) is
   ``uniform(philox4x32_10(key=seeds[i], counter=(k, 0, 0, 0))[0])``, bit for bit Triton's ``tl.rand(seed, k)``. Each
   rand node of a graph has its own seed ``seeds[i]``: two masks of one graph are independent streams. The op is
-  tagged pointwise, so Phase 6's regions take it into the kernel around it (``triton_values`` / ``lowering`` generate
+  tagged pointwise, so Phase 6's regions take it into the kernel around it (``lowering`` generates
   it: ``tl.rand`` in Triton, the same Philox in C); where no kernel takes it, its eager implementation here (the same
   Philox in torch int64 arithmetic) computes the same bits.
 

@@ -6,7 +6,7 @@ slices and a cat: ``fusion/aten/roll.py``; q/k/v's stacked gradients are pass ``
 hands each to the code generator as an op Phase 6's rule keeps out of every region (``constant_pad_nd``) or one the
 writers have no expression for (a split's getitem, ``avg_pool2d``),
 so each runs as its own aten call where Inductor lowers it as index arithmetic inside the kernel around it. These
-passes rewrite them into ops the region writer and the kernel IR's lowering already take — views, ``cat`` and
+passes rewrite them into ops the kernel IR's lowering already takes — views, ``cat`` and
 pointwise ops — exactly, and only where the graph's layouts stay what they were traced as:
 
 - ``zero_pads``: ``constant_pad_nd`` with every pad 0 (Swin's windows divide its feature maps) is its input;

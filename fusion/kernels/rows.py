@@ -18,8 +18,8 @@ from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
 from fusion.kernels.row_splits import misfit_store
 
-CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``triton_blocks.concatenation``)
-# Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``triton_blocks.window_max``):
+CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``lowering.concatenation``)
+# Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``lower_windows.window_max``):
 # Inductor's low-memory prims (values, int8 offsets) and aten's (values, indices); the second output is not generated.
 MAX_POOLS = LOW_MEMORY_MAX_POOLS | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
 
@@ -31,7 +31,7 @@ def is_max_pool(node: object) -> bool:
 
 def is_depthwise(node: object) -> bool:
     """Is ``node`` a depthwise convolution renamed by Phase 9's pass ``depthwise`` (a window sum with weights,
-    ``triton_blocks.window_sum``)?"""
+    ``lower_windows.window_sum``)?"""
     target = getattr(node, "target", None)
     return isinstance(target, torch._ops.OpOverload) and target._schema.name == DEPTHWISE_CONV
 
@@ -216,7 +216,7 @@ def row_reshape(node: fx.Node, shape: Sequence[int], members, reductions: Sequen
     LayerNorm output (b, s, d), read by the next Linear as ``view(-1, d)`` and cast under autocast, is one. Its
     element at flat position ``f`` is computed from the row elements at ``f`` (and their rows' reductions), so the
     program holding row element ``i`` stores it at ``i``'s flat position split over the member's shape: no copy, and
-    a contiguous member's offset is that flat position again (``triton_views.stored_index``, the lowering's store).
+    a contiguous member's offset is that flat position again (the lowering's store).
     A member reached through a permute, a slice or a cat is one only where no reduction of the kernel is computed
     before it (attention's packed q/k/v gradient, stacked and reshaped before its bias gradient's sum: each element
     is loads of the kernel's inputs at its own index); after a reduction it stays refused (the generator would read
@@ -378,7 +378,7 @@ def _check_rule(region, n: fx.Node, val, reductions: set) -> None:
         if not val[0].dtype.is_floating_point:
             raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
         return
-    if is_depthwise(n):  # a window sum: triton_blocks.window_sum
+    if is_depthwise(n):  # a window sum: lower_windows.window_sum
         return
     if t is operator.getitem:
         src = n.args[0]

@@ -1,6 +1,6 @@
 """One choice among named values for the kernels being generated: the backend's option inside :meth:`Setting.use`,
-else an environment variable, else a default. ``c_runtime.RENDERER`` (which renderer runs CPU kernels, "c" or
-"triton") and ``triton_ir_runtime.SOURCE`` (where a Triton kernel comes from, "region" or "ir") are the two."""
+else an environment variable, else a default: ``c_runtime.RENDERER`` (which renderer runs CPU kernels, "c" or
+"triton")."""
 
 from __future__ import annotations
 

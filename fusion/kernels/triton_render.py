@@ -136,7 +136,7 @@ STEP = {"sum": "{0} + {1}", "max": MAXIMUM, "min": MINIMUM}  # a looped fold's p
 @functools.cache
 def _combine(op: str) -> str:
     """The function a fold's last ``tl.reduce`` names: a sum Triton's own ``_sum_combine`` where it has one (the
-    interpreter then sums with numpy's pairwise sum, as the region writer's), max/min ours (NaN propagates)."""
+    interpreter then sums with numpy's pairwise sum, as eager's CPU sum), max/min ours (NaN propagates)."""
     if op != "sum":
         return {"max": "_maximum", "min": "_minimum"}[op]
     try:
@@ -197,7 +197,7 @@ class Launch:
     num_warps: int = 4
 
     def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
-        """(programs, constexprs), as ``KernelPlan.launch_config`` chooses them for the region writer's kernel."""
+        """(programs, constexprs) on a GPU (``cuda``) or in the interpreter (see the module's docstring)."""
         if self.kind == "pointwise":
             block = min(self.xblock if cuda else INTERPRETER_BLOCK, next_power_of_2(self.numel))
             return -(-self.numel // block), {"XBLOCK": block}
@@ -225,7 +225,7 @@ def _column(k: ir.Kernel) -> bool:
 
 
 def launch_facts(k: ir.Kernel) -> Launch:
-    """The block sizes and warps of the region writer's table (see the module's docstring) for kernel ``k``."""
+    """The block sizes and warps of the table in the module's docstring for kernel ``k``."""
     numel = math.prod(lp.size for lp in k.loops)
     if k.kind != "reduction":  # a depthwise window's many loads: 512 a program (triton_lang.pointwise_block)
         window = any(op.endswith("depthwise_conv2d.default") for op in k.ops)

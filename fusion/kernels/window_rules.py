@@ -1,6 +1,6 @@
 """Where a window (a max-pool's values, a depthwise convolution renamed by pass ``depthwise``) is generated inside a
-fusion region: one rule for both writers of a kernel, Phase 8's region writer (``triton_blocks``) and the kernel
-IR's lowering (``fusion.compiler.lower_windows``), so both refuse the same windows with the same reason.
+fusion region: the rules the kernel IR's lowering (``fusion.compiler.lower_windows``) applies, each refusal with its
+reason.
 
 * :func:`window_here` — not inside a reduction kernel (a row walk would compute the window in each pass over the
   rows, its loads scattered): :class:`Unsupported`, the window is an aten call and the reduction keeps its kernel.
