@@ -1010,11 +1010,9 @@ def test_a_fusion_ablation_turns_one_pass_off(monkeypatch):
     S.compile_with("fusion+fold+cudagraphs", nn.Identity())
     S.compile_with("fusion", nn.Identity())
     S.compile_with("fusion+cudagraphs+with-depthwise", nn.Identity())
-    S.compile_with("fusion+ir+cudagraphs", nn.Identity())  # a flag with a value: where Triton kernels come from
     assert seen == [{"conv1x1": False}, {"conv1x1_forward": True}, {"fold_bn": True, "cudagraphs": True}, None,
-                    {"cudagraphs": True, "depthwise": True},
-                    {"triton_source": "ir", "cudagraphs": True}]  # fmt: skip
-    assert S.is_ablation("fusion+ir") and not S.is_ablation("fusion") and not S.is_ablation("fusion+bogus")
+                    {"cudagraphs": True, "depthwise": True}]  # fmt: skip
+    assert S.is_ablation("fusion+cudagraphs") and not S.is_ablation("fusion") and not S.is_ablation("fusion+bogus")
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
         S.run_suite(B.LESSON, models=["gpt2"], backends=["fusion+conv1x1"], device="cpu")
     with pytest.raises(ValueError, match="fusion\\+no-<pass>"):
