@@ -24,7 +24,7 @@ from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import rows as krows
-from fusion.kernels.rows import Rows, bind_args, row_permutation, row_reshape
+from fusion.kernels.rows import Rows, bind_args, read_at_another_row, row_permutation, row_reshape
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
@@ -122,7 +122,7 @@ class Reductions:
         if index is not None and [self.index[d] for d in self.rows.kept] != [
             recombined(i) for i in ([index[d] for d in self.rows.kept] if len(index) == len(self.shape) else index)
         ]:
-            raise Unsupported(f"{node.name} is read at another row than the one its loop reduces", node)
+            raise read_at_another_row(self.region, node)  # two kernels: one stores it, the next reads it anywhere
         key = (node, "reduce")
         if key in self.scopes[0]:
             return self.scopes[0][key]
