@@ -120,7 +120,7 @@ def test_avg_pool_is_a_window_sum():
     def fn(x):  # MaxViT's downsampling branch: a 3x3 average, stride 2, padding 1 (counted), between pointwise ops
         return (F.avg_pool2d(torch.relu(x * 2.0), 3, 2, 1) + 1.0).sigmoid()
 
-    x = _x(2, 4, 9, 9)  # the Triton writer takes a window sum (C refuses one, with its reason: pass depthwise's rule)
+    x = _x(2, 4, 9, 9)  # the Triton renderer takes a window sum (C refuses one, with its reason: pass depthwise's rule)
     off, off_fb = _outside({"avg_pools": False, "renderer": "triton"}, fn, x)
     on, on_fb = _outside({"renderer": "triton"}, fn, x)
     assert off["avg_pool2d"] == 1 and off_fb, (off, off_fb)

@@ -1,7 +1,7 @@
-"""The Triton renderer of the kernel IR (issue 37): kernel IR -> Triton source (fusion.kernels.triton_render), launched
-from data alone (fusion.kernels.triton_ir_runtime), here in Triton's interpreter, against eager and against the C
-renderer of the same IR (fusion.kernels.c_render). The Triton code checked is the renderer's, not the learner's; the
-regions come from Phase 6's builder and Phase 8's generator, so the file is Phase 8's (skipped while their TODOs are)."""
+"""The Triton renderer of the kernel IR (issue 37): kernel IR -> Triton source (fusion.kernels.triton_render, with
+Phase 8's ``triton_expr`` and ``split_index``), launched from data alone, here in Triton's interpreter, against eager
+and against the C renderer of the same IR (fusion.kernels.c_render). The regions come from Phase 6's builder and the
+ops are spelled by Phase 8's learner, so the file is Phase 8's (skipped while their TODOs are)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import Fn
 
-from fusion.codegen import compile_regions, generate_kernel
+from fusion.codegen import compile_regions, generate_kernel, split_index, triton_expr
 from fusion.compiler import random_ops
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
-from fusion.kernels import c_runtime, triton_ir_runtime, triton_render
+from fusion.kernels import c_runtime, triton_render
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -40,6 +40,29 @@ def _values(gm: fx.GraphModule, args) -> dict[fx.Node, object]:
     return env
 
 
+def render(kernel: ir.Kernel) -> tuple[str, triton_render.Launch]:
+    """The Triton source of ``kernel`` and its launch facts, the ops spelled by Phase 8's ``triton_expr``."""
+    return triton_render.render(kernel, triton_expr, split_index)
+
+
+class IRKernel:
+    """``kernel`` rendered to Triton, launched in the interpreter on the IR's buffers in call order (inputs, then
+    outputs) with the grid and blocks of its launch facts; every load and store checked in bounds (interp_check)."""
+
+    def __init__(self, kernel: ir.Kernel) -> None:
+        self.kernel = kernel
+        self.source, self.launch = render(kernel)
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        assert len(tensors) == len(self.kernel.buffers), (len(tensors), self.kernel.describe())
+        for b, t in zip(self.kernel.buffers, tensors, strict=True):
+            assert (tuple(t.shape), str(t.dtype).removeprefix("torch.")) == (b.sizes, b.dtype), (b, t.shape, t.dtype)
+        grid, constexprs = self.launch.launch_config(False)
+        if grid > 0:
+            fn = rt.load_kernel(self.source, self.kernel.name, interpret=True)
+            fn[(grid,)](*tensors, num_warps=self.launch.num_warps, **constexprs)
+
+
 def rendered(fn, *inputs, exact_c: bool = False, kernels: int | None = None):
     """Each region of ``fn`` lowered to the kernel IR, rendered to Triton and run in the interpreter on the eager
     values of its inputs: every stored value equals eager's, and the C renderer's of the same IR (bit for bit with
@@ -54,7 +77,7 @@ def rendered(fn, *inputs, exact_c: bool = False, kernels: int | None = None):
         args = [env[n] for n in low.inputs]
         want = [env[n] for n in low.stored]
         outs = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for w in want]
-        k = triton_ir_runtime.IRKernel(kernel, rt.load_kernel)
+        k = IRKernel(kernel)
         k(*args, *outs)
         for got, w in zip(outs, want, strict=True):
             torch.testing.assert_close(got, w, equal_nan=True, msg=lambda m: f"{m}\n{k.source}")  # noqa: B023
@@ -254,11 +277,13 @@ def test_fma_rounds_once():
         (lambda x: (x * 2).mean((2, 3)), torch.empty(4, 64, 7, 7).to(memory_format=torch.channels_last)),
     ],
 )
-def test_launch_facts_are_the_region_writers(fn, x):
-    """The block sizes, grid and warps of the IR's kernel are those of the region writer's (a fair GPU timing)."""
+def test_the_plans_launch_facts_are_the_renderers(fn, x):
+    """The block sizes, grid and warps a generated kernel launches with (``KernelPlan.launch_config``) are those the
+    Triton renderer read off its kernel IR (``triton_render.launch_facts``), on a GPU and in the interpreter."""
     (region,) = unique_regions(build_fusion_regions(capture_aten(Fn(fn), (x,))))
     plan = generate_kernel(region)
-    launch = triton_render.launch_facts(Lowering(region).kernel(plan.kernel.name))
+    assert plan.ir is not None and plan.ir.name == plan.kernel.name
+    launch = triton_render.launch_facts(plan.ir)
     for device in (torch.device("cuda"), torch.device("cpu")):
         assert launch.launch_config(device.type == "cuda") == plan.launch_config(device), device
     assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise") == bool(plan.xnumel)
@@ -282,47 +307,40 @@ def test_offsets_past_two_to_the_31_are_int64():
                ir.Buffer("out0", (3, 2**30), (2**30, 1), "float32", output=True))  # fmt: skip
     body = (ir.Load("t0", "in0", at, "float32"), ir.Store("out0", at, "t0"))
     big = ir.Kernel("k_big", "pointwise", buffers, (ir.Loop("x0", 3), ir.Loop("x1", 2**30)), (), body)
-    source, _ = triton_render.render(big)
+    source, _ = render(big)
     assert "tl.program_id(0).to(tl.int64)" in source
-    small, _ = triton_render.render(rendered(lambda x: x * 2 + 1, _r(5))[0][0])
+    small, _ = render(rendered(lambda x: x * 2 + 1, _r(5))[0][0])
     assert "tl.program_id(0).to(tl.int64)" not in small
     empty = triton_render.Launch("k_empty", "pointwise", 0)  # an empty output: no program is launched
     assert empty.launch_config(True)[0] == empty.launch_config(False)[0] == 0
 
 
-def _compiled(fn, *inputs, source: str = "ir"):
-    with c_runtime.use("triton"), triton_ir_runtime.use(source):
+def _compiled(fn, *inputs):
+    """compile_regions in Triton's interpreter against eager: {kernel: what ran it}, each kernel rendered from its IR."""
+    with c_runtime.use("triton"):
         model = compile_regions(Fn(fn), inputs)
     torch.testing.assert_close(model(*inputs), fn(*inputs), equal_nan=True)
-    return {lch.owner.kernel.name: (lch.owner.triton_source, lch.owner.ir_refused) for lch in model.compiled.launchers}
+    owners = [lch.owner for lch in model.compiled.launchers]
+    assert all(o.plan.ir is not None and o.plan.ir.name == o.kernel.name for o in owners)
+    return {o.kernel.name: o.ran for o in owners}
 
 
-def test_compile_regions_runs_the_ir_kernel_and_says_which_ran():
+def test_compile_regions_runs_the_kernels_rendered_from_the_ir():
     x, w = _r(6, 40), _r(40, seed=1)
     ran = _compiled(lambda x, w: torch.nn.functional.layer_norm(x * 2, (40,), w).relu() + x, x, w)
-    assert ran and all(src == "ir" for src, _ in ran.values()), ran
-    ran = _compiled(lambda x, w: (x * w).exp(), x, w, source="region")
-    assert all(src == "region" and "triton_source='region'" in why for src, why in ran.values()), ran
+    assert ran and set(ran.values()) == {"triton-interpreter"}, ran
     pool = _compiled(lambda x: torch.nn.functional.max_pool2d(x.relu(), 3, 1, 1) * 2, _r(1, 2, 6, 6))
-    assert pool and all(src == "ir" for src, _ in pool.values()), pool  # a window too (fusion.compiler.lower_windows)
+    assert pool and set(pool.values()) == {"triton-interpreter"}, pool  # a window too (fusion.compiler.lower_windows)
 
 
-def test_the_backend_option_and_the_environment_variable(monkeypatch):
+def test_the_retired_triton_source_option_is_an_unknown_option():
     from fusion.compiler.driver import Options
 
-    assert Options.parse({"triton_source": "ir"}).triton_source == "ir"
     with pytest.raises(ValueError, match="triton_source"):
-        Options.parse({"triton_source": "llvm"})
-    monkeypatch.setenv("FUSION_TRITON_SOURCE", "ir")
-    assert triton_ir_runtime.chosen() == "ir"
-    with triton_ir_runtime.use("region"):
-        assert triton_ir_runtime.chosen() == "region"
-    monkeypatch.setenv("FUSION_TRITON_SOURCE", "nope")
-    with pytest.raises(ValueError, match="FUSION_TRITON_SOURCE"):
-        triton_ir_runtime.chosen()
+        Options.parse({"triton_source": "ir"})
 
 
-def test_torch_compile_with_the_ir_source():
+def test_torch_compile_runs_the_ir_s_triton_source():
     from fusion import backend  # registers backend="fusion"
 
     backend.reset()  # only this test's reports
@@ -332,28 +350,27 @@ def test_torch_compile_with_the_ir_source():
     def f(x):
         return torch.softmax(x * 3, -1) + x.sigmoid()
 
-    got = torch.compile(f, backend="fusion", options={"triton_source": "ir", "renderer": "triton"})(x)
+    got = torch.compile(f, backend="fusion", options={"renderer": "triton"})(x)
     torch.testing.assert_close(got, f(x))
     from fusion.compiler.driver import reports
 
     owners = [lch.owner for r in reports for p in r.parts for lch in p.launchers()]
-    assert owners and all(o.triton_source == "ir" and o.ran == "triton-interpreter" for o in owners)
-    launchers = [lch for r in reports for p in r.parts for lch in p.launchers()]
-    assert set(triton_ir_runtime.sources(launchers).values()) == {"ir"}
+    assert owners and all(o.ran == "triton-interpreter" and o.plan.ir is not None for o in owners)
+    for o in owners:  # the source launched is the renderer's, of the plan's IR
+        assert o.kernel.source == render(o.plan.ir)[0], o.kernel.name
     torch._dynamo.reset()
 
 
-def test_the_report_says_which_triton_source_ran_each_kernel():
-    """``options={"triton_source": "ir"}`` through the backend: the report names each kernel's renderer with its
-    source ("triton-interpreter (ir)" for a region the lowering took); the default names no IR."""
+def test_the_report_says_which_renderer_ran_each_kernel():
+    """The report names each kernel's renderer: "triton-interpreter" under ``renderer="triton"``, "c" under "c"."""
     from fusion import backend
 
     def f(x):
         return (torch.sigmoid(x) * 2.0 + 1.0).sum(-1)
 
     x = torch.randn(5, 33)
-    for options, want in (({"renderer": "triton", "triton_source": "ir"}, "triton-interpreter (ir)"),
-                          ({"renderer": "triton"}, "triton-interpreter")):  # fmt: skip
+    cases = [({"renderer": "triton"}, "triton-interpreter")] + [({"renderer": "c"}, "c")] * HAS_CC
+    for options, want in cases:
         backend.reset()
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(f, backend="fusion", options=options)(x), f(x))
@@ -366,7 +383,7 @@ def test_an_offset_that_is_the_walk_itself_is_the_flat_index():
     # the loop variables no line reads are not computed
     gm = capture_aten(Fn(lambda x, s: x * s + 1), (torch.randn(2, 3, 4, 5), torch.randn(3, 1, 1)))
     (region,) = unique_regions(build_fusion_regions(gm))
-    source, _ = triton_render.render(Lowering(region).kernel("k"))
+    source, _ = render(Lowering(region).kernel("k"))
     body = source.split("def k(")[1]
     assert "in0 + (xindex)" in body and "out0 + (xindex)" in body, body
     assert "xindex // 60" not in body, body  # the batch index: nobody reads it
