@@ -303,12 +303,6 @@ def test_a_causal_and_padding_mask_is_one_kernel(renderer):
 # Llama's backward: a reduction read at another row than its program's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machinery regression (a74173c): lower_reductions.Reductions.reduce raises a plain Unsupported for a "
-    "reduction read at another row; the retired region writer raised rows.read_at_another_row (a SplitRegion: two "
-    "kernels), so the sum now runs as aten (see the report of branch h-tr)",
-)
 @pytest.mark.parametrize("renderer", RENDERERS)
 def test_a_sum_read_at_other_rows_is_stored_by_a_first_kernel_and_read_by_a_second(renderer):
     """Grouped-query attention's backward sums k's gradient over the repeated heads (a column walk over dim 2), then

@@ -220,11 +220,6 @@ def test_depthwise_of_drawn_odd_shapes(c, hw, k, stride, seed):
 
 
 @needs_cc
-@pytest.mark.xfail(
-    strict=True,
-    reason="machinery bug: lower_windows.c_refusal reads .device off the max-pool node's meta['val'], a tuple "
-    "(values, offsets); the getitem's value is the tensor (see the report of branch h-tr)",
-)
 def test_on_cpu_with_c_a_max_pool_runs_as_aten_unless_asked(monkeypatch):
     """aten's max-pool beats the C window kernel on a CPU (measured, lower_windows.POOLS_IN_C): by default the pool is
     an aten call with the reason in the report, the ops around it a C kernel; the values are eager's."""
