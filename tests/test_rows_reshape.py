@@ -319,6 +319,23 @@ def test_a_sum_read_at_other_rows_is_stored_by_a_first_kernel_and_read_by_a_seco
     assert [k.kind for k in model.compiled.kernels] == ["reduction", "pointwise"]
 
 
+@pytest.mark.parametrize("renderer", RENDERERS)
+def test_two_sums_read_at_other_rows_are_stored_together_by_a_first_kernel(renderer):
+    """A LayerNorm backward's two row sums (the second over the first's operand times x-hat), then Swin's reverse roll
+    reads them at other rows: the first kernel computes and stores both sums, the second reads them anywhere. (Split
+    at the later sum alone, its kernel would take the earlier sum's operand and leave that sum a lone aten call.)"""
+    g, w, xh = _rand((2, 8, 16), 0), _rand((16,), 1), _rand((2, 8, 16), 2)
+
+    def f(g, w, xh):
+        a = g * w
+        b = a * xh
+        out = a - a.sum(-1, keepdim=True) - xh * b.sum(-1, keepdim=True)
+        return (torch.roll(out, 2, 1) * 2,)
+
+    model = check(f, g, w, xh, renderer=renderer, kernels=2, atol=1e-5, rtol=1e-5)
+    assert [k.kind for k in model.compiled.kernels] == ["reduction", "pointwise"]
+
+
 def test_a_lone_sum_read_at_other_rows_still_runs_as_aten():
     """Without the upcast the first kernel would be the sum alone (a lone op is no kernel): aten's sum, as before."""
     g, sin = _rand((2, 2, 2, 8, 32), 0), _rand((8, 32), 2)

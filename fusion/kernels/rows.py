@@ -279,15 +279,19 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
     return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
 
 
-def read_at_another_row(region, node: fx.Node) -> Unsupported:
+def read_at_another_row(region, node: fx.Node, reductions: Sequence[fx.Node] = ()) -> Unsupported:
     """Reduction ``node`` is read at another row than the one its program reduces (Llama's rotary embedding after
     grouped-query attention's backward: the sum over the repeated heads, then ``rotate_half``'s backward reads its
-    other half): :class:`SplitRegion` with ``node`` and its ancestors in the region as the first kernel, which stores
-    it, and the rest as a second kernel, which loads it at any row; a plain :class:`Unsupported` (the reduction runs
-    as an aten call) where that first kernel would be the reduction alone (a lone op is no kernel). Inductor unrolls
-    a reduction of at most 8 elements into a pointwise sum instead, read anywhere with no round trip: not done here."""
+    other half; Swin's LayerNorm backward before the reverse roll): :class:`SplitRegion` with ``node``, the region's
+    ``reductions`` before it and their ancestors in the region as the first kernel, which stores them, and the rest as
+    a second kernel, which loads them at any row (the reductions before it first: a LayerNorm backward's second sum
+    reads the first's operand, so a first kernel of the later sum alone would strand the earlier one); a plain
+    :class:`Unsupported` (the reduction runs as an aten call) where that first kernel would be the reduction alone (a
+    lone op is no kernel). Inductor unrolls a reduction of at most 8 elements into a pointwise sum instead, read
+    anywhere with no round trip: not done here."""
     why = f"{node.name} is read at another row than the one its program reduces"
-    need, stack = set(), [node]
+    first = [r for r in region.nodes if r in reductions and region.nodes.index(r) < region.nodes.index(node)] + [node]
+    need, stack = set(), list(first)
     while stack:
         n = stack.pop()
         if n not in need and n in region.members:
@@ -295,7 +299,7 @@ def read_at_another_row(region, node: fx.Node) -> Unsupported:
             stack += n.all_input_nodes
     if sum(not is_view_node(n) for n in need) < 2:
         return Unsupported(why, node)
-    return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, [node])
+    return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, first)
 
 
 def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
