@@ -190,8 +190,8 @@ def test_binary_ops_broadcast_match_eager(pair, seed):
 
 @pytest.mark.usefixtures("triton_renderer")
 def test_every_pointwise_op_in_the_interpreter():
-    """The Triton renderer (with Phase 8's triton_expr) run by Triton's interpreter, every op once: one shape and a broadcast
-    operand on either side (the drawn shapes above run with the default renderer)."""
+    """The Triton renderer (with Phase 8's triton_expr) run by Triton's interpreter, every op once: one shape and a
+    broadcast operand on either side (the drawn shapes above run with the default renderer)."""
     x, y = _rand((3, 7), 0), _rand((7,), 1)
     y[:1] = x[0, 0]  # some equal elements, so == and <= see both answers
     check(unary_ops, x, kernels=1)
