@@ -272,6 +272,22 @@ def special_inputs(dtype):
     return x.to(dtype), y.to(dtype)
 
 
+def run_interpreted(compiled, *args):
+    """``compiled(*args)`` in Triton's interpreter, whose one extra rule is named: it cannot call a @triton.jit
+    helper (tl.sigmoid is one) from a kernel's expression."""
+    from triton.runtime.errors import InterpreterError
+
+    try:
+        return compiled(*args)
+    except InterpreterError as e:
+        if "Cannot call @triton.jit" not in str(e):
+            raise
+        raise AssertionError(
+            "triton_expr calls a @triton.jit helper (tl.sigmoid, ...), which Triton's interpreter cannot call on a "
+            f"CPU: write it out (sigmoid is 1 / (1 + exp(-x))). {e}"
+        ) from None
+
+
 def compare_ops(names, got, want, exact=(), rtol=0.0, atol=None):
     """Each output against eager with a message naming the op: NaN where eager has NaN, the same infinities, the
     sign of a zero, values to ``rtol`` (0 for the ops in ``exact``; ``atol``: {op: an absolute tolerance})."""
@@ -301,7 +317,7 @@ def test_triton_expr_of_every_float_op_on_special_values(dtype):
     x, y = special_inputs(dtype)
     c = compile_regions(Fn(float_ops), (x, y))
     erf = {"erf": 1e-7} if dtype in (torch.float16, torch.bfloat16) else {}  # eager's half erf: 6e-8 off near 0
-    compare_ops(FLOAT_OPS, c(x, y), float_ops(x, y), set(FLOAT_OPS) - NOT_EXACT, ULPS[dtype], erf)
+    compare_ops(FLOAT_OPS, run_interpreted(c, x, y), float_ops(x, y), set(FLOAT_OPS) - NOT_EXACT, ULPS[dtype], erf)
 
 
 @pytest.mark.usefixtures("triton_renderer")
@@ -736,12 +752,34 @@ def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, 
     # (a, a, n): the permuted copy times 1.0 has the rows' shape but reads other rows: a second kernel reads them;
     # (a, b, n): it has another shape, no row's: a second kernel computes it (kernels.row_splits), nothing runs as
     # aten; a dim of 1 moved keeps the elements' order: a reshape of the rows, stored by the reduction kernel
-    kernels = 1 if 1 in shape[:2] or shape[-1] == 1 else 2  # (a row of 1: no reduction left, one pointwise kernel)
-    check(ln_t, x, kernels=kernels, atol=1e-5, rtol=1e-4)
-    with short_blocks():
-        check(ln_t, x, kernels=kernels, atol=1e-5, rtol=1e-4)
+    assume(shape[0] != shape[1] or 1 in shape[:2])  # (a, a, n): the xfail below (a lesson bug of a74173c)
+    kernels = 1 if 1 in shape[:2] else 2
+    for blocks in (contextlib.nullcontext, short_blocks):
+        with blocks():
+            c = check(ln_t, x, kernels=kernels, atol=1e-5, rtol=1e-4)
+        assert kernels == 1 or c.library_calls == 0, c.report.table()  # two kernels, nothing left to aten
     # the innermost dim moved: lanes would write scattered addresses, the copy runs as aten (the softmax still fuses)
     check(lambda x: torch.softmax(x * 2.0, -1).permute(2, 0, 1).contiguous(), x)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lesson bug (a74173c): fusion/compiler/lower_reductions.Reductions.reduce raises a plain Unsupported for a "
+    "reduction read at another row (var_mean then runs as aten); the region writer raised rows.read_at_another_row's "
+    "SplitRegion (two kernels); see the report's patch",
+)
+@pytest.mark.parametrize("shape", [(2, 2, 5), (3, 3, 1)], ids=str)
+def test_a_transposed_copy_of_square_leading_dims_is_a_second_kernel_not_aten(shape):
+    """(a, a, n): the permuted copy times 1.0 has the rows' shape but reads other rows: a second kernel reads what the
+    reduction kernel stores; nothing runs as aten."""
+    x = _rand(shape, 0)
+
+    def ln_t(x):
+        y = F.layer_norm(x * 2.0, (shape[-1],))
+        return y.transpose(0, 1).contiguous(), y.permute(1, 0, 2).contiguous() * 1.0
+
+    c = check(ln_t, x, kernels=2, atol=1e-5, rtol=1e-4)
+    assert c.library_calls == 0 and not c.report.skipped, c.report.table()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -1506,6 +1544,16 @@ WRONG_SOLUTIONS = {  # name: (learner's function, reference text, wrong text, th
     "bitwise_or as a logical or": (
         "triton_expr", '"bitwise_or": "({0} | {1})"', '"bitwise_or": "(({0} != 0) | ({1} != 0))"', "ints",
         r"bitwise_or: got",
+    ),
+    "abs as where(x < 0, -x, x)": (
+        "triton_expr", '"abs": "tl.abs({0})"', '"abs": "tl.where({0} < 0, -{0}, {0})"', "floats", r"abs: got \[nan, inf, inf, -0\.0",
+    ),
+    "sigmoid as tl.sigmoid": (
+        "triton_expr", '"sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))"', '"sigmoid": "tl.sigmoid({0})"', "floats",
+        r"calls a @triton\.jit helper \(tl\.sigmoid",
+    ),
+    "(-inf)**e as inf for every e": (
+        "triton_expr", 'tl.where({e} < 0, 0.0, float("inf"))', 'float("inf")', "floats", r"pow -2\.5: got",
     ),
     "split_index without % on middle dims": (
         "split_index", 'expr = f"({expr}) % {size}" if inner != 1 else f"{expr} % {size}"',
