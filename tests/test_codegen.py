@@ -591,8 +591,12 @@ def test_compile_graph_on_an_aten_graph():
     cg = compile_graph(gm, flat)
     with torch.no_grad():
         torch.testing.assert_close(cg(*flat), gm(*flat))
-    assert cg.num_kernels == 1 and cg.kernels[0].region.nodes[0].graph is gm.graph
-    assert "tl.store" in cg.kernels[0].source
+    (k,) = cg.kernels
+    assert cg.num_kernels == 1 and k.region.nodes[0].graph is gm.graph and k.kind == "pointwise"
+    assert "tl.store" in k.source and f"def {k.name}(" in k.source
+    ops = [f"{n.name} = {n.target}" for n in k.region.nodes if n.op == "call_function"]
+    assert k.ops == ops, (k.ops, ops)  # the aten ops it computes, one per node
+    assert "pointwise kernel" in cg.report.table() and "triton (ir)" not in cg.report.table(), cg.report.table()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
