@@ -756,7 +756,6 @@ def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, 
     # (a, a, n): the permuted copy times 1.0 has the rows' shape but reads other rows: a second kernel reads them;
     # (a, b, n): it has another shape, no row's: a second kernel computes it (kernels.row_splits), nothing runs as
     # aten; a dim of 1 moved keeps the elements' order: a reshape of the rows, stored by the reduction kernel
-    assume(shape[0] != shape[1] or 1 in shape[:2])  # (a, a, n): the xfail below (a lesson bug of a74173c)
     kernels = 1 if 1 in shape[:2] else 2
     for blocks in (contextlib.nullcontext, short_blocks):
         with blocks():
@@ -766,12 +765,6 @@ def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, 
     check(lambda x: torch.softmax(x * 2.0, -1).permute(2, 0, 1).contiguous(), x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lesson bug (a74173c): fusion/compiler/lower_reductions.Reductions.reduce raises a plain Unsupported for a "
-    "reduction read at another row (var_mean then runs as aten); the region writer raised rows.read_at_another_row's "
-    "SplitRegion (two kernels); see the report's patch",
-)
 @pytest.mark.parametrize("shape", [(2, 2, 5), (3, 3, 1)], ids=str)
 def test_a_transposed_copy_of_square_leading_dims_is_a_second_kernel_not_aten(shape):
     """(a, a, n): the permuted copy times 1.0 has the rows' shape but reads other rows: a second kernel reads what the
@@ -1072,13 +1065,7 @@ def test_max_pool_with_indices_in_a_region_falls_back_with_a_clean_reason():
     assert c.num_kernels == 1  # mul → relu still fuses before the pool
 
 
-def test_every_fallback_on_resnet18_has_an_unsupported_reason(request):
-    if c_runtime.chosen() == "c":  # the bug is on the C renderer's path only
-        reason = (
-            "lesson bug (a74173c): fusion/compiler/lower_windows.c_refusal reads pool.meta['val'].device of the "
-            "max-pool node, whose val is a tuple (AttributeError under the C renderer); see the report's patch"
-        )
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_every_fallback_on_resnet18_has_an_unsupported_reason():
     torchvision = pytest.importorskip("torchvision")
     m = torchvision.models.resnet18(num_classes=10).eval()
     x = _rand((1, 3, 16, 16), 0)
