@@ -54,7 +54,7 @@ from fusion.ir.plan import GeneratedKernel, Unsupported
 from fusion.kernels import timing
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_render import MAX_RBLOCK, divide, tanh
+from fusion.kernels.triton_render import MAX_RBLOCK, tanh
 from fusion.regions import build_fusion_regions
 
 __all__ = ["triton_expr", "split_index", "compile_graph", "compile_regions", "generate_kernel", "generated_sources",
@@ -75,15 +75,15 @@ def triton_expr(op: str, args: list[str], dtype: str) -> str:
     >>> triton_expr("mul", ["t0", "t1"], "float32")
     '(t0 * t1)'
     """
-    # TODO(human): return the Triton expression of each IR op of LESSON_OPS giving torch's result, special values included: identity; unary math neg, abs, exp, log, sqrt, rsqrt, erf, sin, cos, sigmoid, reciprocal; tanh to its relative accuracy near 0 (tanh(1e-6 * x) * 1e6 is x to 1e-5); relu and maximum/minimum with NaN propagating (maximum(nan, 0) is nan, relu(nan) is nan); add, sub, mul; truediv and reciprocal rounded as IEEE for float32 (eager's division is exact to the last bit; Triton's / is not on a GPU); comparisons eq ne lt le gt ge; logical_not; and/or of bools as logical and/or (not + and *: Triton's int1 arithmetic wraps, 1 + 1 = 0); bitwise_and/bitwise_or (bool and integers: & and | of each bit); where(cond, a, b); pow(x, e) for a non-integer e as torch: nan for a negative finite x, (-inf)**e is inf for e > 0 and 0 for e < 0; raise Unsupported(reason) for any other op. Hint: a dict from op name to a format string like '({0} + {1})' covers most ops; tanh, truediv, reciprocal, and/or and pow need code. More: test a != a for NaN first; sigmoid is 1/(1+exp(-x)) (tl.sigmoid is a @jit helper the interpreter cannot call); tanh(x, dtype) and divide(a, b, dtype) are imported above (the series near 0; tl.math.div_rn for float32); and/or are & and | (of the int1 values, or of their .to(tl.int32) then != 0); pow is exp(e*log(x)) with a tl.where for x == -inf (log(-inf) is nan); each operand is a name (the renderer binds every result to one of its own: t5 = <your expression>)
+    # TODO(human): return the Triton expression of each IR op of LESSON_OPS giving torch's result, special values included: identity; unary math neg, abs, exp, log, sqrt, rsqrt, erf, sin, cos, sigmoid, reciprocal; tanh to its relative accuracy near 0 (tanh(1e-6 * x) * 1e6 is x to 1e-5); relu and maximum/minimum with NaN propagating (maximum(nan, 0) is nan, relu(nan) is nan); add, sub, mul, truediv and reciprocal (Triton's /: on a GPU within 2 ulp of eager's, as Inductor's; a mean, which must give n equal values back exactly, is the machinery's exact_div); comparisons eq ne lt le gt ge; logical_not; and/or of bools as logical and/or (not + and *: Triton's int1 arithmetic wraps, 1 + 1 = 0); bitwise_and/bitwise_or (bool and integers: & and | of each bit); where(cond, a, b); pow(x, e) for a non-integer e as torch: nan for a negative finite x, (-inf)**e is inf for e > 0 and 0 for e < 0; raise Unsupported(reason) for any other op. Hint: a dict from op name to a format string like '({0} + {1})' covers most ops; tanh, maximum/minimum, and/or and pow need code. More: test a != a for NaN first; sigmoid is 1/(1+exp(-x)) (tl.sigmoid is a @jit helper the interpreter cannot call); tanh(x, dtype) is imported above (the series near 0); and/or are & and | (of the int1 values, or of their .to(tl.int32) then != 0); pow is exp(e*log(x)) with a tl.where for x == -inf (log(-inf) is nan); each operand is a name (the renderer binds every result to one of its own: t5 = <your expression>)
     # BEGIN SOLUTION
     a = args
     table = {
         "identity": "{0}", "neg": "(-{0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "log": "tl.log({0})",
         "sqrt": "tl.sqrt({0})", "rsqrt": "tl.rsqrt({0})", "erf": "tl.erf({0})", "sin": "tl.sin({0})",
-        "cos": "tl.cos({0})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
+        "cos": "tl.cos({0})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))", "reciprocal": "(1.0 / {0})",
         "relu": "tl.where({0} < 0, 0, {0})",  # NaN < 0 is false: NaN stays
-        "logical_not": "({0} == 0)", "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+        "logical_not": "({0} == 0)", "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
         "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
         "ge": "({0} >= {1})", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
         "where": "tl.where({0}, {1}, {2})",
@@ -92,10 +92,6 @@ def triton_expr(op: str, args: list[str], dtype: str) -> str:
         return NAN_WINS.format(a[0], ">" if op == "maximum" else "<", a[1])
     if op == "tanh":
         return tanh(a[0], dtype)
-    if op == "truediv":  # eager's division is exact; a GPU's "/" of float32 is not
-        return divide(a[0], a[1], dtype)
-    if op == "reciprocal":
-        return divide("1.0", a[0], dtype)
     if op in ("and", "or"):  # on bools: int1 arithmetic wraps (1 + 1 = 0), so compute on int32
         return f"(({a[0]}.to(tl.int32) {'&' if op == 'and' else '|'} {a[1]}.to(tl.int32)) != 0)"
     if op == "pow":  # a non-integer exponent (integer ones are products in the IR); log(x < 0) is nan, as torch

@@ -155,7 +155,7 @@ class Reductions:
             else:
                 out = fold("sum", x)
                 if target.overloadpacket is not aten.sum:
-                    out = self.op("truediv", [out, self.const(float(n), dt)], dt)
+                    out = self.op("exact_div", [out, self.const(float(n), dt)], dt)  # n equal values: the value
             if target.overloadpacket in (aten.var_mean, aten.var):
                 mean, corr = out, krows.bind_args(node).get("correction")
 
@@ -164,7 +164,7 @@ class Reductions:
                     return self.op("mul", [c, c], dt)
 
                 sq = fold("sum", squares)
-                var_ = self.op("truediv", [sq, self.const(float(max(n - (1 if corr is None else corr), 0)), dt)], dt)
+                var_ = self.op("exact_div", [sq, self.const(float(max(n - (1 if corr is None else corr), 0)), dt)], dt)
                 out = (var_, mean) if target is aten.var_mean.correction else var_
             outs = out if isinstance(out, tuple) else (out,)
             if out_dtype in HALF:

@@ -318,7 +318,7 @@ class Lowering(Reductions):
             if mode == "floor":
                 return self.op("floordiv", [x(0), x(1)], cast_to)
             if cast_to.is_floating_point:
-                return self.op("trunc", [self.op("truediv", [x(0), x(1)], cast_to)], cast_to)
+                return self.op("trunc", [self.op("exact_div", [x(0), x(1)], cast_to)], cast_to)
             return self.op("truncdiv", [x(0), x(1)], cast_to)
         if packet in (aten.clamp, aten.clamp_min, aten.clamp_max):
             lo = bound.get("min") if packet is not aten.clamp_max else None

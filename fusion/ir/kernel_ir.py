@@ -30,9 +30,11 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat
 # dtype with torch's rules (float -> integer truncates, anything -> bool is != 0); ``round_float16``/``round_bfloat16``
 # round a float32 to the nearest half value (ties to even) and keep it in float32. Integer ``floordiv``/``remainder``
 # follow torch's signs (Python's); ``truncdiv`` rounds toward zero. ``maximum``/``minimum`` propagate NaN.
+# ``truediv`` is the target's float division (Triton's ``/`` on a GPU: within 2 ulp, as Inductor's); ``exact_div`` is
+# rounded as IEEE on every target (a mean, a variance, a division rounded to an integer after it).
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "erf", "tanh", "reciprocal", "relu", "logical_not")
 UNARY += ("to", "round_float16", "round_bfloat16", "identity", "ceil", "floor", "trunc", "sign", "sin", "cos")
-BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "maximum", "minimum", "pow")
+BINARY = ("add", "sub", "mul", "truediv", "exact_div", "floordiv", "truncdiv", "remainder", "maximum", "minimum", "pow")
 BINARY += (
     "eq",
     "ne",

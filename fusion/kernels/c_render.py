@@ -115,6 +115,7 @@ CODE_FOR_OP = {
     "sub": lambda a, d, ad: f"({a[0]} - {a[1]})",
     "mul": lambda a, d, ad: f"({a[0]} * {a[1]})",
     "truediv": _div,
+    "exact_div": _div,
     "truncdiv": _div,
     "floordiv": _floordiv,
     "remainder": _remainder,

@@ -4,7 +4,8 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
 
 * The ops: Phase 8's learner spells :data:`LESSON_OPS` (``fusion/codegen.py``'s ``triton_expr``, handed to
   :func:`render` by the compiler); :data:`CODE_FOR_OP` holds the rest: conversions (anything -> bool is ``!= 0``),
-  roundings to a half type by ``.to(tl.float16/bfloat16).to(tl.float32)`` (the runtime makes the interpreter's
+  an exactly rounded division (``exact_div``: a mean, a variance; ``tl.math.div_rn`` for float32, where a GPU's
+  ``/`` is within 2 ulp), roundings to a half type by ``.to(tl.float16/bfloat16).to(tl.float32)`` (the runtime makes the interpreter's
   bfloat16 conversion exact), integer floor division and remainder with torch's signs whatever ``//`` and ``%``
   round to (the GPU truncates, the interpreter's numpy floors: both corrected), ``rand`` as
   ``triton_lang.RAND_FUNCTION`` (bit for bit ``tl.rand``), ``fma`` as ``tl.fma``.
@@ -122,7 +123,9 @@ CODE_FOR_OP = {
     "floor": lambda a, d, ad: f"tl.floor({a[0]})" if _floating(d) else a[0],
     "trunc": _trunc, "sign": _sign, "to": _to,
     "round_float16": _f("{0}.to(tl.float16).to(tl.float32)"), "round_bfloat16": _f("{0}.to(tl.bfloat16).to(tl.float32)"),
-    "truncdiv": _truncdiv, "floordiv": _floordiv, "remainder": _remainder, "fma": _f("tl.fma({0}, {1}, {2})"),
+    "truncdiv": _truncdiv, "floordiv": _floordiv, "remainder": _remainder,
+    "fma": _f("tl.fma({0}, {1}, {2})"),
+    "exact_div": lambda a, d, ad: divide(a[0], a[1], d),  # a mean of equal values is the value, as eager's
     "rand": _f("_philox_rand({0}, {1})"),  # tl.rand's bits (triton_lang.RAND_FUNCTION)
 }  # fmt: skip
 assert set(CODE_FOR_OP) | LESSON_OPS == ir.OPS and not set(CODE_FOR_OP) & LESSON_OPS, sorted(ir.OPS)
