@@ -550,17 +550,27 @@ SELECTION_PROJECT = {
     "test_outside.py": "import pytest\n@pytest.mark.phase1\ndef test_elsewhere(): pass\n",
 }
 
+# One process for the three phases, phase by phase: `pytest -m phaseN --collect-only` (pytest.main takes the command
+# line's arguments) and check's own selection (progress.run_tests).
 SELECTED_BY_CHECK = """
 import json, os, sys
 from pathlib import Path
+import pytest
 from fusion.practice.progress import run_tests
-tally, code = run_tests(Path.cwd(), [int(sys.argv[1])])
-print(json.dumps({"selected": tally.selected, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
+class Ids:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = {}
+for phase in sys.argv[1:]:
+    ids = Ids()
+    assert pytest.main(["-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[ids]) == 0
+    tally, code = run_tests(Path.cwd(), [int(phase)])
+    found[phase] = {"collected": ids.ids, "selected": tally.selected}
+print(json.dumps({"found": found, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
 """
 
 
-@pytest.mark.parametrize("phase", [1, 8, 9])
-def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
+def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path):
     """`practice check N` and `uv run pytest -m phaseN` select the same tests (every file of testpaths, not one file
     per phase) and check leaves the hypothesis profile to tests/conftest.py, as `uv run pytest` does."""
     for rel, text in SELECTION_PROJECT.items():
@@ -568,20 +578,17 @@ def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
         (tmp_path / rel).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
     env.update(PYTHONPATH=str(REF), PYTHONDONTWRITEBYTECODE="1")
-
-    def run(*args: str) -> str:
-        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        return proc.stdout
-
-    out = run("-m", "pytest", "-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider")
-    collected = {line for line in out.splitlines() if "::" in line}
-    result = json.loads(run("-c", SELECTED_BY_CHECK, str(phase)).strip().splitlines()[-1])
-    assert set(result["selected"]) == {str(phase)}, result["selected"]
-    assert set(result["selected"][str(phase)]) == collected
+    proc = subprocess.run(
+        [sys.executable, "-c", SELECTED_BY_CHECK, "1", "8", "9"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["profile"] is None
-    want = {1: 3, 8: 2, 9: 3}[phase]  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
-    assert len(collected) == want, collected
+    for phase, want in {1: 3, 8: 2, 9: 3}.items():  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
+        found = result["found"][str(phase)]
+        assert set(found["selected"]) == {str(phase)}, (phase, found["selected"])
+        assert set(found["selected"][str(phase)]) == set(found["collected"]), phase
+        assert len(found["collected"]) == want, (phase, found["collected"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
