@@ -19,6 +19,7 @@ import pytest
 from fusion import practice
 from fusion.main import PHASES
 from fusion.practice import MarkerError, PracticeError
+from fusion.practice.progress import marker_test_files
 
 pytestmark = pytest.mark.tooling
 
@@ -801,8 +802,11 @@ def roundtrip(tmp_path_factory):
         "probe": _run(["-c", probe], ws),
         "lesson": _run(["-m", f"fusion.{first.module}"], ws),
         "main": _run(["-m", "fusion.main", "--quick"], ws),
-        # -n 0: the same tests in one process (two xdist workers would only collect the whole suite twice more)
-        "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x", "-n", "0"], ws),
+        # -n 0: the same tests in one process (two xdist workers would only collect the whole suite twice more), from
+        # the files that name the marker: -m selects the same tests, without importing every other test module
+        "tooling": _run(
+            ["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x", "-n", "0", *tooling_files(ws)], ws
+        ),
         "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
     }
     done = {}
@@ -810,6 +814,10 @@ def roundtrip(tmp_path_factory):
         out, err = proc.communicate(timeout=600)
         done[name] = (proc.returncode, out, err)
     return {"ws": ws, "plan": plan, "runs": done, "before": before, "after": after, "first": first}
+
+
+def tooling_files(root: Path) -> list[str]:
+    return [Path(f).relative_to(root).as_posix() for f in marker_test_files(root, ["tooling"])]
 
 
 def reference_contents() -> dict[str, bytes]:
@@ -992,10 +1000,13 @@ def test_roundtrip_main_shows_unsolved_phases_as_todo(roundtrip):
 
 
 @needs_reference
-def test_roundtrip_tooling_tests_pass_in_the_workspace(roundtrip):
+def test_roundtrip_tooling_tests_pass_in_the_workspace(roundtrip, request):
     code, out, err = roundtrip["runs"]["tooling"]
     assert code == 0, (out + err)[-3000:]
     assert "skipped" in out  # the round trip itself skips there
+    # the files it ran hold every tooling test this session collected (all of them when it collected tests/)
+    files = {Path(i.path).name for i in request.session.items if i.get_closest_marker("tooling")}
+    assert files <= {Path(f).name for f in tooling_files(roundtrip["ws"])}, files
 
 
 # ----------------------------------------------------------------------------------------------------------------------
