@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -21,6 +22,12 @@ _profile = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") els
 # In a practice workspace a wrong solution fails at its first failing example, without shrinking (fast feedback:
 # shrinking a learner's bug cost minutes per phase). The reference keeps shrinking, to find minimal examples.
 settings.load_profile(practice.practice_profile(_profile) if practice.is_workspace() else _profile)
+
+# A test process holds half a million long-lived objects and more (torch, Dynamo, sympy, transformers, the test modules,
+# what the tests keep), and a full collection scans them all: at Python's default, one full collection per 10
+# collections of the middle generation, the collector took up to a quarter of a worker's time. One per 100: the young
+# generations, where most cycles die, are collected as often as before.
+gc.set_threshold(*gc.get_threshold()[:2], 100)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

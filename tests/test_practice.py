@@ -19,6 +19,7 @@ import pytest
 from fusion import practice
 from fusion.main import PHASES
 from fusion.practice import MarkerError, PracticeError
+from fusion.practice.progress import marker_test_files
 
 pytestmark = pytest.mark.tooling
 
@@ -550,17 +551,27 @@ SELECTION_PROJECT = {
     "test_outside.py": "import pytest\n@pytest.mark.phase1\ndef test_elsewhere(): pass\n",
 }
 
+# One process for the three phases, phase by phase: `pytest -m phaseN --collect-only` (pytest.main takes the command
+# line's arguments) and check's own selection (progress.run_tests).
 SELECTED_BY_CHECK = """
 import json, os, sys
 from pathlib import Path
+import pytest
 from fusion.practice.progress import run_tests
-tally, code = run_tests(Path.cwd(), [int(sys.argv[1])])
-print(json.dumps({"selected": tally.selected, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
+class Ids:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = {}
+for phase in sys.argv[1:]:
+    ids = Ids()
+    assert pytest.main(["-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[ids]) == 0
+    tally, code = run_tests(Path.cwd(), [int(phase)])
+    found[phase] = {"collected": ids.ids, "selected": tally.selected}
+print(json.dumps({"found": found, "profile": os.environ.get("HYPOTHESIS_PROFILE")}))
 """
 
 
-@pytest.mark.parametrize("phase", [1, 8, 9])
-def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
+def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path):
     """`practice check N` and `uv run pytest -m phaseN` select the same tests (every file of testpaths, not one file
     per phase) and check leaves the hypothesis profile to tests/conftest.py, as `uv run pytest` does."""
     for rel, text in SELECTION_PROJECT.items():
@@ -568,20 +579,17 @@ def test_check_n_runs_exactly_the_tests_of_pytest_m_phase_n(tmp_path, phase):
         (tmp_path / rel).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
     env.update(PYTHONPATH=str(REF), PYTHONDONTWRITEBYTECODE="1")
-
-    def run(*args: str) -> str:
-        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        return proc.stdout
-
-    out = run("-m", "pytest", "-m", f"phase{phase}", "--collect-only", "-q", "-p", "no:cacheprovider")
-    collected = {line for line in out.splitlines() if "::" in line}
-    result = json.loads(run("-c", SELECTED_BY_CHECK, str(phase)).strip().splitlines()[-1])
-    assert set(result["selected"]) == {str(phase)}, result["selected"]
-    assert set(result["selected"][str(phase)]) == collected
+    proc = subprocess.run(
+        [sys.executable, "-c", SELECTED_BY_CHECK, "1", "8", "9"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["profile"] is None
-    want = {1: 3, 8: 2, 9: 3}[phase]  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
-    assert len(collected) == want, collected
+    for phase, want in {1: 3, 8: 2, 9: 3}.items():  # phase 1: both files; phase 8: test_fuzz's phase-8 test only
+        found = result["found"][str(phase)]
+        assert set(found["selected"]) == {str(phase)}, (phase, found["selected"])
+        assert set(found["selected"][str(phase)]) == set(found["collected"]), phase
+        assert len(found["collected"]) == want, (phase, found["collected"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -794,8 +802,11 @@ def roundtrip(tmp_path_factory):
         "probe": _run(["-c", probe], ws),
         "lesson": _run(["-m", f"fusion.{first.module}"], ws),
         "main": _run(["-m", "fusion.main", "--quick"], ws),
-        # -n 0: the same tests in one process (two xdist workers would only collect the whole suite twice more)
-        "tooling": _run(["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x", "-n", "0"], ws),
+        # -n 0: the same tests in one process (two xdist workers would only collect the whole suite twice more), from
+        # the files that name the marker: -m selects the same tests, without importing every other test module
+        "tooling": _run(
+            ["-m", "pytest", "-m", "tooling", "-q", "-p", "no:cacheprovider", "-x", "-n", "0", *tooling_files(ws)], ws
+        ),
         "refcheck": _run(["-m", "fusion.practice", "check", str(first.number), "-x"], REF),
     }
     done = {}
@@ -803,6 +814,10 @@ def roundtrip(tmp_path_factory):
         out, err = proc.communicate(timeout=600)
         done[name] = (proc.returncode, out, err)
     return {"ws": ws, "plan": plan, "runs": done, "before": before, "after": after, "first": first}
+
+
+def tooling_files(root: Path) -> list[str]:
+    return [Path(f).relative_to(root).as_posix() for f in marker_test_files(root, ["tooling"])]
 
 
 def reference_contents() -> dict[str, bytes]:
@@ -985,10 +1000,13 @@ def test_roundtrip_main_shows_unsolved_phases_as_todo(roundtrip):
 
 
 @needs_reference
-def test_roundtrip_tooling_tests_pass_in_the_workspace(roundtrip):
+def test_roundtrip_tooling_tests_pass_in_the_workspace(roundtrip, request):
     code, out, err = roundtrip["runs"]["tooling"]
     assert code == 0, (out + err)[-3000:]
     assert "skipped" in out  # the round trip itself skips there
+    # the files it ran hold every tooling test this session collected (all of them when it collected tests/)
+    files = {Path(i.path).name for i in request.session.items if i.get_closest_marker("tooling")}
+    assert files <= {Path(f).name for f in tooling_files(roundtrip["ws"])}, files
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -117,7 +117,12 @@ def phase_test_files(root: Path, phases: Sequence[int]) -> list[str]:
     """The test files that name one of ``phases``' markers (``phase8`` as a word). A test in any other file carries
     no such marker, so collecting only these selects exactly the tests ``-m`` selects from all of them, without
     importing every other test module (each imports torch, torchvision, ...: ~15 s a check for the whole suite)."""
-    words = [re.compile(rf"\bphase{n}\b") for n in phases]
+    return marker_test_files(root, [f"phase{n}" for n in phases])
+
+
+def marker_test_files(root: Path, markers: Sequence[str]) -> list[str]:
+    """The files of ``root/tests`` that name one of ``markers`` as a word (``phase8``, ``tooling``)."""
+    words = [re.compile(rf"\b{re.escape(m)}\b") for m in markers]
     files = sorted((root / "tests").glob("test_*.py"))
     return [str(f) for f in files if any(w.search(f.read_text(encoding="utf-8")) for w in words)]
 
