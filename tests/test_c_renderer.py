@@ -596,3 +596,15 @@ def test_exp_of_float32_is_within_one_ulp_and_sigmoid_tanh_within_eager_s_reach(
         spacing = (torch.nextafter(want.float(), torch.tensor(float("inf"))) - want.float()).double()
         ulps = ((got - want).abs() / spacing)[ok]
         assert ulps.max() <= most, (fn.__name__, ulps.max().item())
+
+
+@pytest.mark.parametrize("renderer", ["c", pytest.param("triton", marks=pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("triton"), reason="no Triton here"))])  # fmt: skip
+def test_sign_of_nan_is_zero_as_torch_s(renderer):
+    # torch.sign is (x > 0) - (x < 0): 0 for NaN (numpy's is NaN); abs's gradient is grad * sign (a fuzzer find)
+    x = torch.tensor([float("nan"), -0.0, 0.0, -2.5, 3.0, float("inf"), float("-inf")])
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        a = x.to(dtype)
+        with c_runtime.use(renderer):
+            model = compile_regions(Fn(lambda a: torch.sign(a * 1.0)), (a,))
+        torch.testing.assert_close(model(a), torch.sign(a), atol=0, rtol=0)

@@ -105,8 +105,7 @@ CODE_FOR_OP = {
     "sigmoid": lambda a, d, ad: f"({_one(d)} / ({_one(d)} + {_unary_math('exp')([f'-{a[0]}'], d, ad)}))",
     "reciprocal": lambda a, d, ad: f"({_one(d)} / {a[0]})",
     "relu": lambda a, d, ad: f"({a[0]} < 0 ? ({C_TYPES[d]})0 : {a[0]})",  # NaN < 0 is false: NaN stays
-    "sign": lambda a, d, ad: (f"({a[0]} != {a[0]} ? {a[0]} : ({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))"
-                              if _floating(d) else f"(({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))"),  # fmt: skip
+    "sign": lambda a, d, ad: f"(({C_TYPES[d]})(({a[0]} > 0) - ({a[0]} < 0)))",  # torch's: sign(nan) is 0
     "logical_not": lambda a, d, ad: f"(!{a[0]})",
     "to": _to,
     "round_float16": lambda a, d, ad: f"fusion_round_f16({a[0]})",

@@ -101,8 +101,7 @@ def _trunc(a, d, ad):
 
 def _sign(a, d, ad):
     x = a[0]
-    s = f"(tl.where({x} > 0, 1, 0) - tl.where({x} < 0, 1, 0)).to({TL[d]})"
-    return f"tl.where({x} != {x}, {x}, {s})" if _floating(d) else s
+    return f"(tl.where({x} > 0, 1, 0) - tl.where({x} < 0, 1, 0)).to({TL[d]})"  # torch's: sign(nan) is 0
 
 
 def _f(fmt: str):
