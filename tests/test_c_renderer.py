@@ -608,3 +608,19 @@ def test_sign_of_nan_is_zero_as_torch_s(renderer):
         with c_runtime.use(renderer):
             model = compile_regions(Fn(lambda a: torch.sign(a * 1.0)), (a,))
         torch.testing.assert_close(model(a), torch.sign(a), atol=0, rtol=0)
+
+
+@needs_cc
+def test_a_cat_of_slices_of_a_cat_is_read_at_loop_variables():
+    # a cat input's own index variable, inside another cat's input: written in the loop's variables all the way down
+    # (a fuzzer find: the inner cat's variable stood for the outer's, which no renderer knows)
+    def swap(t):
+        h = t.shape[-1] // 2
+        return torch.cat([t[..., h:], t[..., :h]], -1)
+
+    for n in (3, 8):
+        x = torch.randn(2, n)
+        close(compiled_in_c(lambda a: swap(swap(a * 2)) + 1, x), swap(swap(x * 2)) + 1)
+        ((_, kernel),) = lowered(lambda a: swap(swap(a * 2)) + 1, x)
+        used = set().union(*(s.offset.variables() for s in kernel.statements() if isinstance(s, ir.Load)))
+        assert used <= {lp.var for lp in kernel.loops}, used

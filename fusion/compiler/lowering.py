@@ -259,7 +259,7 @@ class Lowering(Reductions):
             k, v = i.terms[0] if len(i.terms) == 1 else (0, None)
             if self.rows is None and k == 1 and isinstance(v, ir.Var):
                 own = f"{v.name}_{node.name}_{lo}"
-                self.sizes[own], self.rebased[own] = hi - lo, ir.Affine(((1, v),), i.const - lo)
+                self.sizes[own], self.rebased[own] = hi - lo, self.real(ir.Affine(((1, v),), i.const - lo))
                 return [var(own) if d == dim else j for d, j in enumerate(index)]
             return [ir.Affine(i.terms, i.const - lo) if d == dim else j for d, j in enumerate(index)]
 
