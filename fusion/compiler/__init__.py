@@ -1,9 +1,11 @@
 """The compiler's pipeline, each stage one module with one job and a named type handed on (Phases 6, 8 and 9).
 
 * :mod:`fusion.compiler.driver` — the stages in order (``STAGES``: the README's "How a tensor flows" table), the
-  pass list ``PASSES``, ``Options``, code generation and ``fusion_backend``, the function Dynamo calls.
+  pass list ``PASSES``, ``Options`` and ``fusion_backend``, the function Dynamo calls.
+* :mod:`fusion.compiler.generate` — code generation: Phase 6's regions, each lowered to the kernel IR
+  (:mod:`fusion.compiler.lowering`) and rendered (``fusion.kernels.triton_render``, ``c_render``), then the partition.
 * :mod:`fusion.compiler.registry` — the one point through which the lessons hand over what the learner writes
-  (Phase 8's ``compile_graph``, Phase 9's ``fold_bn``, ``compile_aten_graph`` and ``lower``, Phase 10's
+  (Phase 6's ``build_fusion_regions``, Phase 8's ``triton_expr`` and ``split_index``, Phase 9's ``fold_bn``, ``compile_aten_graph`` and ``lower``, Phase 10's
   ``overlap_pass``; Phases 2, 3, 5 and 7's passes for Phase 4's benchmark).
 * :mod:`fusion.ir.plan` — the types between stages: ``Region``, ``Kernel``, ``KernelPlan``, ``Unsupported``, and
   ``LaunchPlan``, which :mod:`fusion.compiler.launch_plans` makes from a ``KernelPlan`` for the runtime (data alone).
@@ -39,7 +41,7 @@
 The GPU rows (eager vs ``backend="fusion"`` vs ``backend="inductor"`` on ResNet-18/50 and a transformer block) are
 Phase 4's workloads: ``python -m fusion.benchmark --device cuda --only e2e_resnet18,e2e_transformer,resnet50``.
 
-Dependencies point from the lessons to here, never back: the lessons call the stages (Phase 8's ``compile_graph``
-iterates the partition's worklist; Phase 9's passes call the rewrites here) and register their functions in
+Dependencies point from the lessons to here, never back: the lessons call the stages (Phase 8 re-exports
+``compile_graph`` from :mod:`fusion.compiler.generate`; Phase 9's passes call the rewrites here) and register their functions in
 :mod:`fusion.compiler.registry`, which is how the driver calls them; nothing here imports a lesson.
 """
