@@ -87,7 +87,7 @@ def cudnn_epilogue_after_fold(folded: nn.Module, inputs=None, config: Config | N
 def compile_regions(model: nn.Module, inputs: Sequence[torch.Tensor], config=None) -> nn.Module:
     """Phase 8: one generated kernel per fusion region (built for these inputs' shapes, dtype, device): the
     compiler's code generation with Phase 6's regions and Phase 8's expressions (both from the registry)."""
-    for name in ("build_fusion_regions", "triton_expr", "split_index"):
+    for name in generate.LESSON_PARTS:
         lesson(name)
     return call_pass(generate.compile_regions, 8, model, tuple(inputs))
 

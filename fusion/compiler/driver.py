@@ -3,8 +3,8 @@
 ``torch.compile(model, backend="fusion")`` calls :func:`fusion_backend` once per Dynamo graph. It hands the graph to
 Phase 9's ``lower`` (AOTAutograd, one ``compile_aten_graph`` per aten graph: the lesson ``fusion/backend.py``), which
 runs the enabled :data:`PASSES` and then :func:`generate`: ``fusion.compiler.generate.compile_graph`` (Phase 6's
-regions, lowering, rendering with Phase 8's expressions, partition) and, under ``options={"cudagraphs": True}``, one CUDA graph. What the learner writes comes from the lessons
-through :mod:`fusion.compiler.registry`; nothing here imports a lesson. :data:`STAGES` names each stage, the module
+regions, lowering, rendering with Phase 8's expressions, partition) and, under ``options={"cudagraphs": True}``, one
+CUDA graph. What the learner writes comes from the lessons through :mod:`fusion.compiler.registry`; nothing here imports a lesson. :data:`STAGES` names each stage, the module
 that does it and what it hands on: the README's "How a tensor flows" table, held true by ``tests/test_layout.py``.
 """
 
@@ -36,7 +36,7 @@ from fusion.compiler import (
     view_copies,
     wrapper_passes,
 )
-from fusion.compiler.generate import compile_graph
+from fusion.compiler.generate import LESSON_PARTS, compile_graph
 from fusion.compiler.report import GraphReport, PartReport, fallbacks_from
 from fusion.kernels import c_runtime
 from fusion.kernels.cudnn import GROUPED_REFUSAL, cudnn_epilogue_unavailable
@@ -166,11 +166,9 @@ def generate(gm: fx.GraphModule, part: PartReport, opts: Options):
     return run
 
 
-LESSON_PARTS = ("build_fusion_regions", "triton_expr", "split_index")  # what code generation asks the lessons for
-
-
 def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
-    """``compile_graph`` (``fusion.compiler.generate``) on the rewritten graph, or the aten graph itself with the reason why not."""
+    """``compile_graph`` (``fusion.compiler.generate``) on the rewritten graph, or the aten graph itself with the
+    reason why not."""
     part.count_folds(gm)
     why = ""
     if not opts.codegen:
@@ -179,7 +177,7 @@ def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
         why = "dynamic shapes: generated kernels are specialised to static sizes (torch.compile(dynamic=False))"
     else:
         try:
-            for name in LESSON_PARTS:
+            for name in LESSON_PARTS:  # a lesson not imported: one reason naming its import
                 registry.get(name)
         except registry.NotRegistered as e:
             why = str(e)

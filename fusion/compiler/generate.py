@@ -19,7 +19,6 @@ What the learner writes comes through :mod:`fusion.compiler.registry`; nothing h
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import torch
@@ -38,34 +37,37 @@ from fusion.kernels import rows as krows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.triton_render import MAX_RBLOCK, render
 
+LESSON_PARTS = ("build_fusion_regions", "triton_expr", "split_index")  # what code generation asks the lessons for
 
-def check(region: Region) -> tuple[list[fx.Node], krows.Rows | None]:
-    """(the members the kernel stores, the rows a reduction kernel walks): the checks every target shares, or
-    :class:`~fusion.ir.plan.Unsupported` (:class:`~fusion.ir.plan.SplitRegion` where two kernels would do)."""
+
+def check(region: Region) -> list[fx.Node]:
+    """The members the kernel stores, after the checks every target shares, or :class:`~fusion.ir.plan.Unsupported`
+    (:class:`~fusion.ir.plan.SplitRegion` where two kernels would do)."""
     stored = krows.stored_members(region)  # an escaping view: its member is stored, the view rebuilt after
     krows.check_region(region, stored, REDUCTIONS)  # static shapes, one device, ops with a rule
     reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
     if reductions:
         if split := krows.split_by_reductions(region, reductions, stored):
             raise split  # reductions walking different rows (a row's and a column's): one kernel each
-        return stored, krows.Rows.of(reductions, stored, MAX_RBLOCK, True, region.members)  # coalesced on a GPU
+        krows.Rows.of(reductions, stored, MAX_RBLOCK, True, region.members)  # refuses rows a GPU reads uncoalesced
+        return stored
     try:
         torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in stored))
     except RuntimeError as e:
         raise krows.split_by_shape(region, stored) from e
-    return stored, None
+    return stored
 
 
 def generate_kernel(region: Region) -> KernelPlan:
     """One region -> its :class:`~fusion.ir.plan.KernelPlan` (kernel IR, Triton source, launch facts), or
     :class:`~fusion.ir.plan.Unsupported` with the reason (see the module's docstring)."""
-    stored, _ = check(region)
+    stored = check(region)
     if (refused := c_refusal(region)) is not None:  # a max-pool on a CPU whose kernels C renders: aten's is faster
         raise refused
-    lowering = Lowering(region, None, stored)
+    lowering = Lowering(region, stored)
     kernel = lowering.kernel(tlang.UNNAMED)
     draft, launch = render(kernel, registry.get("triton_expr"), registry.get("split_index"))
-    name, source = tlang.kernel_name(region, launch if launch.kind == "reduction" else None, draft)
+    name, source = tlang.kernel_name(region, launch, draft)
     kernel = dataclasses.replace(kernel, name=name)
     code = GeneratedKernel(name, source, region, kernel.kind, list(kernel.ops))
     inputs = lowering.inputs
@@ -74,8 +76,8 @@ def generate_kernel(region: Region) -> KernelPlan:
     if launch.kind == "reduction":
         return KernelPlan(code, inputs, meta, stored, outputs, launch.numel, {"RBLOCK": launch.rblock},
                           launch.num_warps, min_xblock=launch.min_xblock, ir=kernel)  # fmt: skip
-    numel = math.prod(lp.size for lp in kernel.loops)
-    return KernelPlan(code, inputs, meta, stored, outputs, 0, {}, launch.num_warps, numel, launch.xblock, ir=kernel)
+    return KernelPlan(code, inputs, meta, stored, outputs, 0, {}, launch.num_warps, launch.numel, launch.xblock,
+                      ir=kernel)  # fmt: skip
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledGraph:

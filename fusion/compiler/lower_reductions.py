@@ -122,9 +122,7 @@ class Reductions:
         if index is not None and [self.index[d] for d in self.rows.kept] != [
             recombined(i) for i in ([index[d] for d in self.rows.kept] if len(index) == len(self.shape) else index)
         ]:
-            raise read_at_another_row(
-                self.region, node, self.reductions
-            )  # two kernels: one stores it, the next reads it anywhere
+            raise read_at_another_row(self.region, node, self.reductions)  # two kernels: one stores, one reads
         key = (node, "reduce")
         if key in self.scopes[0]:
             return self.scopes[0][key]

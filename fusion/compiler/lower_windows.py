@@ -164,6 +164,5 @@ def _bound(low, at: ir.Affine, test: str, bound: int) -> str:
     """``at >= 0`` or ``at < size`` as a bool, once per kernel."""
     scope = low.scopes[0]
     if ("tap-index", at) not in scope:
-        pos = scope[("tap-index", at)] = low.new()
-        low.block.append(ir.Index(pos, low.real(at)))
+        scope[("tap-index", at)] = low.index_value(at)
     return _cached(low, (test, at, bound), test, [scope[("tap-index", at)], low.const(bound, torch.int64)])

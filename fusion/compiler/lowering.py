@@ -63,20 +63,18 @@ LOGICAL = {aten.add: "or", aten.mul: "and", aten.maximum: "or", aten.minimum: "a
 class Lowering(Reductions):
     """Builds one :class:`~fusion.ir.kernel_ir.Kernel` from a region (see the module's docstring)."""
 
-    def __init__(self, region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None):
+    def __init__(self, region, stored: Sequence[fx.Node] | None = None):
         self.region, self.members = region, region.members
         self.stored = list(stored) if stored is not None else krows.stored_members(region)
         krows.check_region(region, self.stored, REDUCTIONS)
-        self.inputs, self.fixed = list(inputs or ()), inputs is not None
+        self.inputs: list[fx.Node] = []  # external inputs in order of first use: the kernel's in0, in1, ...
         self.reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
         self.top: list = []
         self.block, self.scopes, self.reading, self.count = self.top, [{}], [], 0
         self.guards: list[str] = []  # masks of the loads emitted now (a cat input's range, a tap's), innermost last
         self.safe: dict[str, frozenset] = {}  # a tap's mask -> the index parts it need not guard (lower_windows)
         self.trace: list | None = None  # where a window counts what a tap computes again (lower_windows)
-        self.rebased: dict[
-            str, ir.Affine
-        ] = {}  # a cat input's own index variable -> its loop expression (concatenation)
+        self.rebased: dict[str, ir.Affine] = {}  # a cat input's own index variable -> its loops' (concatenation)
         if self.reductions:
             self.rows = walk_rows(self.reductions, self.stored, self.members)  # kept dims, then reduced (any dims)
             self.shape, self.nrow = self.rows.shape, len(self.rows.kept)
@@ -173,6 +171,12 @@ class Lowering(Reductions):
         """``e`` in the kernel's loop variables: a cat input's own index variable replaced by what it stands for."""
         return substitute(e, self.rebased) if self.rebased else e
 
+    def index_value(self, e: ir.Affine) -> str:
+        """A new value holding index ``e`` (in the loops' variables: what every statement of the IR is written in)."""
+        at = self.new()
+        self.block.append(ir.Index(at, self.real(e)))
+        return at
+
     def guards_at(self, index: Sequence[ir.Affine]) -> tuple[str, ...]:
         """The masks a value at ``index`` is read under: a window tap's is dropped where every part of the index is
         a constant or the window's own leading index (a per-channel parameter: inside whatever the tap)."""
@@ -214,8 +218,6 @@ class Lowering(Reductions):
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
             if node not in self.inputs:
-                if self.fixed:
-                    raise Unsupported(f"input {node.name} is not among the kernel's arguments")
                 self.inputs.append(node)
             out, ct = self.new(), compute(val.dtype)
             buf = f"in{self.inputs.index(node)}"
@@ -266,8 +268,7 @@ class Lowering(Reductions):
         if not i.terms or len(parts) == 1:  # a constant index (a select of the cat) or one input: no select
             t, lo, hi = next(p for p in parts if p[1] <= i.const < p[2]) if not i.terms else parts[0]
             return self.operand(t, shifted(lo, hi), dtype, op_dtype=val.dtype)
-        at = self.new()
-        self.block.append(ir.Index(at, self.real(i)))
+        at = self.index_value(i)
         picks = []
         for k, (t, lo, hi) in enumerate(parts):
             bounds = [("ge", lo)] if k else []
@@ -345,8 +346,7 @@ class Lowering(Reductions):
         seed_node, size = node.args
         seed = self.value(seed_node, [const(0)] * seed_node.meta["val"].dim())[0]
         shape = tuple(int(s) for s in size)
-        at = self.new()
-        self.block.append(ir.Index(at, self.real(offset(broadcast(index, shape), tlang.contiguous_strides(shape)))))
+        at = self.index_value(offset(broadcast(index, shape), tlang.contiguous_strides(shape)))
         return self.op("rand", [seed, at], torch.float32)
 
     def power(self, x: str, e: object, dtype: torch.dtype, node: fx.Node) -> str:
@@ -406,9 +406,8 @@ class Lowering(Reductions):
         return ir.Kernel(name, kind, tuple(buffers), self.loops, self.reduce_loops, tuple(self.top), ops)
 
 
-def lower_region(region, inputs: Sequence[fx.Node] | None = None, stored: Sequence[fx.Node] | None = None,
-                 name: str = "kernel") -> ir.Kernel:  # fmt: skip
+def lower_region(region, stored: Sequence[fx.Node] | None = None, name: str = "kernel") -> ir.Kernel:
     """One region -> one :class:`~fusion.ir.kernel_ir.Kernel`, or :class:`Unsupported` with the reason.
-    ``inputs``/``stored``: the argument order a launcher passes (a ``KernelPlan``'s); by default the order of first
-    use and ``stored_members(region)``."""
-    return Lowering(region, inputs, stored).kernel(name)
+    Its inputs are in order of first use; ``stored``: the members it stores, in argument order (by default
+    ``stored_members(region)``)."""
+    return Lowering(region, stored).kernel(name)

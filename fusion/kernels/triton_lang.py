@@ -16,7 +16,6 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
-from fusion.kernels.rows import Rows
 
 # Elements a program of a pointwise kernel takes on a GPU: 1024, and 512 where the kernel computes a depthwise
 # convolution (9 or 25 loads an element, the ops before the window again at each): 1.04-1.7x faster on MobileNetV2's
@@ -116,14 +115,16 @@ UNNAMED = "KERNEL_NAME"  # the name a kernel's draft source is written with; ker
 _named: dict[tuple[str, str], str] = {}  # (prefix, code without comments) -> the name that code was first given
 
 
-def kernel_name(region, rows: Rows | None, draft: str) -> tuple[str, str]:
-    """(name, source) for a kernel whose ``draft`` source calls it :data:`UNNAMED`. Inductor's naming:
+def kernel_name(region, launch, draft: str) -> tuple[str, str]:
+    """(name, source) for a kernel whose ``draft`` source calls it :data:`UNNAMED`, rendered with ``launch``
+    (``triton_render.Launch``: its kind, and whether its rows loop). Inductor's naming:
     triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction (a row in one block),
     triton_red_fused_… for a looped one. A kernel whose code is an earlier kernel's, comments aside (a transformer's
     layers, ResNet's repeated blocks), gets that kernel's name: the runtime loads one module for both, and Triton
     compiles it once (Inductor's ``src_to_kernel`` does the same). Its source keeps the comments of its own region."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
-    prefix = f"triton_{'poi' if rows is None else 'red' if rows.looped else 'per'}_fused_{'_'.join(ops[:8])}"
+    kind = "poi" if launch.kind == "pointwise" else "red" if launch.looped else "per"  # triton_render.Launch
+    prefix = f"triton_{kind}_fused_{'_'.join(ops[:8])}"
     key = (prefix, code_only(draft))
     if key not in _named:
         _named[key] = f"{prefix}_{next_kernel_index()}"
