@@ -124,13 +124,9 @@ class LaunchGeometry:
         """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
         more in the interpreter, where every program costs ~1 ms of Python; a reduction kernel takes XBLOCK of its
         rows (:func:`rows_per_program`)."""
-        if not self.xnumel:
-            constexprs = dict(self.constexprs)
-            xblock = rows_per_program(self.grid, constexprs["RBLOCK"], device.type == "cuda", self.min_xblock)
-            return -(-self.grid // xblock), {**constexprs, "XBLOCK": xblock}
-        cap = self.xblock if device.type == "cuda" else 16384
-        block = min(cap, next_power_of_2(self.xnumel))
-        return -(-self.xnumel // block), {"XBLOCK": block}
+        rblock = 0 if self.xnumel else dict(self.constexprs).get("RBLOCK", 0)
+        cuda = device.type == "cuda"
+        return launch_grid(self.xnumel or self.grid, rblock, cuda, self.xblock, self.min_xblock)
 
 
 @dataclass
@@ -199,6 +195,7 @@ class LaunchPlan(LaunchGeometry):
 # FILL_PROGRAMS programs are left to spread over the SMs (an H100 has 132). The interpreter takes far more: each
 # program costs it ~1 ms of Python.
 ELEMENTS_PER_PROGRAM, FILL_PROGRAMS, INTERPRETER_ELEMENTS = 4096, 256, 16384
+INTERPRETER_BLOCK = 16384  # a pointwise program's elements in the interpreter (a GPU's: the plan's xblock)
 
 
 def next_power_of_2(n: int) -> int:
@@ -213,6 +210,17 @@ def rows_per_program(rows: int, rblock: int, cuda: bool = True, least: int = 1) 
     while cuda and xblock > least and -(-rows // xblock) < FILL_PROGRAMS:
         xblock //= 2
     return xblock
+
+
+def launch_grid(numel: int, rblock: int, cuda: bool, xblock: int = 1024, least: int = 1) -> tuple[int, dict[str, int]]:
+    """(programs, constexprs) of a launch over ``numel`` elements (a pointwise kernel, ``rblock`` 0: ``xblock`` a
+    program on a GPU, :data:`INTERPRETER_BLOCK` in the interpreter) or ``numel`` rows of ``rblock`` lanes (a
+    reduction: :func:`rows_per_program` rows a program, never fewer than ``least`` on a GPU)."""
+    if rblock:
+        rows = rows_per_program(numel, rblock, cuda, least)
+        return -(-numel // rows), {"XBLOCK": rows, "RBLOCK": rblock}
+    block = min(xblock if cuda else INTERPRETER_BLOCK, next_power_of_2(numel))
+    return -(-numel // block), {"XBLOCK": block}
 
 
 def row_warps(rows: int, rblock: int, least: int = 1) -> int:

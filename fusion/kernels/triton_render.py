@@ -22,7 +22,8 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
   a GPU and 4 warps (512 for a depthwise window's many loads); a reduction's RBLOCK is the row's power of two up to
   :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4 or
   ``rows.COLUMN_LOOP_RBLOCK``), XBLOCK ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the
-  interpreter takes larger blocks (each program costs it ~1 ms of Python).
+  interpreter takes larger blocks (each program costs it ~1 ms of Python); ``ir.plan.launch_grid`` makes the grid
+  (the runtime's plan and :class:`Launch` alike).
 * Offsets are int32 unless some index can reach 2**31 (then the flat index is int64, so every product is).
 """
 
@@ -34,13 +35,12 @@ import re
 from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
-from fusion.ir.plan import next_power_of_2, row_warps, rows_per_program
+from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
 from fusion.kernels.ir_loops import coalesce
 from fusion.kernels.rows import COALESCED_ROWS, COLUMN_LOOP_RBLOCK, COLUMN_RBLOCK
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES, WINDOW_BLOCK
 
 MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
-INTERPRETER_BLOCK = 16384  # a pointwise program's elements in Triton's interpreter (KernelPlan.launch_config)
 
 TL = {"bool": "tl.int1", "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
       "int64": "tl.int64", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
@@ -200,11 +200,9 @@ class Launch:
 
     def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
         """(programs, constexprs) on a GPU (``cuda``) or in the interpreter (see the module's docstring)."""
-        if self.kind == "pointwise":
-            block = min(self.xblock if cuda else INTERPRETER_BLOCK, next_power_of_2(self.numel))
-            return -(-self.numel // block), {"XBLOCK": block}
-        xblock = rows_per_program(self.numel, self.rblock, cuda, self.min_xblock)
-        return -(-self.numel // xblock), {"XBLOCK": xblock, "RBLOCK": self.rblock}
+        return launch_grid(
+            self.numel, self.rblock if self.kind == "reduction" else 0, cuda, self.xblock, self.min_xblock
+        )
 
 
 def _column(k: ir.Kernel) -> bool:
