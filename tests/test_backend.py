@@ -248,10 +248,9 @@ def test_fold_legality_and_transposed_grouped_fold():
         )
     (report,) = backend.reports
     assert folded(report) == 1, report.table()
-    # The learner's notes, under any pass name: everything but the machinery's own epilogue and depthwise notes.
-    refused = [
-        p for p in report.parts[0].passes if p[2] == "skipped" and p[0] not in ("cudnn epilogue", "depthwise conv")
-    ]
+    # The learner's notes, under any pass name: everything but the machinery's own epilogue, depthwise and layout notes.
+    machinery = ("cudnn epilogue", "depthwise conv", "channels_last")
+    refused = [p for p in report.parts[0].passes if p[2] == "skipped" and p[0] not in machinery]
     assert len(refused) == 2 and all(p[3] for p in refused), report.table()
     noted = [p for p in report.parts[0].passes if p[2] == "folded"]  # each fold noted: (conv, bn), 'folded'
     assert len(noted) == 1 and noted[0][1].count(" → ") == 1, report.table()
@@ -2423,7 +2422,8 @@ def test_a_depthwise_convolution_is_reported_once_as_what_ran(c, in_reduction):
         model, x = model.double().eval(), torch.randn(2, c, 5, 5, dtype=torch.float64)
     part = _compiled_inference(model, x)
     (dw,) = [p[1] for p in part.passes if p[0] == "depthwise conv"]
-    rows = [p for p in part.passes if dw in p[1].split(" → ")] + [f for f in part.fallbacks if dw in f[0]]
+    what_ran = [p for p in part.passes if p[0] != "channels_last"]  # a layout note says nothing of what ran
+    rows = [p for p in what_ran if dw in p[1].split(" → ")] + [f for f in part.fallbacks if dw in f[0]]
     assert len(rows) == 1, part.passes + part.fallbacks
     assert rows[0][2] == ("torch.convolution" if in_reduction else "window sum"), rows
     assert not in_reduction or "reduction" in rows[0][3], rows  # the generator's reason

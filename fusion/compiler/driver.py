@@ -27,6 +27,7 @@ from fusion.compiler import (
     epilogue,
     gemm_passes,
     graph_passes,
+    layout,
     partition,
     passes,
     random_ops,
@@ -119,6 +120,7 @@ PASSES = [
                 doc="a sum of select_scatters into zeros covering a dim: one cat (before constants folds the zeros)"),
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
+    layout.CHANNELS_LAST,  # CPU: oneDNN's convolutions read NHWC images; before the regions read the strides
     *view_copies.VIEW_COPY_PASSES,  # copies as views, cats and pointwise ops; before "reorder" moves them
     random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks
     split_reductions.SPLIT_REDUCTIONS,  # before "reorder": the producers then meet the new view (CUDA graphs only)
