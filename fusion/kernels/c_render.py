@@ -26,7 +26,7 @@ import math
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels.c_prelude import PRELUDE
-from fusion.kernels.ir_loops import coalesce, hoist, invariant, one_walk
+from fusion.kernels.ir_loops import coalesce, hoist, invariant, one_walk, prologue
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
 SUM_BLOCK = 64  # elements down a column a sum folds one by one; the blocks' sums are then added pairwise
@@ -290,10 +290,31 @@ class _Writer:
     def signature(self) -> int:
         """Open ``void <name>(buffers..., int nthreads) {``; the kernel's work (elements of all its loops)."""
         k = self.k
-        params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in k.buffers]
+        shared = {name for pair in k.in_place for name in pair}  # one memory, two names: neither is restrict
+        params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *{'' if b.name in shared else 'restrict '}{b.name}"
+                  for b in k.buffers]  # fmt: skip
         self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
         self.emit("(void)nthreads;", 1)
         return math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
+
+    def prologue(self, body: list, loops: list[ir.Loop]) -> list:
+        """Emit ``ir_loops.prologue``'s loop (values varying along the innermost loop only, into ``<name>_a``
+        arrays); returns the body that reads them back."""
+        pre, arrays, rest = prologue(body, tuple(loops))
+        if not arrays:
+            return body
+        inner = loops[-1]
+        for s in arrays:
+            dtype = getattr(s, "dtype", "int64")
+            self.buffers[f"{s.out}_a"] = ir.Buffer(f"{s.out}_a", (inner.size,), (1,), dtype)
+            self.emit(f"{C_TYPES[dtype]} {s.out}_a[{inner.size}];", 1)
+        self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 1)
+        for s in pre:
+            self.statement(s, 2)
+        for s in arrays:
+            self.emit(f"{s.out}_a[{inner.var}] = {s.out};", 2)
+        self.emit("}", 1)
+        return rest
 
     def source(self) -> str:
         k, work = self.k, self.signature()
@@ -310,10 +331,11 @@ class _Writer:
             depth, closers, body = 3, [2, 1], list(k.body)
         else:
             shared = loops[:-1] if k.kind == "pointwise" else loops  # a pointwise kernel's innermost loop: SIMD
+            body = self.prologue(list(k.body), loops) if k.kind == "pointwise" else list(k.body)
             if shared:
                 collapse = f" collapse({len(shared)})" if len(shared) > 1 else ""
                 self.emit(f"#pragma omp parallel for{collapse} {omp}", 1)
-            hoisted, body = [], list(k.body)
+            hoisted = []
             if k.kind == "pointwise" and shared and loops[-1].size > 0:  # once per step of the shared loops
                 hoisted, body = invariant(body, {loops[-1].var})
             for lp in loops[:-1] if hoisted else loops:
@@ -399,6 +421,25 @@ class _Columns(_Writer):
             d -= 1
             self.emit("}", d)
         self.emit("}", depth)
+
+    def prologue(self, body: list, loops: list[ir.Loop]) -> list:
+        """Emit ``ir_loops.prologue``'s loop (values varying along the innermost loop only, into ``<name>_a``
+        arrays); returns the body that reads them back."""
+        pre, arrays, rest = prologue(body, tuple(loops))
+        if not arrays:
+            return body
+        inner = loops[-1]
+        for s in arrays:
+            dtype = getattr(s, "dtype", "int64")
+            self.buffers[f"{s.out}_a"] = ir.Buffer(f"{s.out}_a", (inner.size,), (1,), dtype)
+            self.emit(f"{C_TYPES[dtype]} {s.out}_a[{inner.size}];", 1)
+        self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 1)
+        for s in pre:
+            self.statement(s, 2)
+        for s in arrays:
+            self.emit(f"{s.out}_a[{inner.var}] = {s.out};", 2)
+        self.emit("}", 1)
+        return rest
 
     def source(self) -> str:
         k, work = self.k, self.signature()

@@ -10,6 +10,8 @@ renderer (``fusion.kernels.c_render``) applies both.
   scale, ``rsqrt(var + eps)``; a squeeze-excite gate, ``sigmoid(s[c])``) computed once before the loop: a sum over a
   row no longer takes a square root and a division per element (gcc hoists them out of a plain loop, not out of a
   blocked ``omp simd`` sum).
+* :func:`prologue` — what varies along the innermost loop only (a channels-last image's per-channel scale) computed
+  once per value of that loop, before the loops, into small arrays the body reads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 
 from fusion.ir import kernel_ir as ir
+
+PROLOGUE_MAX = 16384  # elements of a prologue's arrays (64 KiB of float32 on the stack)
 
 
 def _affines(s) -> list[ir.Affine]:
@@ -158,3 +162,26 @@ def hoist(k: ir.Kernel) -> ir.Kernel:
         else:
             body.append(s)
     return dataclasses.replace(k, body=tuple(body)) if moved else k
+
+
+def prologue(body, loops: tuple[ir.Loop, ...], limit: int = PROLOGUE_MAX) -> tuple[list, list, list]:
+    """A pointwise kernel's values that vary along the innermost loop only (a channels-last image's per-channel
+    BatchNorm scale ``rsqrt(var[c] + eps)``, read where ``c`` is innermost) computed once for all ``c`` before the
+    loops instead of once per element: (the statements to run in a loop over the innermost variable, the values to
+    keep in arrays over it, the body with those values read back from the arrays as loads of ``<name>_a``). Taken
+    only where such a value is computed (an op, not a load), the outer loops run at least once (the prologue's loads
+    run only where the body's would), and the arrays stay within ``limit`` elements. The values are the same."""
+    if len(loops) < 2 or loops[-1].size > limit or any(lp.size <= 0 for lp in loops):
+        return [], [], list(body)
+    inner = loops[-1]
+    pre, kept = invariant(body, {lp.var for lp in loops[:-1]})
+    constant = {id(s) for s in invariant(pre, {inner.var})[0]}
+    varying = [s for s in pre if id(s) not in constant]
+    needed = set().union(*map(_uses, kept)) if kept else set()
+    arrays = [s for s in varying if s.out in needed]
+    if not any(isinstance(s, ir.Op) for s in varying) or len(arrays) * inner.size > limit:
+        return [], [], list(body)
+    walk = ir.Affine(((1, ir.Var(inner.var)),), 0)
+    reads = [ir.Load(s.out, f"{s.out}_a", walk, getattr(s, "dtype", "int64")) for s in arrays]
+    moved = {id(s) for s in varying}
+    return pre, arrays, [*reads, *(s for s in body if id(s) not in moved)]
