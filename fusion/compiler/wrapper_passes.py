@@ -31,6 +31,7 @@ from fusion.aten.nodes import (
     same_layout,
     strided_view,
 )
+from fusion.compiler import memory_plan
 from fusion.compiler.bindings import python_bindings
 from fusion.compiler.pass_base import Pass, run_stage
 from fusion.fxutils.finish import relint
@@ -259,6 +260,8 @@ WRAPPER_PASSES = [
          doc="a view outside the kernels (or a chain of them) as one reinterpret of its base"),
     Pass("python_bindings", _kept("python_bindings", python_bindings), stage="wrapper",
          doc="library calls through torch's Python bindings (torch.convolution): less CPU a call"),
+    Pass("reuse_buffers", _kept("reuse_buffers", memory_plan.reuse_buffers), stage="wrapper",
+         doc="CPU: a kernel's output in a same-size buffer the graph is done with (no fresh pages to fault in)"),
 ]  # fmt: skip
 
 PRIMS_PASSES = ("prims_to_aten", "max_pool_as_aten")  # the wrapper passes that map prims ops to aten ops

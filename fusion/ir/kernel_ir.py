@@ -200,6 +200,7 @@ class Kernel:
     reduce_loops: tuple[Loop, ...]
     body: tuple[Statement, ...]
     ops: tuple[str, ...] = ()  # the aten ops it computes, for the report
+    in_place: tuple[tuple[str, str], ...] = ()  # (input, output) buffers given the same memory (memory_plan)
 
     def statements(self) -> list[Statement]:
         """Every statement, the bodies of reduce loops included, in order."""

@@ -304,6 +304,17 @@ class RegionKernel(torch.nn.Module):
         return self.launch.results(inputs, outs)
 
 
+def _into(buffer: torch.Tensor, shape, stride, dtype, alloc) -> torch.Tensor:
+    """An output of (shape, stride, dtype) in ``buffer``'s storage (a buffer the graph is done with), or a new one
+    where the buffer is not of that dtype or too small (planned never to happen: a check, not a path)."""
+    if buffer.dtype is dtype and buffer.storage_offset() == 0:  # in place: where the kernel reads it
+        try:
+            return buffer.as_strided(shape, stride, 0)
+        except RuntimeError:  # out of bounds of its storage
+            pass
+    return alloc(shape, stride, dtype)
+
+
 class Launcher:
     """A kernel's launch as a compiled graph calls it: ``launch(*inputs) -> outputs``, the least Python per call.
 
@@ -338,6 +349,7 @@ class Launcher:
         self.alloc: Callable | None = None  # (size, stride, dtype) -> an output on the inputs' device: the 1st call
         self._specs: list[tuple] = []
         self._aligned: list[int] = []  # inputs whose pointer was 16-byte aligned when the kernel was compiled
+        self.donated: tuple[int, ...] = ()  # outputs written into buffers passed after the inputs (memory_plan)
 
     def results(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> tuple:
         """The region's external outputs from the call's inputs and the kernel's stored tensors."""
@@ -345,6 +357,9 @@ class Launcher:
         return tuple(rebuild(buffers) for rebuild in self._rebuild)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
+        given = ()
+        if self.donated:  # buffers the graph is done with, for these outputs (fusion.compiler.memory_plan)
+            given, inputs = inputs[len(inputs) - len(self.donated) :], inputs[: len(inputs) - len(self.donated)]
         if self.spy is not None:
             self.spy(inputs)
         direct = self.direct
@@ -354,7 +369,10 @@ class Launcher:
             if inputs[i].data_ptr() & 15:
                 return self._first(inputs)
         alloc = self.alloc
-        outs = [alloc(s, st, dt) for s, st, dt in self._specs]
+        if given:
+            outs = [alloc(*spec) if k is None else _into(given[k], *spec, alloc) for spec, k in self._slots]
+        else:
+            outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         try:
             direct(*inputs, *outs)
         except Exception as e:  # noqa: BLE001 - any failure: the JIT call, from now on
@@ -374,6 +392,8 @@ class Launcher:
         device = inputs[0].device if inputs else torch.device("cpu")
         self.alloc = alloc = empty_strided_on(device)
         self._specs = owner._out_specs
+        slot = {i: k for k, i in enumerate(self.donated)}
+        self._slots = [(spec, slot.get(i)) for i, spec in enumerate(self._specs)]
         outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         if not self.fallback and (c := owner.c_kernel(device)) is not None:  # CPU tensors, C: later calls call it
             owner.ran, self.kind = "c", "c"

@@ -1,0 +1,260 @@
+"""A CPU graph's memory: convolutions read channels-last images (pass ``channels_last``, fusion.compiler.layout),
+kernel outputs reuse buffers the graph is done with, in place where a pointwise kernel reads its input only where
+it writes (wrapper pass ``reuse_buffers``, fusion.compiler.memory_plan), and the C renderer's prologue of
+per-channel values. Every rule is checked against eager's values and strides, and against its own decisions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusion import backend
+from fusion.compiler import layout, memory_plan
+from fusion.kernels import c_runtime
+
+pytestmark = [pytest.mark.phase9, pytest.mark.skipif(not c_runtime.available()[0], reason="no C compiler here")]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    backend.reset()
+    yield
+    backend.reset()
+
+
+class Block(nn.Module):
+    """MobileNetV2's inverted residual: 1x1 expand, BN, ReLU6, depthwise 3x3, BN, ReLU6, 1x1 project, BN, + input."""
+
+    def __init__(self, c: int = 8, e: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.expand, self.bn1 = nn.Conv2d(c, c * e, 1, bias=False), nn.BatchNorm2d(c * e)
+        self.dw, self.bn2 = nn.Conv2d(c * e, c * e, 3, padding=1, groups=c * e, bias=False), nn.BatchNorm2d(c * e)
+        self.project, self.bn3 = nn.Conv2d(c * e, c, 1, bias=False), nn.BatchNorm2d(c)
+        for bn in (self.bn1, self.bn2, self.bn3):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        h = F.relu6(self.bn1(self.expand(x)))
+        h = F.relu6(self.bn2(self.dw(h)))
+        return x + self.bn3(self.project(h))
+
+
+def compiled(model, x, **options):
+    backend.reset()  # a fresh compile: a second shape would make Dynamo compile a dynamic-shape graph
+    with torch.no_grad():
+        out = torch.compile(model, backend="fusion", options=options)(x)
+    part = backend.reports[-1].parts[0]
+    return out, part
+
+
+def notes(part, name):
+    return [p for p in part.passes if p[0] == name]
+
+
+def test_channels_last_gives_eager_values_and_strides():
+    model = Block().eval()
+    x = torch.randn(2, 8, 24, 24)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    out, part = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.stride() == ref.stride()  # the caller gets eager's layout back
+    (note,) = notes(part, "channels_last")
+    assert note[2] == "channels-last", part.passes
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # the model is untouched
+    assert model.expand.weight.is_contiguous() and x.is_contiguous()
+    # channels innermost: each channel's BatchNorm scale is computed once, in the C kernel's prologue arrays
+    sources = [c_runtime.named(lch.owner.plan.ir)[1] for lch in part.graph.launchers if lch.owner.plan.ir is not None]
+    assert any("_a[32];" in src for src in sources), sources[0]
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_channels_last_returns_each_output_in_eager_layout(fmt):
+    class TwoOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return y, y.mean((2, 3)), y[:, :2]  # a map, a vector, a slice of the map
+
+    model = TwoOutputs().eval()
+    x = torch.randn(1, 4, 9, 7).contiguous(memory_format=fmt)
+    out, part = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+        assert o.stride() == r.stride()
+
+
+def test_channels_last_refuses_heavy_weights_and_float64():
+    class Dense(nn.Module):  # 3x3 weights of 64 x 64 channels on a 6x6 image: the weights outweigh the image
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(64, 64, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    x = torch.randn(1, 64, 6, 6)
+    out, part = compiled(Dense().eval(), x)
+    (note,) = notes(part, "channels_last")
+    assert note[2] == "skipped" and "weights" in note[3], part.passes
+    model = Block().double().eval()
+    xd = torch.randn(1, 8, 5, 5, dtype=torch.float64)
+    out, part = compiled(model, xd)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(xd), rtol=1e-12, atol=1e-12)
+    assert {p[2] for p in notes(part, "channels_last")} == {"skipped"}, part.passes
+
+
+def test_channels_last_off_keeps_nchw():
+    _, part = compiled(Block().eval(), torch.randn(1, 8, 12, 12), channels_last=False)
+    assert not notes(part, "channels_last")
+    assert layout.WEIGHT_SHARE > 0
+
+
+@settings(max_examples=6, deadline=None)
+@given(h=st.integers(1, 13), w=st.integers(1, 13), batch=st.integers(0, 2), special=st.booleans())
+def test_channels_last_block_any_shape(h, w, batch, special):
+    model = Block(c=4, e=2).eval()
+    x = torch.randn(batch, 4, h, w)
+    if special and x.numel():
+        x.view(-1)[0], x.view(-1)[-1] = float("nan"), float("inf")
+    out, _ = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert out.stride() == ref.stride()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Buffer reuse
+
+
+def big(c: int = 32, hw: int = 32) -> torch.Tensor:  # 32 x 32 x 32 float32 = 128 KiB: the smallest buffer reused
+    return torch.randn(1, c, hw, hw)
+
+
+def reuse(part) -> tuple[int, list]:
+    gm = part.graph.graph_module
+    pairs = [lch.owner.plan.ir.in_place for lch in part.graph.launchers if lch.owner.plan.ir is not None]
+    return gm.meta.get("reuse_buffers", 0), [p for p in pairs if p]
+
+
+class Chain(nn.Module):
+    """conv -> BN+ReLU kernel (in place over the conv's output) -> conv -> kernel -> ... (reused buffers)."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.ModuleList(nn.Conv2d(c, c, 1) for _ in range(3))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(c) for _ in range(3))
+
+    def forward(self, x):
+        for conv, bn in zip(self.convs, self.bns, strict=True):
+            x = torch.relu(bn(conv(x))) * 0.5 + 0.25
+        return x
+
+
+def test_reuse_in_place_gives_eager_values_and_fresh_outputs():
+    model = Chain().eval()
+    x = big()
+    with torch.no_grad():
+        fn = torch.compile(model, backend="fusion")
+        first = fn(x)
+        kept = first.clone()
+        second = fn(x * 2)
+        ref1, ref2 = model(x), model(x * 2)
+    torch.testing.assert_close(first, ref1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second, ref2, rtol=1e-5, atol=1e-5)
+    assert torch.equal(first, kept)  # the second call wrote nothing the first call returned
+    count, pairs = reuse(backend.reports[-1].parts[0])
+    assert count >= 3 and pairs, (count, pairs)
+    sources = [lch.owner for lch in backend.reports[-1].parts[0].graph.launchers]
+    c_sources = [c_runtime.named(o.plan.ir)[1] for o in sources if o.plan.ir is not None and o.plan.ir.in_place]
+    assert c_sources and all(  # the shared pair is not restrict: one memory under two names
+        f"*restrict {name}" not in src and f"*{name}" in src
+        for src, o in zip(c_sources, (o for o in sources if o.plan.ir is not None and o.plan.ir.in_place), strict=True)
+        for pair in o.plan.ir.in_place
+        for name in pair
+    )
+
+
+def test_reuse_never_in_place_where_the_kernel_reads_another_element():
+    class Shifted(nn.Module):  # each output element reads its neighbour: writing over the input would corrupt it
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(32, 32, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.cat([y[..., 1:], y[..., :1]], -1) * 2.0 + y
+
+    model = Shifted().eval()
+    x = big()
+    out, part = compiled(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert not reuse(part)[1]
+
+
+def test_reuse_keeps_returned_and_viewed_buffers():
+    class Keeps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(32, 32, 1), nn.Conv2d(32, 32, 1)
+
+        def forward(self, x):
+            y = self.a(x)  # returned: never written over
+            t = y.transpose(2, 3)  # a view of y read after the next kernel
+            z = torch.sigmoid(self.b(torch.relu(y)))
+            w = torch.tanh(z) + 1.0
+            return y, w + t, z.flatten(1)
+
+    model = Keeps().eval()
+    x = big()
+    out, _ = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    ptrs = {o.untyped_storage().data_ptr() for o in out}
+    assert len(ptrs) == len(out)  # no two outputs share memory
+
+
+def test_reuse_never_writes_over_a_returned_buffer():
+    class Returned(nn.Module):  # the kernel reads y where it writes: in place, were y not returned
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(32, 32, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return y, torch.relu(y) * 2.0
+
+    model = Returned().eval()
+    x = big()
+    out, part = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+def test_reuse_off_and_small_buffers():
+    x = torch.randn(1, 8, 8, 8)  # 2 KiB: malloc reuses such chunks itself
+    _, part = compiled(Chain(c=8).eval(), x)
+    assert reuse(part) == (0, [])
+    _, part = compiled(Chain().eval(), big(), reuse_buffers=False)
+    assert reuse(part)[0] == 0
+    assert memory_plan.REUSE_MIN == 128 * 1024
