@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torch.fx as fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -624,3 +626,30 @@ def test_a_cat_of_slices_of_a_cat_is_read_at_loop_variables():
         ((_, kernel),) = lowered(lambda a: swap(swap(a * 2)) + 1, x)
         used = set().union(*(s.offset.variables() for s in kernel.statements() if isinstance(s, ir.Load)))
         assert used <= {lp.var for lp in kernel.loops}, used
+
+
+@needs_cc
+@FEW
+@given(c=st.sampled_from([16, 48, 144]), hw=st.sampled_from([1, 3, 7]), dtype=st.sampled_from(FLOATS[:2]))
+def test_a_channels_last_squeeze_excite_mean_is_one_column_walk(c, hw, dtype):
+    """A channels-last (N, C, H, W) image's BatchNorm + SiLU stored and averaged over H, W (EfficientNet's squeeze-
+    excitation at 7x7): a column walk, in C one kernel, one walk of the map storing the values and summing them,
+    each channel's scale computed once per tile before the walk (not once per element), eager's values."""
+    g = torch.Generator().manual_seed(c * 100 + hw)  # (a chain of half ops: eager rounds each, a kernel once)
+    x = special(torch.randn(1, c, hw, hw, dtype=dtype, generator=g)).contiguous(memory_format=torch.channels_last)
+    scale, shift = torch.rand(c, dtype=dtype, generator=g) + 0.5, torch.randn(c, dtype=dtype, generator=g)
+
+    def fn(a, s, b):
+        y = F.silu(a * torch.rsqrt(s[:, None, None] + 1e-5) + b[:, None, None])
+        return y, y.mean((2, 3))
+
+    for got, want in zip(compiled_in_c(fn, x, scale, shift, kernels=1), fn(x, scale, shift), strict=True):
+        close(got, want)
+    if hw == 1:  # one element a row: no walk to look at
+        return
+    ((_, kernel),) = lowered(fn, x, scale, shift)
+    src = render(kernel)
+    walks = re.findall(r"for \(int64_t (r\d+) = (?:0|\1_b);", src)  # each walk of the map (a blocked one: its block)
+    assert len(walks) == 1, src  # the values stored and their mean: one walk
+    body = src[src.index(f"for (int64_t {walks[0]} = ") :]
+    assert "sqrtf" not in body.split("fusion_expf")[0], src  # each channel's scale computed before the walk

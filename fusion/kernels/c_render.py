@@ -483,7 +483,5 @@ def render(kernel: ir.Kernel) -> str:
     """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``. Contiguous
     neighbouring loops are merged first (:func:`coalesce`). A column walk (a reduction whose rows are strided and
     whose innermost kept dim is contiguous) in tiles (:class:`_Columns`)."""
-    kernel = coalesce(kernel)
-    if _Columns.takes(kernel):
-        return _Columns(kernel).source()
-    return _Writer(hoist(one_walk(kernel))).source()
+    kernel = hoist(one_walk(coalesce(kernel)))
+    return (_Columns if _Columns.takes(kernel) else _Writer)(kernel).source()
