@@ -653,3 +653,16 @@ def test_a_channels_last_squeeze_excite_mean_is_one_column_walk(c, hw, dtype):
     assert len(walks) == 1, src  # the values stored and their mean: one walk
     body = src[src.index(f"for (int64_t {walks[0]} = ") :]
     assert "sqrtf" not in body.split("fusion_expf")[0], src  # each channel's scale computed before the walk
+
+
+@needs_cc
+@pytest.mark.parametrize("op", ["amax", "sum"])
+def test_a_column_walk_over_a_value_the_walk_does_not_change(op):
+    """A fuzzer find: an input expanded along the reduced dim is the same at every step of a column walk, so it is
+    computed once per tile, an array over the tile; the fold reads that array's element, not the array."""
+    x = torch.randn(2, 1, 16)
+
+    def fn(a):
+        return getattr(a.expand(2, 40, 16).abs(), op)(1, keepdim=True)
+
+    close(compiled_in_c(fn, x, kernels=1), fn(x))

@@ -410,7 +410,7 @@ class _Columns(_Writer):
         self.tile_loop(d)
         for s in loop.body:
             if isinstance(s, ir.Reduce):
-                self.emit(REDUCE_STEP[s.op].format(acc=acc[s.out], v=s.value), d + 1)
+                self.emit(REDUCE_STEP[s.op].format(acc=acc[s.out], v=self.ref(s.value)), d + 1)
             else:
                 self.statement(s, d + 1)
         self.emit("}", d)
