@@ -258,3 +258,45 @@ def test_reuse_off_and_small_buffers():
     _, part = compiled(Chain().eval(), big(), reuse_buffers=False)
     assert reuse(part)[0] == 0
     assert memory_plan.REUSE_MIN == 128 * 1024
+
+
+def test_writable_over_needs_every_read_at_the_written_element_before_the_write():
+    from fusion.ir import kernel_ir as ir
+
+    x = ir.Affine(((1, ir.Var("x0")),), 0)
+    shifted = ir.Affine(((1, ir.Var("x0")),), 1)
+    bufs = (ir.Buffer("in0", (8,), (1,), "float32"), ir.Buffer("out0", (8,), (1,), "float32", output=True))
+
+    def kernel(*body):
+        return ir.Kernel("k", "pointwise", bufs, (ir.Loop("x0", 8),), (), tuple(body))
+
+    read, store = ir.Load("t0", "in0", x, "float32"), ir.Store("out0", x, "t1")
+    double = ir.Op("t1", "add", ("t0", "t0"), "float32")
+    assert memory_plan.writable_over(kernel(read, double, store), "in0", "out0")
+    assert not memory_plan.writable_over(kernel(ir.Load("t0", "in0", shifted, "float32"), double, store), "in0", "out0")
+    late = ir.Load("t2", "in0", x, "float32")  # read again after the write: it would see the new value
+    assert not memory_plan.writable_over(kernel(read, double, store, late), "in0", "out0")
+    assert not memory_plan.writable_over(kernel(read, double, store, ir.Store("out0", x, "t0")), "in0", "out0")
+
+
+def test_reuse_in_place_over_a_reduction_kernels_input():
+    class SqueezeExcite(nn.Module):  # conv -> BN + SiLU stored and averaged (one reduction kernel) -> gate
+        def __init__(self, c):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.bn = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+        def forward(self, x):
+            y = F.silu(self.bn(self.conv(x)))
+            return y * torch.sigmoid(y.mean((2, 3), keepdim=True))
+
+    rows = big()  # NCHW: each channel's map a contiguous row
+    columns = torch.randn(1, 672, 7, 7).contiguous(memory_format=torch.channels_last)  # channels innermost: columns
+    for x in (rows, columns):
+        model = SqueezeExcite(x.shape[1]).eval()
+        out, part = compiled(model, x, channels_last=False)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+        kinds = {lch.owner.plan.ir.kind for lch in part.graph.launchers if lch.owner.plan.ir.in_place}
+        assert "reduction" in kinds, reuse(part)

@@ -12,7 +12,8 @@ Inductor's ~120, and with the faults away (glibc told never to return memory) th
   keeps it alive; it is *dead* after the last use of all of them. A buffer the graph returns (or an alias of one)
   is never reused, nor are the graph's inputs.
 * Walking the graph in order, a generated kernel's output of at least :data:`REUSE_MIN` bytes takes a dead buffer of
-  the same dtype and exactly its bytes, not read by that kernel (never in place), the most recently freed first. The
+  the same dtype and exactly its bytes, the most recently freed first, or, in place, an input that dies at that
+  kernel and that the kernel reads only at the element it writes, before writing it. The
   launch then writes into it (``Launcher.donated``: the buffer is passed after the inputs and viewed with the output's
   strides); the buffer lives on as that output and can be reused again once it dies.
 
@@ -80,21 +81,27 @@ def _fits(buffer: fx.Node, val: torch.Tensor) -> bool:
 def _in_place(launcher: rt.Launcher, node: fx.Node, i: int, val: torch.Tensor, arg: fx.Node, group: set[fx.Node]):
     """(input name, output name) if stored output ``i`` (``val``) of the launch ``node`` may be written over its
     argument ``arg`` (a buffer that dies here), else None: ``arg`` is one argument of the launch (no alias of it
-    another), like the output in dtype and bytes, and the kernel a pointwise one that reads it only at the element it
-    stores output ``i`` at (so each element is read before it is written, in every renderer)."""
+    another), like the output in dtype and bytes, and the kernel reads it only at the element it stores output ``i``
+    at, every such read before that store in the kernel's order (a reduction's walks of a row: the sum's, then the
+    store's), so each element is read before it is written, in every renderer; rows or tiles are disjoint."""
     k = launcher.owner.plan.ir
     args = [a for a in node.args if isinstance(a, fx.Node)]
-    if k is None or k.kind != "pointwise" or args.count(arg) != 1 or len(group & set(args)) != 1 or not _fits(arg, val):
+    if k is None or args.count(arg) != 1 or len(group & set(args)) != 1 or not _fits(arg, val):
         return None
     ins, outs = [b for b in k.buffers if not b.output], [b for b in k.buffers if b.output]
     j = list(node.args).index(arg)
     if j >= len(ins) or i >= len(outs) or ins[j].dtype != outs[i].dtype:
         return None
-    loads = [s.offset for s in k.statements() if isinstance(s, ir.Load) and s.buffer == ins[j].name]
-    stores = [s.offset for s in k.statements() if isinstance(s, ir.Store) and s.buffer == outs[i].name]
-    if len(stores) != 1 or any(offset != stores[0] for offset in loads):
-        return None
-    return ins[j].name, outs[i].name
+    return (ins[j].name, outs[i].name) if writable_over(k, ins[j].name, outs[i].name) else None
+
+
+def writable_over(k: ir.Kernel, source: str, target: str) -> bool:
+    """May kernel ``k`` store buffer ``target`` into the memory of its input ``source``: one store of ``target``, and
+    every load of ``source`` at that store's offset and before it in the kernel's order?"""
+    order = k.statements()
+    loads = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Load) and s.buffer == source]
+    stores = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Store) and s.buffer == target]
+    return len(stores) == 1 and all(offset == stores[0][1] and n < stores[0][0] for n, offset in loads)
 
 
 def reuse_buffers(gm: fx.GraphModule) -> int:
