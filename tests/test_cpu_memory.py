@@ -300,3 +300,38 @@ def test_reuse_in_place_over_a_reduction_kernels_input():
             torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
         kinds = {lch.owner.plan.ir.kind for lch in part.graph.launchers if lch.owner.plan.ir.in_place}
         assert "reduction" in kinds, reuse(part)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Constant fills
+
+
+def test_a_constant_fill_read_by_a_kernel_is_one_element_broadcast():
+    class Masked(nn.Module):  # SDPA's math path on T5: scores + a zero float mask of the scores' shape
+        def forward(self, x):
+            return torch.softmax(x + torch.zeros(8, 64, 64), -1) * 2.0
+
+    x = torch.randn(8, 64, 64)
+    out, part = compiled(Masked(), x)
+    torch.testing.assert_close(out, Masked()(x))
+    assert [p[2] for p in notes(part, "broadcast_fulls")] == ["expanded"], part.passes
+    gm = part.graph.graph_module
+    held = [getattr(gm, n.target) for n in gm.graph.find_nodes(op="get_attr")]
+    assert all(t.untyped_storage().nbytes() <= 4 for t in held), [t.shape for t in held]  # one float, not 128 KiB
+
+
+def test_a_returned_fill_keeps_its_memory_and_a_scattered_one_its_values():
+    class Fills(nn.Module):
+        def forward(self, x):
+            z = torch.zeros(32, 64)
+            z[:, :8] = x[:, :8] * 2.0  # functionalized: a slice_scatter reading the fill, a new tensor
+            return z + 1.0, torch.full((32, 64), 3.0)  # the second returned as it is: the caller's own memory
+
+    x = torch.randn(32, 64)
+    out, part = compiled(Fills(), x)
+    ref = Fills()(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r)
+        assert o.stride() == r.stride()
+    (note,) = notes(part, "broadcast_fulls")
+    assert note[1].count("full") == 1, note  # only the one no output holds

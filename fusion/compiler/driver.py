@@ -119,6 +119,7 @@ PASSES = [
     passes.Pass("stack_scatters", noted(scatter_passes.stack_select_scatters),
                 doc="a sum of select_scatters into zeros covering a dim: one cat (before constants folds the zeros)"),
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
+    view_copies.BROADCAST_FULLS,  # before "constants": a fill folded is then one element held
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
     layout.CHANNELS_LAST,  # CPU: oneDNN's convolutions read NHWC images; before the regions read the strides
     *view_copies.VIEW_COPY_PASSES,  # copies as views, cats and pointwise ops; before "reorder" moves them

@@ -13,6 +13,7 @@ pointwise ops — exactly, and only where the graph's layouts stay what they wer
 - ``splits``: each getitem of ``split`` / ``split_with_sizes`` is one ``slice``, of ``unbind`` one ``select``;
 - ``avg_pools`` (inference): ``avg_pool2d`` is a depthwise window sum of weight ``1 / taps`` (pass ``depthwise``'s
   op, which the generator computes inside the kernel around it);
+- ``broadcast_fulls``: ``full(size, v)`` is one element expanded to ``size`` (:func:`fulls_as_broadcasts`).
 """
 
 from __future__ import annotations
@@ -184,6 +185,40 @@ def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
         note("avg pools", done, "window sum", "an average over a window: a depthwise sum the generated kernel takes")
     return len(done)
 
+
+FULL_MIN = 1024  # elements: a smaller constant fill costs less than the view's bookkeeping
+
+
+def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[str]:
+    """Pass ``broadcast_fulls``: ``full(size, v)`` as one element expanded to ``size`` (a view: every element is
+    ``v``), so a kernel reads one value where it read ``size`` of them, and no call allocates them. SDPA's math path
+    gives T5's encoder a zero float32 ``full`` of (batch, heads, q, k), 96 MB at its suite size, alive for the whole
+    graph and read by each layer's softmax. Not where the graph returns the tensor or writes into it (itself or
+    through a view): those keep their own memory. Returns the nodes changed."""
+    kept = _escaping(gm.graph) | _written(gm.graph)
+    changed = []
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.full.default)):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or val.numel() < FULL_MIN or node in kept:
+            continue
+        ones = [1] * val.dim()
+        with gm.graph.inserting_before(node):
+            one = gm.graph.call_function(aten.full.default, (ones, node.args[1]), dict(node.kwargs))
+            one.meta["val"] = val.as_strided(ones, ones)  # shape, strides, dtype and device of a one-element fill
+            wide = gm.graph.call_function(aten.expand.default, (one, list(val.shape)))
+            wide.meta["val"] = one.meta["val"].expand(val.shape)
+        node.replace_all_uses_with(wide)
+        gm.graph.erase_node(node)
+        changed.append(node.name)
+    if changed:
+        relint(gm)
+        note("broadcast_fulls", changed, "expanded", "a constant fill read as one element broadcast: no memory")
+    return changed
+
+
+# Before pass "constants": folded, the fill is then one element held, not size of them
+BROADCAST_FULLS = passes.Pass("broadcast_fulls", passes.noted(fulls_as_broadcasts),
+                              doc="full(size, v) as one element expanded to size (T5's zero mask in math attention)")
 
 VIEW_COPY_PASSES = [
     passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),
