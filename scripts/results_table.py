@@ -11,6 +11,8 @@ What it reads (top-level files of ``scripts/results/`` only; ``archive/`` and ``
   Inductor is the row; a standard backend that row lacks is taken from the newest other file that has it (marked †,
   its ratio against eager in its own process). One table of inference models and one of training steps per card,
   each row with the date and file it comes from.
+* the newest CPU suite JSON (``cpu-*.json``, ``scripts/gpu_suite.py --cpu``) that timed ``fusion`` and Inductor: one
+  table of its rows, with its CPU, threads and C compiler.
 * Phase 10's newest multi-GPU run of each GPU count, from ``scripts/gpu_overlap.py`` (``*-overlap-x*.json``, or
   the rows rank 0 printed, ``*-overlap-x*-compiled.jsonl``, whose card and torch come from the run's JSON of the
   same name).
@@ -212,9 +214,13 @@ def overlap_runs_per_world() -> list[tuple[list[dict], dict, Path]]:
 
 
 def overlap_table() -> list[str]:
-    out = []
+    out, legends = [], []
     for rows, meta, path in overlap_runs_per_world():
-        out += _overlap_table(rows, meta, path)
+        table = _overlap_table(rows, meta, path)
+        out += table[:-2]  # the table; its legend once, after the last table, where every table's legend is one
+        legends.append(table[-2:])
+    if legends:
+        out += legends[-1] if all(leg == legends[-1] for leg in legends) else [line for leg in legends for line in leg]
     return out
 
 
@@ -254,6 +260,37 @@ def _overlap_table(rows: list[dict], meta: dict, path: Path) -> list[str]:
     return out
 
 
+def cpu_table() -> list[str]:
+    """The newest CPU suite file that timed ``fusion`` and Inductor: every row of it, with its CPU and threads."""
+    found = []
+    for path in sorted(RESULTS.glob("cpu-*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        meta = _meta(doc) if isinstance(doc, dict) else {}
+        if doc.get("schema") == "suite-1" and meta.get("device") == "cpu" and doc.get("models") and all(
+            b in (doc.get("meta", {}).get("backends") or meta.get("backends") or []) for b in ("fusion", "inductor")
+        ):
+            found.append((str(meta.get("date", "")), path, doc, meta))
+    if not found:
+        return []
+    date, path, doc, meta = max(found, key=lambda t: (t[0], t[1].name))
+    rows = [r for r in doc["models"] if r.get("status", "ok") == "ok" and "eager" in r["backends"]]
+    out = [f"**CPU model suite — {meta.get('cpu_model', '?')}, {meta.get('threads', '?')} thread(s)**, torch "
+           f"{meta.get('torch_version', '?')}, float32, batch 1 (text models: small configs, 128 tokens), C kernels "
+           f"from {str(meta.get('c_compiler', '?')).split(' (')[0]}, measured {date[:10]}, {_link(path)}:", "",
+           "| model | eager | fusion | Inductor (C++) | first call, s, caches empty (fusion / Inductor) |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        cell = {n: (r["backends"][n], None) for n in ("fusion", "inductor") if n in r["backends"]}
+        out.append(f"| {r['model']} | {r['backends']['eager']['median_s'] * 1e3:.2f} ms | {_ratio(cell.get('fusion'))} "
+                   f"| {_ratio(cell.get('inductor'))} | {_first({'backends': cell})} |")  # fmt: skip
+    geo = [_geomean([r["backends"][n]["speedup_vs_eager"] for r in rows if n in r["backends"]]) for n in ("fusion", "inductor")]
+    out += [f"| **geomean ({len(rows)})** | | {geo[0]} | {geo[1]} | |", ""]
+    return out
+
+
 def block() -> str:
     files = suite_files()
     lines: list[str] = []
@@ -263,6 +300,7 @@ def block() -> str:
             lines += _table(card, infer[card], BACKENDS, HEADERS, "Model suite, inference")
         if card in train:
             lines += _table(card, train[card], TRAIN_BACKENDS, ["fusion", "Inductor"], "Training steps")
+    lines += cpu_table()
     lines += overlap_table()
     lines.append("Speed-ups are against eager in the same process (median wall time, the backends of a model "
                  "interleaved; CUDA graphs off unless named). Hosts differ between dates: compare within a row.")  # fmt: skip

@@ -23,6 +23,9 @@
 * :mod:`fusion.compiler.wrapper_passes` — the passes of the graph around the kernels (stage "wrapper"): prims as
   aten, the max-pool as one aten call, library outputs checked against the traced layout, views as strides,
   library calls through torch's Python bindings (:mod:`fusion.compiler.bindings`).
+* :mod:`fusion.compiler.layout` — pass ``channels_last``: a CPU graph's convolutions read channels-last images (oneDNN's
+  layout) where their weights are light; :mod:`fusion.compiler.memory_plan` — wrapper pass ``reuse_buffers``: a CPU
+  kernel's output written into a buffer the graph is done with (in place where the kernel reads it only there).
 * :mod:`fusion.compiler.split_reductions` — pass ``split_reductions``: a reduction with few long rows (or columns) as
   two, the first filling the GPU.
 * :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM
