@@ -103,7 +103,9 @@ def main() -> None:
     for name in args.models.split(","):
         model, inputs = MODELS[name].build(args.sizes)
         model = model.to(args.device, dtype).eval().requires_grad_(False)
-        inputs = tuple(x.to(args.device) if x.is_floating_point() is False else x.to(args.device, dtype) for x in inputs)
+        inputs = tuple(
+            x.to(args.device) if x.is_floating_point() is False else x.to(args.device, dtype) for x in inputs
+        )
         row = {}
         for be in ("eager", "fusion", "inductor"):
             backend.reset()
@@ -111,13 +113,15 @@ def main() -> None:
             with torch.no_grad():
                 fn(*inputs)
                 fn(*inputs)
-                row[be] = peak(lambda fn=fn: fn(*inputs), args.device)
+                row[be] = peak(lambda fn=fn, inputs=inputs: fn(*inputs), args.device)
             if be == "fusion":
                 row["walks"] = [live_walk(p.graph.graph_module, args.top) for r in backend.reports for p in r.parts
                                 if p.graph is not None]  # fmt: skip
         out[name] = row
-        print(f"== {name}: peak MB above weights and inputs: eager {row['eager']:.1f}, fusion {row['fusion']:.1f}, "
-              f"Inductor {row['inductor']:.1f}")
+        print(
+            f"== {name}: peak MB above weights and inputs: eager {row['eager']:.1f}, fusion {row['fusion']:.1f}, "
+            f"Inductor {row['inductor']:.1f}"
+        )
         for w in row["walks"]:
             print(f"   fusion's graph walk: peak {w['peak_mb']:.1f} MB at {w['at']}; alive there:")
             for a in w["alive"]:

@@ -269,24 +269,35 @@ def cpu_table() -> list[str]:
         except (OSError, ValueError):
             continue
         meta = _meta(doc) if isinstance(doc, dict) else {}
-        if doc.get("schema") == "suite-1" and meta.get("device") == "cpu" and doc.get("models") and all(
-            b in (doc.get("meta", {}).get("backends") or meta.get("backends") or []) for b in ("fusion", "inductor")
+        if (
+            doc.get("schema") == "suite-1"
+            and meta.get("device") == "cpu"
+            and doc.get("models")
+            and all(
+                b in (doc.get("meta", {}).get("backends") or meta.get("backends") or []) for b in ("fusion", "inductor")
+            )
         ):
             found.append((str(meta.get("date", "")), path, doc, meta))
     if not found:
         return []
     date, path, doc, meta = max(found, key=lambda t: (t[0], t[1].name))
     rows = [r for r in doc["models"] if r.get("status", "ok") == "ok" and "eager" in r["backends"]]
-    out = [f"**CPU model suite — {meta.get('cpu_model', '?')}, {meta.get('threads', '?')} thread(s)**, torch "
-           f"{meta.get('torch_version', '?')}, float32, batch 1 (text models: small configs, 128 tokens), C kernels "
-           f"from {str(meta.get('c_compiler', '?')).split(' (')[0]}, measured {date[:10]}, {_link(path)}:", "",
-           "| model | eager | fusion | Inductor (C++) | first call, s, caches empty (fusion / Inductor) |",
-           "|---|---|---|---|---|"]
+    out = [
+        f"**CPU model suite — {meta.get('cpu_model', '?')}, {meta.get('threads', '?')} thread(s)**, torch "
+        f"{meta.get('torch_version', '?')}, float32, batch 1 (text models: small configs, 128 tokens), C kernels "
+        f"from {str(meta.get('c_compiler', '?')).split(' (')[0]}, measured {date[:10]}, {_link(path)}:",
+        "",
+        "| model | eager | fusion | Inductor (C++) | first call, s, caches empty (fusion / Inductor) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         cell = {n: (r["backends"][n], None) for n in ("fusion", "inductor") if n in r["backends"]}
         out.append(f"| {r['model']} | {r['backends']['eager']['median_s'] * 1e3:.2f} ms | {_ratio(cell.get('fusion'))} "
                    f"| {_ratio(cell.get('inductor'))} | {_first({'backends': cell})} |")  # fmt: skip
-    geo = [_geomean([r["backends"][n]["speedup_vs_eager"] for r in rows if n in r["backends"]]) for n in ("fusion", "inductor")]
+    geo = [
+        _geomean([r["backends"][n]["speedup_vs_eager"] for r in rows if n in r["backends"]])
+        for n in ("fusion", "inductor")
+    ]
     out += [f"| **geomean ({len(rows)})** | | {geo[0]} | {geo[1]} | |", ""]
     return out
 

@@ -11,8 +11,8 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torch.fx as fx
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import Fn

@@ -145,6 +145,16 @@ def big(c: int = 32, hw: int = 32) -> torch.Tensor:  # 32 x 32 x 32 float32 = 12
     return torch.randn(1, c, hw, hw)
 
 
+def like_eager(model, x) -> tuple:
+    """The compiled model's outputs, each checked against eager's."""
+    out, _ = compiled(model, x)
+    with torch.no_grad():
+        ref = model(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    return out
+
+
 def reuse(part) -> tuple[int, list]:
     gm = part.graph.graph_module
     pairs = [lch.owner.plan.ir.in_place for lch in part.graph.launchers if lch.owner.plan.ir is not None]
@@ -221,13 +231,7 @@ def test_reuse_keeps_returned_and_viewed_buffers():
             w = torch.tanh(z) + 1.0
             return y, w + t, z.flatten(1)
 
-    model = Keeps().eval()
-    x = big()
-    out, _ = compiled(model, x)
-    with torch.no_grad():
-        ref = model(x)
-    for o, r in zip(out, ref, strict=True):
-        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    out = like_eager(Keeps().eval(), big())
     ptrs = {o.untyped_storage().data_ptr() for o in out}
     assert len(ptrs) == len(out)  # no two outputs share memory
 
@@ -242,13 +246,7 @@ def test_reuse_never_writes_over_a_returned_buffer():
             y = self.conv(x)
             return y, torch.relu(y) * 2.0
 
-    model = Returned().eval()
-    x = big()
-    out, part = compiled(model, x)
-    with torch.no_grad():
-        ref = model(x)
-    for o, r in zip(out, ref, strict=True):
-        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    like_eager(Returned().eval(), big())
 
 
 def test_reuse_off_and_small_buffers():

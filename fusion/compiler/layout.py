@@ -132,8 +132,10 @@ def convolutions_channels_last(gm: fx.GraphModule, note: Callable[..., None]) ->
     weights = sum(_bytes(c.args[1]) for c in taken if not _channels_last(_val(c.args[1])))
     images = sum(_bytes(c.args[0]) for c in taken)
     if weights > WEIGHT_SHARE * images:
-        why = (f"its convolutions' weights ({weights / 1e6:.1f} MB) would be copied channels-last every call, more "
-               f"than {WEIGHT_SHARE:g} of their images' bytes ({images / 1e6:.1f} MB): slower, measured")
+        why = (
+            f"its convolutions' weights ({weights / 1e6:.1f} MB) would be copied channels-last every call, more "
+            f"than {WEIGHT_SHARE:g} of their images' bytes ({images / 1e6:.1f} MB): slower, measured"
+        )
         note("channels_last", [c.name for c in taken], "skipped", why)
         return []
     output = gm.graph.output_node()

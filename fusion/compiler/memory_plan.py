@@ -143,7 +143,9 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
             if not isinstance(v, torch.Tensor) or _span(v) < REUSE_MIN:
                 continue
             used = {b for _, b in given}
-            here = [(a, r) for a in node.args if (r := owner.get(a)) is not None and death[r] == pos[node] and a not in used]
+            here = [
+                (a, r) for a in node.args if (r := owner.get(a)) is not None and death[r] == pos[node] and a not in used
+            ]
             pair = next(((a, p) for a, r in here if (p := _in_place(launcher, node, i, v, a, aliases[r]))), None)
             if pair is not None:  # an input that dies here, read only where output i is written: in place
                 given.append((i, pair[0]))

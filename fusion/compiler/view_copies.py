@@ -217,8 +217,11 @@ def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[s
 
 
 # Before pass "constants": folded, the fill is then one element held, not size of them
-BROADCAST_FULLS = passes.Pass("broadcast_fulls", passes.noted(fulls_as_broadcasts),
-                              doc="full(size, v) as one element expanded to size (T5's zero mask in math attention)")
+BROADCAST_FULLS = passes.Pass(
+    "broadcast_fulls",
+    passes.noted(fulls_as_broadcasts),
+    doc="full(size, v) as one element expanded to size (T5's zero mask in math attention)",
+)
 
 VIEW_COPY_PASSES = [
     passes.Pass("zero_pads", passes.noted(drop_zero_pads), doc="a constant_pad_nd of zeros only: its input"),

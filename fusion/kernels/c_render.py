@@ -422,25 +422,6 @@ class _Columns(_Writer):
             self.emit("}", d)
         self.emit("}", depth)
 
-    def prologue(self, body: list, loops: list[ir.Loop]) -> list:
-        """Emit ``ir_loops.prologue``'s loop (values varying along the innermost loop only, into ``<name>_a``
-        arrays); returns the body that reads them back."""
-        pre, arrays, rest = prologue(body, tuple(loops))
-        if not arrays:
-            return body
-        inner = loops[-1]
-        for s in arrays:
-            dtype = getattr(s, "dtype", "int64")
-            self.buffers[f"{s.out}_a"] = ir.Buffer(f"{s.out}_a", (inner.size,), (1,), dtype)
-            self.emit(f"{C_TYPES[dtype]} {s.out}_a[{inner.size}];", 1)
-        self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 1)
-        for s in pre:
-            self.statement(s, 2)
-        for s in arrays:
-            self.emit(f"{s.out}_a[{inner.var}] = {s.out};", 2)
-        self.emit("}", 1)
-        return rest
-
     def source(self) -> str:
         k, work = self.k, self.signature()
         *outer, last = k.loops
