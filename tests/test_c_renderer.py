@@ -666,3 +666,18 @@ def test_a_column_walk_over_a_value_the_walk_does_not_change(op):
         return getattr(a.expand(2, 40, 16).abs(), op)(1, keepdim=True)
 
     close(compiled_in_c(fn, x, kernels=1), fn(x))
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_float_made_an_integer_and_back_has_no_negative_zero(dtype):
+    """A fuzzer find: -0.29 -> int64 0 -> float is +0.0 (1 / it: inf); gcc folds the two conversions into trunc,
+    which keeps the sign (-0.0, 1 / it: -inf) unless the renderer stops it."""
+    x = torch.tensor([1.541, -0.2934, -0.0, -3.7, 1e6], dtype=dtype)
+
+    def fn(a):
+        return torch.reciprocal(a.to(torch.int64)), a.to(torch.int32).to(dtype) * -1.0
+
+    for got, want in zip(compiled_in_c(fn, x), fn(x), strict=True):  # (two regions: the outputs do not share a walk)
+        close(got, want)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))

@@ -1332,16 +1332,19 @@ def test_a_value_has_one_rounding_whichever_op_reads_it(reader, dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("scalar", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("op", ["mul", "rmul", "div", "rdiv", "add", "sub", "rsub"])
+@pytest.mark.parametrize("op", ["mul", "rmul", "div", "rdiv", "add", "sub", "rsub", "eq", "lt", "ge"])
 def test_a_zero_dim_operand_is_used_at_the_precision_eager_uses_it(op, scalar, dtype, device):
     """A 0-d float32/float64 tensor in a half op: eager reads it at float32 for some ops and positions and rounds it
     to the half dtype for others. GradScaler's 65536 times a float16 gave inf (rounded first) where eager gives the
-    product; a 1/3 shows the rounding on the ops that do round."""
-    x = torch.cat([torch.tensor([0.0, 0.001, 0.5]), _rand((61,), 3) * 100]).to(device, dtype)
+    product; a 1/3 shows the rounding on the ops that do round. A comparison rounds it to the half dtype (the common
+    dtype): ``abs(x) == s`` holds where x is s's half (a fuzzer find)."""
+    near = torch.tensor([65536.0, 1 / 3 + 1e-5]).to(dtype).float()  # each scalar as the half dtype holds it
+    x = torch.cat([torch.tensor([0.0, 0.001, 0.5]), near, _rand((61,), 3) * 100]).to(device, dtype)
     fn = {
         "mul": lambda x, s: torch.relu(x * s), "rmul": lambda x, s: torch.relu(s * x), "div": lambda x, s: x / s,
         "rdiv": lambda x, s: s / x, "add": lambda x, s: x + s, "sub": lambda x, s: x - s,
-        "rsub": lambda x, s: s - x,
+        "rsub": lambda x, s: s - x, "eq": lambda x, s: torch.abs(x) == s, "lt": lambda x, s: x < s,
+        "ge": lambda x, s: s >= x,
     }[op]  # fmt: skip
     for s in (65536.0, 1 / 3 + 1e-5):  # a constant of the traced function: a 0-d tensor in its graph
         check(lambda x, s=s: fn(x, torch.tensor(s, dtype=scalar, device=x.device)), x, atol=0, rtol=0)

@@ -291,7 +291,9 @@ class Lowering(Reductions):
         args, cast_to = list(node.args), compute(out_dtype)
         if packet in COMPARISONS:
             promoted = torch.result_type(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args[:2]))
-            ops = [self.operand(tlang.rounded(a, promoted), index, compute(promoted)) for a in args[:2]]
+            ops = [
+                self.operand(tlang.rounded(a, promoted), index, compute(promoted), op_dtype=promoted) for a in args[:2]
+            ]
             return self.op(COMPARISONS[packet], ops, torch.bool)
         if cast_to == torch.bool and packet in LOGICAL:  # bool + bool is or, bool * bool and
             ops = [self.operand(a, index, torch.bool) for a in args[:2]]

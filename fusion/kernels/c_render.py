@@ -76,6 +76,9 @@ def _remainder(a, d, ad):
 def _to(a, d, ad):
     if d == "bool":
         return f"({a[0]} != 0)"
+    if _floating(d) and not _floating(ad[0]):  # gcc folds float -> int -> float into trunc, which keeps -0.0
+        v, zero = f"(({C_TYPES[d]}){a[0]})", "0.0" if d == "float64" else "0.0f"  # (it drops a "+ 0.0")
+        return f"({v} == {zero} ? {zero} : {v})"
     return f"(({C_TYPES[d]}){a[0]})"
 
 
