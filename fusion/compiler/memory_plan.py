@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import os
 
 import torch
 import torch.fx as fx
@@ -35,7 +36,9 @@ from fusion.ir import kernel_ir as ir
 from fusion.kernels import triton_runtime as rt
 
 aten = torch.ops.aten
-REUSE_MIN = 128 * 1024  # bytes: glibc's default mmap threshold; below it malloc reuses freed chunks itself
+# Bytes: glibc's default mmap threshold; below it malloc reuses freed chunks itself. $FUSION_REUSE_MIN=0 plans every
+# buffer (the fuzzer's small tensors then exercise the plan: FUSION_REUSE_MIN=0 uv run pytest tests/test_fuzz.py)
+REUSE_MIN = int(os.environ.get("FUSION_REUSE_MIN", 128 * 1024))
 FRESH_LIBRARY = {  # library calls that return a new tensor (read their inputs, alias none of them)
     aten.convolution.default, torch.convolution, aten.mm.default, torch.mm, aten.addmm.default, torch.addmm,
     aten.bmm.default, torch.bmm, aten.baddbmm.default, torch.baddbmm,
