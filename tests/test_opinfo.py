@@ -5,7 +5,7 @@ inputs through ``compile_regions`` and must equal eager; for each claimed dtype 
 whole (no op of it cut out to aten). A sample the generator refuses is fine (it runs as aten, with a reason) as long
 as the answer is right. Adding an op to the generator: its rule in the lowering to the kernel IR where the IR lacks it
 (``fusion/compiler/lowering.py``), one table line per renderer (Phase 8's ``triton_expr`` in ``fusion/codegen.py``,
-``fusion/kernels/c_render.py``) plus one line here.
+``fusion/kernels/c_ops.py``) plus one line here.
 
 CI runs float32 and one other dtype per op, two samples each (~40 s on 2 cores); FUSION_OPINFO_FULL=1 runs every
 claimed dtype and every sample. Kernels run with the renderer tests/conftest.py picks for the generator's tests (the C
