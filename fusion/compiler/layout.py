@@ -28,8 +28,9 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from fusion.compiler.pass_base import Pass
+from fusion.compiler import passes
 from fusion.fxutils.finish import relint
+from fusion.fxutils.meta import tensor_val
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -42,13 +43,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # oneDNN's; float64 tak
 
 
 def _bytes(node: object) -> int:
-    v = _val(node)
+    v = tensor_val(node)
     return v.numel() * v.element_size() if v is not None else 0
-
-
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -64,7 +60,7 @@ def _format_of(t: torch.Tensor) -> torch.memory_format | None:
 
 def refusal(node: fx.Node) -> str:
     """Why convolution ``node`` keeps its image's layout ("" when it may read it channels-last)."""
-    x = _val(node.args[0])
+    x = tensor_val(node.args[0])
     if x is None or x.dim() != 4:
         return "not a 2-D convolution of a 4-D image"
     if x.device.type != "cpu":
@@ -119,17 +115,18 @@ def _run_on(node: fx.Node, val, copies: dict) -> object:
 
 def convolutions_channels_last(gm: fx.GraphModule, note: Callable[..., None]) -> list[str]:
     """The rewrite above on ``gm`` (in place); returns the names of the images it converted."""
-    convs = list(gm.graph.find_nodes(op="call_function", target=CONV))
-    taken = [n for n in convs if not refusal(n)]
+    reasons = {n: refusal(n) for n in gm.graph.find_nodes(op="call_function", target=CONV)}
+    taken = [n for n, reason in reasons.items() if not reason]
     why: dict[str, list[str]] = {}
-    for n in convs:  # one note per reason; a GPU graph's convolutions are not this pass's business
-        if refusal(n) and _val(n.args[0]) is not None and _val(n.args[0]).device.type == "cpu":
-            why.setdefault(refusal(n), []).append(n.name)
+    for n, reason in reasons.items():  # one note per reason; a GPU graph's convolutions are not this pass's business
+        image = tensor_val(n.args[0])
+        if reason and image is not None and image.device.type == "cpu":
+            why.setdefault(reason, []).append(n.name)
     for reason, names in why.items():
         note("channels_last", names, "skipped", reason)
     if not taken:
         return []
-    weights = sum(_bytes(c.args[1]) for c in taken if not _channels_last(_val(c.args[1])))
+    weights = sum(_bytes(c.args[1]) for c in taken if not _channels_last(tensor_val(c.args[1])))
     images = sum(_bytes(c.args[0]) for c in taken)
     if weights > WEIGHT_SHARE * images:
         why = (
@@ -143,7 +140,7 @@ def convolutions_channels_last(gm: fx.GraphModule, note: Callable[..., None]) ->
         new, copies = _layouts(gm, taken)
         restore = {}  # output node -> the memory format eager returns it in
         for n in output.all_input_nodes:
-            was, now = _val(n), new.get(n)
+            was, now = tensor_val(n), new.get(n)
             if isinstance(now, torch.Tensor) and was is not None and now.stride() != was.stride():
                 restore[n] = (_format_of(was), was)
                 if restore[n][0] is None:
@@ -182,11 +179,7 @@ def _restore(gm: fx.GraphModule, output: fx.Node, n: fx.Node, fmt: torch.memory_
     output.replace_input_with(n, back)
 
 
-def _run(gm: fx.GraphModule, part) -> None:
-    convolutions_channels_last(gm, part.note_pass)
-
-
-CHANNELS_LAST = Pass(
-    "channels_last", _run, kinds=("inference",),
+CHANNELS_LAST = passes.Pass(
+    "channels_last", passes.noted(convolutions_channels_last), kinds=("inference",),
     doc="a CPU graph's convolutions read channels-last images (oneDNN's layout), as Inductor's layout choice",
 )  # fmt: skip

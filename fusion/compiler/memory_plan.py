@@ -32,6 +32,8 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import as_traced
+from fusion.compiler.bindings import BINDINGS
+from fusion.fxutils.finish import relint
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import triton_runtime as rt
 
@@ -39,10 +41,10 @@ aten = torch.ops.aten
 # Bytes: glibc's default mmap threshold; below it malloc reuses freed chunks itself. $FUSION_REUSE_MIN=0 plans every
 # buffer (the fuzzer's small tensors then exercise the plan: FUSION_REUSE_MIN=0 uv run pytest tests/test_fuzz.py)
 REUSE_MIN = int(os.environ.get("FUSION_REUSE_MIN", 128 * 1024))
-FRESH_LIBRARY = {  # library calls that return a new tensor (read their inputs, alias none of them)
-    aten.convolution.default, torch.convolution, aten.mm.default, torch.mm, aten.addmm.default, torch.addmm,
-    aten.bmm.default, torch.bmm, aten.baddbmm.default, torch.baddbmm,
-}  # fmt: skip
+# Library calls that return a new tensor (read their inputs, alias none of them), as aten ops and as the Python
+# bindings pass python_bindings calls them through
+FRESH_OPS = (aten.convolution.default, aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+FRESH_LIBRARY = frozenset({*FRESH_OPS, *(BINDINGS[op] for op in FRESH_OPS if op in BINDINGS)})
 
 
 def _launcher(node: fx.Node) -> rt.Launcher | None:
@@ -166,6 +168,5 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
                 launcher.owner.plan = dataclasses.replace(plan, ir=dataclasses.replace(plan.ir, in_place=tuple(pairs)))
             taken += len(given)
     if taken:
-        gm.graph.lint()
-        gm.recompile()
+        relint(gm)
     return taken

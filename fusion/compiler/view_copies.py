@@ -28,7 +28,7 @@ from fusion.aten.nodes import is_view_node
 from fusion.compiler import passes
 from fusion.compiler.graph_passes import _escaping, _same_tensor_meta, _written
 from fusion.fxutils.finish import relint
-from fusion.fxutils.meta import call_with_meta
+from fusion.fxutils.meta import call_with_meta, tensor_val
 
 aten = torch.ops.aten
 PAD = aten.constant_pad_nd.default
@@ -43,11 +43,6 @@ def _real():
     return _disable_current_modes()
 
 
-def _val(node: object) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Pass ``zero_pads``: ``constant_pad_nd(x, [0, ...])`` is ``x`` where ``x`` (an op's value or an input) has the
     same shape, dtype, strides and offset and neither is written in place (the pad's readers only read), and the pad
@@ -58,19 +53,23 @@ def drop_zero_pads(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     dropped, copied = [], []
     for node in list(gm.graph.find_nodes(op="call_function", target=PAD)):
         x, pads = node.args[0], node.args[1]
-        if not (isinstance(x, fx.Node) and all(p == 0 for p in pads)) or _val(x) is None or _val(node) is None:
+        if (
+            not (isinstance(x, fx.Node) and all(p == 0 for p in pads))
+            or tensor_val(x) is None
+            or tensor_val(node) is None
+        ):
             continue
         if node in written or x in written or x.op not in ("call_function", "placeholder"):
             continue
         fresh = x.op == "call_function" and not is_view_node(x) and x not in escaping
-        if _same_tensor_meta(_val(x), _val(node)) and (node not in escaping or fresh):
+        if _same_tensor_meta(tensor_val(x), tensor_val(node)) and (node not in escaping or fresh):
             node.replace_all_uses_with(x)
             gm.graph.erase_node(node)
             dropped.append(node.name)
-        elif _val(node).is_contiguous():
+        elif tensor_val(node).is_contiguous():
             with gm.graph.inserting_before(node):
                 copy = call_with_meta(gm.graph, aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
-            if not _same_tensor_meta(_val(copy), _val(node)):
+            if not _same_tensor_meta(tensor_val(copy), tensor_val(node)):
                 gm.graph.erase_node(copy)
                 continue
             node.replace_all_uses_with(copy)
@@ -91,7 +90,7 @@ def _pieces_as_views(gm: fx.GraphModule, node: fx.Node, view: Callable[[int], tu
     for u in list(node.users):
         with gm.graph.inserting_before(u):
             new = call_with_meta(gm.graph, *view(u.args[1]))
-        if not _same_tensor_meta(_val(new), _val(u)):
+        if not _same_tensor_meta(tensor_val(new), tensor_val(u)):
             gm.graph.erase_node(new)
             continue
         u.replace_all_uses_with(new)
@@ -113,7 +112,7 @@ def splits_as_slices(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         dim = node.args[at] if len(node.args) > at else node.kwargs.get("dim", 0)
         if not isinstance(vals, (list, tuple)) or any(u.target is not operator.getitem for u in node.users):
             continue
-        dim = dim % _val(x).dim()
+        dim = dim % tensor_val(x).dim()
         if node.target is UNBIND:
             view = lambda i, x=x, dim=dim: (aten.select.int, (x, dim, i))  # noqa: E731
         else:
@@ -153,7 +152,7 @@ def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
     done, made = [], {}
     top = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.avg_pool2d.default)):
-        x, out = node.args[0], _val(node)
+        x, out = node.args[0], tensor_val(node)
         a = bind_args(node)
         kernel, stride, padding = (list(a.get(k) or []) for k in ("kernel_size", "stride", "padding"))
         ceil, counted, divisor = a.get("ceil_mode", False), a.get("count_include_pad", True), a.get("divisor_override")
@@ -170,7 +169,7 @@ def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
         w = _constant(gm, made, top, f"_window_{node.name}", weight, out.fake_mode)
         with gm.graph.inserting_before(node):
             new = call_with_meta(gm.graph, DEPTHWISE, (x, w, stride, padding, [1, 1]))
-        if not _same_tensor_meta(_val(new), out):
+        if not _same_tensor_meta(tensor_val(new), out):
             gm.graph.erase_node(new)
             continue
         node.replace_all_uses_with(new)

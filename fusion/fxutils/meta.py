@@ -3,7 +3,14 @@ generation) read shapes, strides and dtypes off every node as they do off AOTAut
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
+
+
+def tensor_val(node: object) -> torch.Tensor | None:
+    """``node.meta["val"]`` where ``node`` is a node whose value is a tensor, else None."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
 
 
 def call_with_meta(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
