@@ -59,20 +59,21 @@ def _meta(doc: dict) -> dict:
     return meta["calls"][-1] if "calls" in meta and meta["calls"] else meta
 
 
-def suite_files() -> list[tuple[str, Path, dict]]:
-    """(date, path, document) of every suite JSON measured on a GPU, oldest first."""
-    out = []
-    for path in sorted(RESULTS.glob("*.json")):
+def _suite_docs(pattern: str = "*.json"):
+    """(path, document, its meta) of every suite JSON (``"schema": "suite-1"``) named like ``pattern``."""
+    for path in sorted(RESULTS.glob(pattern)):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(doc, dict) or doc.get("schema") != "suite-1":
-            continue
-        meta = _meta(doc)
-        if meta.get("device") != "cuda" or not meta.get("device_name"):
-            continue
-        out.append((str(meta.get("date", "")), path, doc))
+        if isinstance(doc, dict) and doc.get("schema") == "suite-1":
+            yield path, doc, _meta(doc)
+
+
+def suite_files() -> list[tuple[str, Path, dict]]:
+    """(date, path, document) of every suite JSON measured on a GPU, oldest first."""
+    out = [(str(meta.get("date", "")), path, doc) for path, doc, meta in _suite_docs()
+           if meta.get("device") == "cuda" and meta.get("device_name")]  # fmt: skip
     return sorted(out, key=lambda t: (t[0], t[1].name))
 
 
@@ -262,22 +263,15 @@ def _overlap_table(rows: list[dict], meta: dict, path: Path) -> list[str]:
 
 def cpu_table() -> list[str]:
     """The newest CPU suite file that timed ``fusion`` and Inductor: every row of it, with its CPU and threads."""
-    found = []
-    for path in sorted(RESULTS.glob("cpu-*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        meta = _meta(doc) if isinstance(doc, dict) else {}
-        if (
-            doc.get("schema") == "suite-1"
-            and meta.get("device") == "cpu"
-            and doc.get("models")
-            and all(
-                b in (doc.get("meta", {}).get("backends") or meta.get("backends") or []) for b in ("fusion", "inductor")
-            )
-        ):
-            found.append((str(meta.get("date", "")), path, doc, meta))
+    found = [
+        (str(meta.get("date", "")), path, doc, meta)
+        for path, doc, meta in _suite_docs("cpu-*.json")
+        if meta.get("device") == "cpu"
+        and doc.get("models")
+        and all(
+            b in (doc.get("meta", {}).get("backends") or meta.get("backends") or []) for b in ("fusion", "inductor")
+        )
+    ]
     if not found:
         return []
     date, path, doc, meta = max(found, key=lambda t: (t[0], t[1].name))
