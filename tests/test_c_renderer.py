@@ -22,6 +22,7 @@ from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
 from fusion.kernels import c_runtime
 from fusion.kernels.c_render import one_walk, render
+from fusion.kernels.ir_loops import cse
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
 
 pytestmark = pytest.mark.phase8
@@ -544,6 +545,7 @@ def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
     assert one_walk(softmax) == softmax
     src = render(kernel)
     assert "< 49;" in src and "< 7;" not in src and "< 7 ?" not in src, src[src.index("void ") :]
+    assert src[src.index("void k") :].count("fusion_expf(") == 1, src  # the joined walk computes y once
     for got, want in zip(compiled_in_c(se_mean, x, s, b, kernels=1), se_mean(x, s, b), strict=True):
         close(got, want)
 
@@ -653,6 +655,7 @@ def test_a_channels_last_squeeze_excite_mean_is_one_column_walk(c, hw, dtype):
     assert len(walks) == 1, src  # the values stored and their mean: one walk
     body = src[src.index(f"for (int64_t {walks[0]} = ") :]
     assert "sqrtf" not in body.split("fusion_expf")[0], src  # each channel's scale computed before the walk
+    assert len(re.findall(r"\b(?:fusion_expf|exp)\(", src[src.index("void k") :])) == 1, src  # y once: store, mean
 
 
 @needs_cc
@@ -681,3 +684,37 @@ def test_a_float_made_an_integer_and_back_has_no_negative_zero(dtype):
     for got, want in zip(compiled_in_c(fn, x), fn(x), strict=True):  # (two regions: the outputs do not share a walk)
         close(got, want)
         assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+def test_cse_computes_a_repeated_value_once_and_never_reads_past_a_store():
+    """``ir_loops.cse``: an op of the same values, a constant, a load of the same element computed once, uses
+    renamed; a load after a store is read again (the store may be to the same memory: an in-place pair); -0.0 and
+    0.0 stay two constants; a walk of the row sees the values before it, not another walk's."""
+    x = ir.Affine(((1, ir.Var("x0")),))
+    buffers = (ir.Buffer("in0", (4,), (1,), "float32"), ir.Buffer("out0", (4,), (1,), "float32", output=True),
+               ir.Buffer("out1", (4,), (1,), "float32", output=True))  # fmt: skip
+    body = (
+        ir.Load("t0", "in0", x, "float32"),
+        ir.Load("t1", "in0", x, "float32"),  # the same element: t0
+        ir.Const("t2", 0.0, "float32"),
+        ir.Const("t3", -0.0, "float32"),  # another constant
+        ir.Op("t4", "add", ("t0", "t2"), "float32"),
+        ir.Op("t5", "add", ("t1", "t2"), "float32"),  # t4 once t1 is t0
+        ir.Op("t6", "add", ("t1", "t3"), "float32"),
+        ir.Store("out0", x, "t5"),
+        ir.Load("t7", "in0", x, "float32"),  # after a store: read again
+        ir.Op("t8", "mul", ("t7", "t6"), "float32"),
+        ir.Store("out1", x, "t8"),
+    )
+    k = ir.Kernel("k", "pointwise", buffers, (ir.Loop("x0", 4),), (), body)
+    got = cse(k).body
+    assert [s.out for s in got if hasattr(s, "out")] == ["t0", "t2", "t3", "t4", "t6", "t7", "t8"]
+    assert got[4] == ir.Op("t6", "add", ("t0", "t3"), "float32") and got[5] == ir.Store("out0", x, "t4")
+    assert cse(cse(k)) == cse(k)
+
+    walk = ir.ReduceLoop((ir.Load("t1", "in0", x, "float32"), ir.Reduce("t2", "sum", "t1", "float32")))
+    again = ir.ReduceLoop((ir.Load("t3", "in0", x, "float32"), ir.Reduce("t4", "max", "t3", "float32")))
+    k = dataclasses.replace(k, kind="reduction", body=(walk, again))
+    assert cse(k) == k  # each walk's load is its own
+    k = dataclasses.replace(k, body=(ir.Load("t0", "in0", x, "float32"), walk))
+    assert cse(k).body[1] == ir.ReduceLoop((ir.Reduce("t2", "sum", "t0", "float32"),))  # the value before the walk

@@ -26,7 +26,7 @@ import math
 from fusion.ir import kernel_ir as ir
 from fusion.kernels.c_ops import C_TYPES, CODE_FOR_OP, REDUCE_INIT, REDUCE_STEP, STORAGE, index_source, literal
 from fusion.kernels.c_prelude import PRELUDE
-from fusion.kernels.ir_loops import coalesce, hoist, invariant, one_walk, prologue
+from fusion.kernels.ir_loops import coalesce, cse, hoist, invariant, one_walk, prologue
 
 BLOCK = 4096  # elements of a 1-D pointwise kernel per OpenMP chunk
 SUM_BLOCK = 64  # elements down a column a sum folds one by one; the blocks' sums are then added pairwise
@@ -323,5 +323,5 @@ def render(kernel: ir.Kernel) -> str:
     """The C source of ``kernel``: the helpers, then ``void <name>(buffers..., int nthreads)``. Contiguous
     neighbouring loops are merged first (:func:`coalesce`). A column walk (a reduction whose rows are strided and
     whose innermost kept dim is contiguous) in tiles (:class:`_Columns`)."""
-    kernel = hoist(one_walk(coalesce(kernel)))
+    kernel = hoist(cse(one_walk(coalesce(kernel))))
     return (_Columns if _Columns.takes(kernel) else _Writer)(kernel).source()

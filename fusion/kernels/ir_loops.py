@@ -10,6 +10,8 @@ renderer (``fusion.kernels.c_render``) applies both.
   scale, ``rsqrt(var + eps)``; a squeeze-excite gate, ``sigmoid(s[c])``) computed once before the loop: a sum over a
   row no longer takes a square root and a division per element (gcc hoists them out of a plain loop, not out of a
   blocked ``omp simd`` sum).
+* :func:`cse` — a value computed twice (the same op of the same values, a load of the same element) computed once:
+  after :func:`one_walk` the stored ``silu(bn(x))`` and the one folded into its mean are the same expression.
 * :func:`prologue` — what varies along the innermost loop only (a channels-last image's per-channel scale) computed
   once per value of that loop, before the loops, into small arrays the body reads.
 """
@@ -131,6 +133,57 @@ def one_walk(k: ir.Kernel) -> ir.Kernel:
                 continue
         i += 1
     return k if len(body) == len(k.body) else dataclasses.replace(k, body=tuple(body))
+
+
+def cse(k: ir.Kernel) -> ir.Kernel:
+    """``k`` with each statement that repeats an earlier one it can see (an op of the same values and dtype, a
+    constant, an index, a load of the same element with the same mask and no store between) dropped and its uses
+    renamed to the earlier value. A walk of the row sees the statements before it, not another walk's. The values are
+    the same: every op of the IR is a pure function of its arguments. After :func:`one_walk`, gcc did not merge the
+    two ``exp``s of squeeze-excite's joined walk (a mean kernel ran at half a pointwise kernel's speed)."""
+    rename: dict[str, str] = {}
+
+    def key(s) -> tuple | None:
+        if isinstance(s, ir.Op):
+            return ("op", s.op, tuple(rename.get(a, a) for a in s.args), s.dtype)
+        if isinstance(s, ir.Const):
+            return ("const", type(s.value).__name__, repr(s.value), s.dtype)  # repr: -0.0 and nan stay apart
+        if isinstance(s, ir.Index):
+            return ("index", s.expr)
+        if isinstance(s, ir.Load):
+            return ("load", s.buffer, s.offset, s.dtype, rename.get(s.mask, s.mask))
+        return None
+
+    def walk(body, seen: dict) -> list:
+        out = []
+        for s in body:
+            if isinstance(s, ir.ReduceLoop):
+                out.append(ir.ReduceLoop(tuple(walk(s.body, dict(seen)))))
+                if any(isinstance(t, ir.Store) for t in s.body):
+                    seen = {k: v for k, v in seen.items() if k[0] != "load"}
+                continue
+            if isinstance(s, ir.Store):
+                seen = {k: v for k, v in seen.items() if k[0] != "load"}  # a load after a store reads again
+                out.append(dataclasses.replace(s, value=rename.get(s.value, s.value)))
+                continue
+            if isinstance(s, ir.Reduce):
+                out.append(dataclasses.replace(s, value=rename.get(s.value, s.value)))
+                continue
+            k_ = key(s)
+            if k_ is not None and k_ in seen:
+                rename[s.out] = seen[k_]
+                continue
+            if isinstance(s, ir.Op):
+                s = dataclasses.replace(s, args=tuple(rename.get(a, a) for a in s.args))
+            elif isinstance(s, ir.Load) and s.mask:
+                s = dataclasses.replace(s, mask=rename.get(s.mask, s.mask))
+            if k_ is not None:
+                seen[k_] = s.out
+            out.append(s)
+        return out
+
+    body = tuple(walk(k.body, {}))
+    return dataclasses.replace(k, body=body) if rename else k
 
 
 def invariant(body, over: set[str]) -> tuple[list, list]:
