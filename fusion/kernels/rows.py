@@ -117,13 +117,15 @@ class Rows:
 
     @classmethod
     def of(cls, reductions: Sequence[fx.Node], stored: Sequence[fx.Node], max_rblock: int, outer: bool = False,
-           members=None) -> Rows:  # fmt: skip
+           members=None, fill_gpu: bool = True) -> Rows:  # fmt: skip
         """The rows of the region's first reduction (its input's shape, its reduced dims); :class:`Unsupported` unless
         every reduction reduces the same dims of that shape (the trailing ones, unless ``outer``: any), the rows or
         a row are contiguous in memory, and every store lies inside the walk (a whole row, one element per row, a
         transposed copy of trailing rows or, given the region's ``members``, a reshape of the rows: anything else
         would be written out of its bounds). ``outer``: the Triton generator's walks over any dims,
-        with a GPU's rules (whole sectors, enough programs); the C lowering builds its own (``lower_reductions``)."""
+        with a GPU's rules (whole sectors, enough programs); the C lowering builds its own (``lower_reductions``).
+        ``fill_gpu=False``: the kernel runs as C on a CPU, where few long rows leave no SMs idle (one thread walks
+        them, or OpenMP splits the rows): the rule of :data:`LOOPED_MIN_ROWS` does not apply."""
         shape = tuple(reductions[0].args[0].meta["val"].shape)  # (..., N): rows of N
         ndim = len(shape)  # a 0-d tensor reduced over dim -1 or 0: one row of one element
 
@@ -178,7 +180,7 @@ class Rows:
         if rblock <= block:
             return cls(shape, nred, rnumel, rblock, order=order, column=column, reshaped=reshaped)
         programs = count // COALESCED_ROWS if column else count  # a column walk: >= 16 neighbouring rows a program
-        if programs < LOOPED_MIN_ROWS:
+        if programs < LOOPED_MIN_ROWS and fill_gpu:
             raise Unsupported(f"{count} row(s) of {rnumel} elements: longer than one block ({block}) and too few "
                               f"to fill the GPU ({programs} program(s) < {LOOPED_MIN_ROWS}); aten splits them",
                               reductions[0])  # fmt: skip
