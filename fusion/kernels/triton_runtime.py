@@ -428,10 +428,13 @@ def empty_strided_on(device: torch.device) -> Callable:
     """``alloc(size, stride, dtype)``: an uninitialised tensor on ``device``. On a host with one CUDA device, the
     allocator Inductor's output code calls (``torch._C._dynamo.guards._empty_strided_cuda``: straight to the caching
     allocator, no argument parsing or dispatch; it allocates on the *current* device, which one device makes this
-    one); ``torch.empty_strided(..., device=device)`` otherwise."""
+    one); on the CPU its twin ``_empty_strided_cpu``; ``torch.empty_strided(..., device=device)`` otherwise."""
     fast = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
     if device.type == "cuda" and fast is not None and torch.cuda.device_count() == 1:
         return fast
+    cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)  # Inductor's too: 0.4 against 1.2 us a call
+    if device.type == "cpu" and cpu is not None:
+        return cpu
     return functools.partial(_empty_strided, device=device)
 
 
