@@ -432,10 +432,18 @@ def empty_strided_on(device: torch.device) -> Callable:
     fast = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
     if device.type == "cuda" and fast is not None and torch.cuda.device_count() == 1:
         return fast
-    cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)  # Inductor's too: 0.4 against 1.2 us a call
-    if device.type == "cpu" and cpu is not None:
-        return cpu
+    if device.type == "cpu" and FAST_CPU is not None:
+        return _empty_strided_cpu
     return functools.partial(_empty_strided, device=device)
+
+
+FAST_CPU = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)  # Inductor's CPU allocator
+
+
+def _empty_strided_cpu(size, stride, dtype):
+    """A CPU output through :data:`FAST_CPU` (0.5 against 1.2 us a call), looked up at each call: the fuzzer's guard
+    zones (tests/test_fuzz.py) replace it to see every output."""
+    return FAST_CPU(size, stride, dtype)
 
 
 def _empty_strided(size, stride, dtype, *, device):
