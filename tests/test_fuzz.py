@@ -89,7 +89,10 @@ def guarded_outputs():
             return empty_strided if name == "empty_strided" else getattr(torch, name)
 
     rt.torch = GuardedTorch()  # the runtime allocates its outputs with torch.empty_strided at each launch
-    fast, rt.FAST_CPU = rt.FAST_CPU, lambda shape, stride, dtype: empty_strided(shape, stride, dtype=dtype, device="cpu")
+    fast, rt.FAST_CPU = (
+        rt.FAST_CPU,
+        lambda shape, stride, dtype: empty_strided(shape, stride, dtype=dtype, device="cpu"),
+    )
     try:
         yield allocated
     finally:
