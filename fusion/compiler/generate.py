@@ -51,19 +51,13 @@ def check(region: Region) -> list[fx.Node]:
         if split := krows.split_by_reductions(region, reductions, stored):
             raise split  # reductions walking different rows (a row's and a column's): one kernel each
         # refuses rows a GPU reads uncoalesced, and (unless C runs the kernel) too few long rows to fill a GPU
-        krows.Rows.of(reductions, stored, MAX_RBLOCK, True, region.members, fill_gpu=not runs_as_c(region))
+        krows.Rows.of(reductions, stored, MAX_RBLOCK, True, region.members, fill_gpu=not c_runtime.runs_as_c(region))
         return stored
     try:
         torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in stored))
     except RuntimeError as e:
         raise krows.split_by_shape(region, stored) from e
     return stored
-
-
-def runs_as_c(region: Region) -> bool:
-    """Will the C renderer run this region's kernel: CPU tensors, with C the renderer CPU kernels use now?"""
-    devices = {n.meta["val"].device.type for n in region.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
-    return devices == {"cpu"} and c_runtime.chosen() == "c"
 
 
 def generate_kernel(region: Region) -> KernelPlan:

@@ -50,10 +50,10 @@ POOLS_IN_C = False
 def c_refusal(region) -> Unsupported | None:
     """Why the C renderer should not take ``region``, or None: a max-pool's window, on a CPU whose kernels C renders,
     unless :data:`POOLS_IN_C` (aten's max-pool is faster there: the region is cut at the pool)."""
-    if POOLS_IN_C or c_runtime.chosen() != "c":
+    if POOLS_IN_C or not c_runtime.runs_as_c(region):
         return None
     values = next((n for n in region.nodes if pooled_values(n)), None)  # getitem 0 of the pool
-    if values is None or values.meta["val"].device.type != "cpu":
+    if values is None:
         return None
     pool = values.args[0]
     why = "on CPU aten's max-pool beats the C window kernel (fusion.compiler.lower_windows.POOLS_IN_C)"

@@ -66,6 +66,12 @@ def chosen() -> str:
 _WARNED: list[bool] = []
 
 
+def runs_as_c(region) -> bool:
+    """Will the C renderer run this region's kernel: its tensors on the CPU, and C the renderer CPU kernels use now?"""
+    devices = {n.meta["val"].device.type for n in region.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    return devices == {"cpu"} and chosen() == "c"
+
+
 def use(renderer: str | None):
     """Kernels generated inside this block run on CPU tensors with ``renderer`` (None: leave the choice as it is)."""
     return RENDERER.use(renderer)

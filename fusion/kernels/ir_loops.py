@@ -154,16 +154,19 @@ def cse(k: ir.Kernel) -> ir.Kernel:
             return ("load", s.buffer, s.offset, s.dtype, rename.get(s.mask, s.mask))
         return None
 
+    def without_loads(seen: dict) -> dict:  # a load after a store reads memory again
+        return {k: v for k, v in seen.items() if k[0] != "load"}
+
     def walk(body, seen: dict) -> list:
         out = []
         for s in body:
             if isinstance(s, ir.ReduceLoop):
                 out.append(ir.ReduceLoop(tuple(walk(s.body, dict(seen)))))
                 if any(isinstance(t, ir.Store) for t in s.body):
-                    seen = {k: v for k, v in seen.items() if k[0] != "load"}
+                    seen = without_loads(seen)
                 continue
             if isinstance(s, ir.Store):
-                seen = {k: v for k, v in seen.items() if k[0] != "load"}  # a load after a store reads again
+                seen = without_loads(seen)
                 out.append(dataclasses.replace(s, value=rename.get(s.value, s.value)))
                 continue
             if isinstance(s, ir.Reduce):

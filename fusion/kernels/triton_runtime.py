@@ -424,6 +424,15 @@ class Launcher:
         return self.results(inputs, outs)
 
 
+FAST_CPU = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)  # Inductor's CPU allocator
+
+
+def _empty_strided_cpu(size, stride, dtype):
+    """A CPU output through :data:`FAST_CPU` (0.5 against 1.2 us a call), looked up at each call: the fuzzer's guard
+    zones (tests/test_fuzz.py) replace it to see every output."""
+    return FAST_CPU(size, stride, dtype)
+
+
 def empty_strided_on(device: torch.device) -> Callable:
     """``alloc(size, stride, dtype)``: an uninitialised tensor on ``device``. On a host with one CUDA device, the
     allocator Inductor's output code calls (``torch._C._dynamo.guards._empty_strided_cuda``: straight to the caching
@@ -435,15 +444,6 @@ def empty_strided_on(device: torch.device) -> Callable:
     if device.type == "cpu" and FAST_CPU is not None:
         return _empty_strided_cpu
     return functools.partial(_empty_strided, device=device)
-
-
-FAST_CPU = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)  # Inductor's CPU allocator
-
-
-def _empty_strided_cpu(size, stride, dtype):
-    """A CPU output through :data:`FAST_CPU` (0.5 against 1.2 us a call), looked up at each call: the fuzzer's guard
-    zones (tests/test_fuzz.py) replace it to see every output."""
-    return FAST_CPU(size, stride, dtype)
 
 
 def _empty_strided(size, stride, dtype, *, device):
