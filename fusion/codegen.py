@@ -23,7 +23,9 @@ What you learn
   (``x1 = xindex // 64``, ``x0 = xindex % 64``) and loads every tensor at ``sum(index_d * stride_d)``. Broadcasting
   is free: a size-1 (or missing) dimension contributes nothing. Views, a *mask* ``xindex < numel`` for the last
   block's tail, a ``cat`` (each input loaded at its shifted index under its own mask, a ``tl.where`` picks): all
-  index arithmetic, done exactly in the IR (``(60*x0 + x1) // 10`` cancels where the loop ranges prove it). The walk
+  index arithmetic, done exactly in the IR (``(60*x0 + x1) // 10`` cancels where the loop ranges prove it). An
+  embedding or a gathered bias is one load whose index is partly a *value* (``table[id * 16 + x0]``, the id checked
+  to lie in its range): no kernel of its own, a load inside the kernel that reads it. The walk
   follows the first output's memory order (channels_last: C fastest), so neighbouring lanes touch neighbouring
   addresses. In Triton's CPU interpreter every load and store is checked to stay inside its tensor
   (``fusion.kernels.interp_check``): a wrong index is an error naming the kernel's line, never a silent read.

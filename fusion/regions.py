@@ -70,7 +70,8 @@ aten = torch.ops.aten
 
 # The named families of fusible ops that carry no pointwise/reduction tag, by ``op._schema.name``.
 # Indexing: a load at a computed index (slice and select are views as well; listing them keeps the rule readable).
-INDEXING_OPS = frozenset({"aten::slice", "aten::select", "aten::gather", "aten::index_select", "aten::embedding"})
+INDEXING_OPS = frozenset({"aten::slice", "aten::select", "aten::gather", "aten::index_select", "aten::embedding",
+                          "aten::index"})  # fmt: skip
 # Pooling: every output element combines a small window of its input (max, or sum / count) — a few loads at shifted
 # indices, combined pointwise, with no reduction loop of its own. Inductor decomposes max-pool into the prims below
 # (it registers them; older torch spells them ..._max_pool2d_...). A depthwise convolution is one too, a window sum

@@ -11,6 +11,8 @@
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
 #     bash scripts/gpu_measure.sh session    # CUDA tests; Swin-T, MaxViT-T (inference and training)
+#     BASE=_before bash scripts/gpu_measure.sh gathers
+#                                            # CUDA tests; before/after (an earlier tree in $BASE) of BERT, Swin-T, GPT-2
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -44,7 +46,7 @@ suite() {  # suite BUDGET MODELS BACKENDS
 
 cuda_tests() {  # cuda_tests LIMIT [LOG NAME]
     step "CUDA tests of Phases 8-9 (generated kernels, launchers, CUDA graphs, attention, eager's roundings)"
-    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_fuzz.py tests/test_random.py \
+    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider tests/test_backend.py tests/test_codegen.py tests/test_codegen_gathers.py tests/test_fuzz.py tests/test_random.py \
         tests/test_split_reductions.py \
         -k "cuda or cudagraph or gpu or launcher or direct or attention or several_rows or real_sizes or one_rounding \
 or zero_dim or outer or leading or window or stack or transposed" 2>&1 | tail -15 | tee "$OUT/${2:-cuda_tests}.log"
@@ -118,6 +120,12 @@ session)
     cuda_tests 240
     suite $((565 - (SECONDS - start))) swin_t,maxvit_t,swin_t_train,maxvit_t_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite or train" && exit 2 ;;
+gathers)
+    cuda_tests 200
+    step "before/after: indexed reads in the kernels ($BASE against this tree: eager, fusion, CUDA graphs)"
+    BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" \
+        bash scripts/gpu_before_after.sh "${MODELS:-bert,swin_t,gpt2}" $((585 - (SECONDS - start)))
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

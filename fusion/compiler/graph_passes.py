@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import as_traced, is_view_node
 from fusion.fxutils.finish import relint
+from fusion.kernels.rows import is_gather
 
 aten = torch.ops.aten
 
@@ -83,8 +84,12 @@ def _cheap_and_pure(node: fx.Node) -> bool:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or node.is_impure():
         return False
-    tags = target.tags
-    return target.is_view or (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags)
+    tags = target.tags  # an indexed read (an embedding, a gathered bias) is a load of the kernel that reads it
+    return (
+        target.is_view
+        or is_gather(node)
+        or (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags)
+    )
 
 
 def hoist_constants(graph: fx.Graph) -> None:

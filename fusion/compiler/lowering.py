@@ -35,6 +35,7 @@ import torch.fx as fx
 from fusion.aten import precision
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, substitute, var, view_index
+from fusion.compiler.lower_gathers import gathered
 from fusion.compiler.lower_reductions import HALF, REDUCTIONS, Reductions, compute, dtype_name, recombined, walk_rows
 from fusion.compiler.lower_windows import window
 from fusion.ir import kernel_ir as ir
@@ -228,6 +229,8 @@ class Lowering(Reductions):
             return out, ct
         if is_window(node):  # a max-pool's values, a depthwise convolution: fusion.compiler.lower_windows
             return window(self, node, index)
+        if krows.is_gather(node):  # embedding, index, index_select, gather: fusion.compiler.lower_gathers
+            return gathered(self, node, index)
         if node.target is operator.getitem:
             return self.reduce(node.args[0], index)[node.args[1]]
         if is_view(node):

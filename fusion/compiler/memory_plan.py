@@ -102,9 +102,12 @@ def _in_place(launcher: rt.Launcher, node: fx.Node, i: int, val: torch.Tensor, a
 
 def writable_over(k: ir.Kernel, source: str, target: str) -> bool:
     """May kernel ``k`` store buffer ``target`` into the memory of its input ``source``: one store of ``target``, and
-    every load of ``source`` at that store's offset and before it in the kernel's order?"""
+    every load of ``source`` at that store's offset (not at an index the kernel computes) and before it in the
+    kernel's order?"""
     order = k.statements()
     loads = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Load) and s.buffer == source]
+    if any(isinstance(s, ir.Load) and s.buffer == source and s.indirect for s in order):
+        return False
     stores = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Store) and s.buffer == target]
     return len(stores) == 1 and all(offset == stores[0][1] and n < stores[0][0] for n, offset in loads)
 

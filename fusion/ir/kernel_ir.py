@@ -11,8 +11,9 @@ expression of the loop variables, reductions folded over the innermost loops).
 * :class:`Buffer` — a kernel argument: sizes, strides (in elements), dtype, offset, and whether it is read or written.
 * Index expressions — :class:`Affine` (``sum(coef * atom) + const``) of atoms :class:`Var` (a loop variable),
   :class:`FloorDiv` and :class:`Mod` (a reshape that could not be simplified away). Every index is >= 0.
-* Statements — :class:`Load` (masked or not), :class:`Index` (an index as a value), :class:`Const`, :class:`Op` (one pointwise op: :data:`OPS`), :class:`Reduce` (folds a
-  value over the reduction loops), :class:`ReduceLoop` (a loop over the reduced dims: its body and its reductions),
+* Statements — :class:`Load` (masked or not; at an index the kernel computes: ``indirect``), :class:`Index` (an
+  index as a value), :class:`Const`, :class:`Op` (one pointwise op: :data:`OPS`), :class:`Reduce` (folds a value over
+  the reduction loops), :class:`ReduceLoop` (a loop over the reduced dims: its body and its reductions),
   :class:`Store`.
 * :class:`Kernel` — the whole kernel: its buffers, its loops (outermost first), the reduction loops, the body.
 
@@ -122,13 +123,19 @@ class Loop:
 class Load:
     """``out = buffer[offset]`` converted to ``dtype`` (the compute dtype: a float16 element becomes a float32).
     ``mask``: a bool value; where it is false nothing is read (the offset may lie outside the buffer: a cat input's
-    shifted index) and ``out`` is 0."""
+    shifted index) and ``out`` is 0.
+
+    ``indirect``: ``(value, size, stride)`` triples, an indexed read (an embedding's row, a gathered bias): the element
+    at ``offset + sum(value * stride)``, each ``value`` an int64 computed in the kernel that must lie in
+    ``[0, size)``. A renderer checks it: a value outside is reported as eager reports it (an ``IndexError``), and
+    nothing outside the buffer is ever read."""
 
     out: str
     buffer: str
     offset: Affine
     dtype: str
     mask: str | None = None
+    indirect: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -227,7 +234,8 @@ class Kernel:
 def _describe(s: Statement) -> str:
     if isinstance(s, Load):
         masked = f" if {s.mask}" if s.mask else ""
-        return f"{s.out} = load {s.buffer}[{index_text(s.offset)}]{masked} : {s.dtype}"
+        at = index_text(s.offset) + "".join(f" + {st}*{v} ({v} < {n})" for v, n, st in s.indirect)
+        return f"{s.out} = load {s.buffer}[{at}]{masked} : {s.dtype}"
     if isinstance(s, Index):
         return f"{s.out} = index {index_text(s.expr)} : int64"
     if isinstance(s, Const):

@@ -43,13 +43,18 @@ class _Writer:
         self.dtypes: dict[str, str] = {}
         self.lines: list[str] = []
         self.tiled: set[str] = set()  # row-level values held as arrays over a column tile (_Columns)
+        self.checked = any(isinstance(s, ir.Load) and s.indirect for s in kernel.statements())
+        self.bad = " reduction(|:fusion_bad)" if self.checked else ""  # every parallel or SIMD loop ORs its checks
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("    " * depth + line)
 
     def load(self, s: ir.Load) -> str:
         b = self.buffers[s.buffer]
-        at = f"{s.buffer}[{index_source(s.offset)}]"
+        at = index_source(s.offset) + "".join(  # a computed index: read at 0 where it is outside (then reported)
+            f" + {st}*((uint64_t){self.ref(v)} < {n}ULL ? {self.ref(v)} : 0)" for v, n, st in s.indirect
+        )
+        at = f"{s.buffer}[{at}]"
         raw = {"float16": f"fusion_h2f({at})", "bfloat16": f"fusion_bf2f({at})", "bool": f"({at} != 0)"}.get(
             b.dtype, at
         )
@@ -65,6 +70,9 @@ class _Writer:
     def statement(self, s, depth: int) -> None:
         if isinstance(s, ir.Load):
             self.dtypes[s.out] = s.dtype
+            for v, n, _ in s.indirect:  # an index outside its dim: the kernel returns 1 (c_runtime raises IndexError)
+                bad = f"((uint64_t){self.ref(v)} >= {n}ULL)"
+                self.emit(f"fusion_bad |= {f'{self.ref(s.mask)} & ' if s.mask else ''}{bad};", depth)
             value = f"({self.ref(s.mask)} ? {self.load(s)} : ({C_TYPES[s.dtype]})0)" if s.mask else self.load(s)
             self.emit(f"{self.define(s.out, s.dtype)} = {value};", depth)  # (masked: not read)
         elif isinstance(s, ir.Index):
@@ -133,7 +141,7 @@ class _Writer:
             acc = {f.out: f"{f.out}_p" for f in folds}
             for f in folds:
                 self.emit(f"{C_TYPES[f.dtype]} {acc[f.out]} = 0;", d + 1)
-            self.emit(f"#pragma omp simd reduction(+:{', '.join(acc.values())})", d + 1)
+            self.emit(f"#pragma omp simd reduction(+:{', '.join(acc.values())}){self.bad}", d + 1)
             end = f"{v}_b + {ROW_SUM_BLOCK} < {size} ? {v}_b + {ROW_SUM_BLOCK} : {size}"
             self.emit(f"for (int64_t {v} = {v}_b; {v} < ({end}); {v}++) {{", d + 1)
         for s in loop.body:
@@ -147,13 +155,16 @@ class _Writer:
         self.emit("}", depth)
 
     def signature(self) -> int:
-        """Open ``void <name>(buffers..., int nthreads) {``; the kernel's work (elements of all its loops)."""
+        """Open ``void <name>(buffers..., int nthreads) {`` (``int``: a kernel with indexed reads returns whether an
+        index was outside its dim); the kernel's work (elements of all its loops)."""
         k = self.k
         shared = {name for pair in k.in_place for name in pair}  # one memory, two names: neither is restrict
         params = [f"{'' if b.output else 'const '}{STORAGE[b.dtype]} *{'' if b.name in shared else 'restrict '}{b.name}"
                   for b in k.buffers]  # fmt: skip
-        self.emit(f"void {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
+        self.emit(f"{'int' if self.checked else 'void'} {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
         self.emit("(void)nthreads;", 1)
+        if self.checked:
+            self.emit("int fusion_bad = 0;", 1)
         return math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
 
     def prologue(self, body: list, loops: list[ir.Loop]) -> list:
@@ -177,7 +188,7 @@ class _Writer:
 
     def source(self) -> str:
         k, work = self.k, self.signature()
-        omp = f"num_threads(nthreads) if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static)"
+        omp = f"num_threads(nthreads) if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}"
         loops, depth = list(k.loops), 1
         if k.kind == "pointwise" and len(loops) == 1:  # one loop: blocks of BLOCK elements shared by the threads
             (lp,) = loops
@@ -211,6 +222,12 @@ class _Writer:
             self.statement(s, depth)
         for d in closers:
             self.emit("}", d)
+        return self.finish()
+
+    def finish(self) -> str:
+        """Close the function (a checked kernel returns its flag) and return the whole source."""
+        if self.checked:
+            self.emit("return fusion_bad;", 1)
         self.emit("}", 0)
         return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
 
@@ -231,7 +248,7 @@ class _Columns(_Writer):
         return any((1, c) in s.offset.terms for s in loads) and not any((1, r) in s.offset.terms for s in loads)
 
     def tile_loop(self, depth: int) -> None:
-        self.emit("#pragma omp simd", depth)
+        self.emit(f"#pragma omp simd{self.bad}", depth)
         self.emit(f"for (int64_t {TILE_VAR} = 0; {TILE_VAR} < {self.c}_n; {TILE_VAR}++) {{", depth)
         self.emit(f"const int64_t {self.c} = {self.c}_o + {TILE_VAR};", depth + 1)
 
@@ -286,7 +303,7 @@ class _Columns(_Writer):
         *outer, last = k.loops
         self.c = c = last.var
         self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "
-                  f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static)", 1)  # fmt: skip
+                  f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}", 1)  # fmt: skip
         for lp in outer:
             self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
         self.emit(f"for (int64_t {c}_o = 0; {c}_o < {last.size}; {c}_o += {TILE}) {{", 1)
@@ -315,8 +332,7 @@ class _Columns(_Writer):
                 self.emit("}", 2)
             i += 1
         self.emit("}", 1)
-        self.emit("}", 0)
-        return PRELUDE + "\n" + "\n".join(self.lines) + "\n"
+        return self.finish()
 
 
 def render(kernel: ir.Kernel) -> str:

@@ -320,9 +320,23 @@ class CKernel:
     def __init__(self, fn, name: str, source: str, nargs: int) -> None:
         self.fn, self.name, self.source = fn, name, source
         fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int]
+        fn.restype = ctypes.c_int if CHECKED in source else None  # indexed reads: 1 if an index was out of range
 
     def __call__(self, *tensors: torch.Tensor) -> None:
-        self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads())
+        if self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads()):
+            raise IndexError(index_error(self.name))
+
+
+CHECKED = "int fusion_bad = 0;"  # the C renderer's flag of a kernel with indexed reads (c_render: signature)
+
+
+def index_error(kernel: str) -> str:
+    """What a kernel that read an index outside its dimension raises (eager raises IndexError on the same input)."""
+    return (
+        f"index out of range in the generated kernel {kernel}: an index it reads (an embedding's id, an index or "
+        "gather position) lies outside the dimension it indexes, as eager would report with IndexError. "
+        "Fix: pass indices within the indexed tensor's size (embedding ids below num_embeddings)"
+    )
 
 
 def named(kernel) -> tuple[str, str, str]:

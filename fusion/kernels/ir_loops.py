@@ -96,7 +96,7 @@ def _uses(s) -> set[str]:
     if isinstance(s, ir.Op):
         return set(s.args)
     if isinstance(s, ir.Load):
-        return {s.mask} if s.mask else set()
+        return ({s.mask} if s.mask else set()) | {v for v, _, _ in s.indirect}
     if isinstance(s, (ir.Store, ir.Reduce)):
         return {s.value}
     return set()
@@ -151,8 +151,11 @@ def cse(k: ir.Kernel) -> ir.Kernel:
         if isinstance(s, ir.Index):
             return ("index", s.expr)
         if isinstance(s, ir.Load):
-            return ("load", s.buffer, s.offset, s.dtype, rename.get(s.mask, s.mask))
+            return ("load", s.buffer, s.offset, s.dtype, rename.get(s.mask, s.mask), renamed(s.indirect))
         return None
+
+    def renamed(indirect: tuple) -> tuple:
+        return tuple((rename.get(v, v), n, st) for v, n, st in indirect)
 
     def without_loads(seen: dict) -> dict:  # a load after a store reads memory again
         return {k: v for k, v in seen.items() if k[0] != "load"}
@@ -178,8 +181,8 @@ def cse(k: ir.Kernel) -> ir.Kernel:
                 continue
             if isinstance(s, ir.Op):
                 s = dataclasses.replace(s, args=tuple(rename.get(a, a) for a in s.args))
-            elif isinstance(s, ir.Load) and s.mask:
-                s = dataclasses.replace(s, mask=rename.get(s.mask, s.mask))
+            elif isinstance(s, ir.Load) and (s.mask or s.indirect):
+                s = dataclasses.replace(s, mask=rename.get(s.mask, s.mask), indirect=renamed(s.indirect))
             if k_ is not None:
                 seen[k_] = s.out
             out.append(s)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from fusion.kernels import c_runtime
+from fusion.kernels import triton_lang as tlang
 from fusion.kernels.triton_runtime import shared_source, source_path
 
 _POOL: concurrent.futures.ProcessPoolExecutor | None = None
@@ -118,7 +119,7 @@ def _compile_in_worker(path: str, name: str, dtypes: tuple[str, ...], num_warps:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         fn = getattr(module, name)
-        fn.warmup(*(getattr(torch, d) for d in dtypes), grid=(1,), num_warps=num_warps, **constexprs)
+        fn.warmup(*(getattr(torch, d) for d in dtypes), grid=(1,), num_warps=num_warps, **constexprs, **tlang.OPTIONS)
         return ""
     except Exception as e:  # noqa: BLE001 - a failed warm-up only means the parent compiles this one itself
         return f"{type(e).__name__}: {str(e)[:200]}"

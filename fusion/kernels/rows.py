@@ -36,6 +36,24 @@ def is_depthwise(node: object) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.name == DEPTHWISE_CONV
 
 
+# Indexed reads a kernel generates as one load at a computed position (``fusion.compiler.lower_gathers``)
+GATHERS = frozenset({"aten::embedding", "aten::index", "aten::index_select", "aten::gather"})
+
+
+def is_gather(node: object) -> bool:
+    """Is ``node`` an embedding, ``index``, ``index_select`` or ``gather`` (a load at a position it reads)?"""
+    target = getattr(node, "target", None)
+    return (
+        isinstance(target, torch._ops.OpOverload)
+        and target._schema.name in GATHERS
+        and target._overloadname
+        in (
+            "default",
+            "Tensor",
+        )
+    )
+
+
 def pooled_values(node: fx.Node) -> bool:
     """Is ``node`` ``getitem(max_pool(...), 0)``, the values of a max-pool?"""
     return node.target is operator.getitem and is_max_pool(node.args[0]) and node.args[1] == 0
@@ -384,7 +402,7 @@ def _check_rule(region, n: fx.Node, val, reductions: set) -> None:
         if not val[0].dtype.is_floating_point:
             raise Unsupported(f"{n.name}: a max-pool of {val[0].dtype} is not generated", n)
         return
-    if is_depthwise(n):  # a window sum: lower_windows.window_sum
+    if is_depthwise(n) or is_gather(n):  # a window sum (lower_windows.window_sum), an indexed read (lower_gathers)
         return
     if t is operator.getitem:
         src = n.args[0]

@@ -111,6 +111,10 @@ def memory_order(val: torch.Tensor, shape: Sequence[int]) -> list[int]:
     return order
 
 
+# Triton's compile options of every launch and warm-up: a kernel with indexed reads is compiled with debug=True (its
+# index checks are device_asserts, which Triton emits only then), and debug must not add int32 overflow checks to
+# all its index arithmetic as well (Inductor passes the same option)
+OPTIONS = {"sanitize_overflow": False}
 UNNAMED = "KERNEL_NAME"  # the name a kernel's draft source is written with; kernel_name() puts the real one in
 _named: dict[tuple[str, str], str] = {}  # (prefix, code without comments) -> the name that code was first given
 

@@ -301,13 +301,20 @@ class _Writer:
     def statement(self, s, depth: int) -> None:
         if isinstance(s, ir.Load):
             b, guard = self.buffers[s.buffer], s.mask and self.ref(s.mask)
+            at = [(self.ref(v), n, st) for v, n, st in s.indirect]
             need = self.axes(s.offset) | (self.level[guard] if guard else frozenset())
+            need = need.union(*(self.level[v] for v, _, _ in at))
             ptr, mask = self.address(s.buffer, s.offset, need, guard)
+            for v, n, st in at:  # a computed index: checked (eager's IndexError), read at 0 where it is outside
+                inside = f"({v} >= 0) & ({v} < {n})"
+                self.emit(f'tl.device_assert(({inside}) | ~({mask}), "index out of range")', depth)
+                ptr += f" + tl.where({inside}, {v}, 0) * {st}"
             load = f"tl.load({ptr}, mask={mask}{', other=0' if guard else ''})"
             if TL[b.dtype] != TL[s.dtype]:
                 load += f".to({TL[s.dtype]})"
             level = (need or frozenset("x")) if self.reduction else frozenset("x")
-            self.define(s, s.out, s.dtype, load, level, ("load", s.buffer, s.offset, s.dtype, guard), depth)
+            key = ("load", s.buffer, s.offset, s.dtype, guard, tuple(at))
+            self.define(s, s.out, s.dtype, load, level, key, depth)
         elif isinstance(s, ir.Index):
             level = self.axes(s.expr)
             expr = self.index(s.expr) if level else f"tl.full([1], {s.expr.const}, tl.int64)"
@@ -416,7 +423,8 @@ class _Writer:
         head = ["import triton", "import triton.language as tl", "", ""]
         head += [*COMBINE_FUNCTIONS, "", ""] if self.reduction else []
         head += RAND_FUNCTION if any(isinstance(s, ir.Op) and s.op == "rand" for s in k.statements()) else []
-        return "\n".join([*head, "@triton.jit", *self.used_lines()]) + "\n"
+        checked = any(isinstance(s, ir.Load) and s.indirect for s in k.statements())  # device_assert needs debug
+        return "\n".join([*head, "@triton.jit(debug=True)" if checked else "@triton.jit", *self.used_lines()]) + "\n"
 
 
 def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:

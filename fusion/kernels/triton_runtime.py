@@ -19,6 +19,7 @@ The graph around the launches is built by ``fusion.compiler.partition``; GPU tim
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -181,6 +182,32 @@ def exact_bfloat16_in_the_interpreter() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _device_asserts(fn):
+    """Run the ``tl.device_assert``s of a kernel defined with ``debug=True`` (its indexed reads' range checks) in the
+    interpreter, which skips them otherwise (its builder's options say ``debug=False``); an index out of range
+    raises ``IndexError`` as the C kernel and eager do."""
+    if not (getattr(fn, "debug", None) or getattr(fn, "kwargs", {}).get("debug")):  # JITFunction, InterpretedFunction
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    options = builder.options
+    builder.options = dataclasses.replace(options, debug=True, sanitize_overflow=False)  # tlang.OPTIONS
+    try:
+        yield
+    except Exception as e:
+        cause = e
+        while cause is not None and "index out of range" not in str(cause):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise IndexError(c_runtime.index_error(getattr(getattr(fn, "fn", fn), "__name__", "kernel"))) from None
+    finally:
+        builder.options = options
+
+
 class _Interpreted:
     """A kernel for Triton's interpreter: it patches ``triton.language`` while a kernel runs, so two threads
     interpreting at once break each other. One interpreted launch at a time (CPU runs are for correctness only),
@@ -193,8 +220,8 @@ class _Interpreted:
         launch = self.fn[grid]
 
         def run(*args, **kwargs):
-            with _INTERPRET_LOCK, interp_check.launch(self.fn, args):  # every load/store checked in bounds
-                return launch(*args, **kwargs)
+            with _INTERPRET_LOCK, interp_check.launch(self.fn, args), _device_asserts(self.fn):
+                return launch(*args, **kwargs)  # every load/store checked in bounds, every device_assert run
 
         return run
 
@@ -294,7 +321,7 @@ class RegionKernel(torch.nn.Module):
 
         def launch() -> None:
             if grid > 0:
-                fn[(grid,)](*inputs, *outs, num_warps=self.num_warps, **constexprs)
+                fn[(grid,)](*inputs, *outs, num_warps=self.num_warps, **constexprs, **tlang.OPTIONS)
 
         return launch, outs
 
@@ -375,6 +402,8 @@ class Launcher:
             outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         try:
             direct(*inputs, *outs)
+        except IndexError:  # an index out of range (a C kernel's check): the caller's input, as eager raises it
+            raise
         except Exception as e:  # noqa: BLE001 - any failure: the JIT call, from now on
             self.direct = None
             self.fallback = f"direct launch failed ({type(e).__name__}: {str(e)[:120]}); Triton's JIT call from now on"
@@ -404,7 +433,7 @@ class Launcher:
         grid, constexprs = owner.config(device)
         owner.ran = "triton" if device.type == "cuda" else "triton-interpreter"
         if grid > 0:
-            compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.num_warps, **constexprs)
+            compiled = fn[(grid,)](*inputs, *outs, num_warps=owner.num_warps, **constexprs, **tlang.OPTIONS)
             if device.type == "cuda" and not self.fallback:
                 try:
                     # Only an input that can move checks its alignment per call: a graph input or a view (a slice

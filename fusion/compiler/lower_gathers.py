@@ -1,0 +1,138 @@
+"""Indexed reads in the kernel IR (``fusion.compiler.lowering``): ``embedding``, ``index``, ``index_select`` and
+``gather`` as one :class:`~fusion.ir.kernel_ir.Load` whose index is partly a value the kernel computes.
+
+An embedding's row, a relative-position bias gathered from its table, a position id: each output element is one
+element of a tensor (the *table*) at a position that is partly the output's own index and partly a value read from
+an index tensor. So the gather is not a kernel of its own: it is a load inside whatever kernel reads it (BERT's three
+embeddings summed and normalized in one kernel; Swin's bias added to the scores inside the softmax), as Inductor
+lowers ``index`` to an indirect load.
+
+How a position is built: each dim of the table gets either an affine index of the loops (a dim the output walks) or
+a *placeholder variable* standing for the value read from the index tensor. The table may be a view of a kernel input
+(BERT's ``token_type_ids`` buffer expanded); the views map the index back to the input as for any load
+(``index_algebra.view_index``), and what multiplies each placeholder in the input's offset is its stride. The load is
+``table[affine + sum(value * stride)]`` (``Load.indirect``), each value checked to lie in ``[0, size)`` by the
+renderer (eager's ``IndexError``; nothing outside the table is read).
+
+The rules, each a refusal with its reason where they do not hold (the op then runs as an aten call):
+
+* the table is a kernel input or a view of one: a value computed in the region cannot be read at a position known
+  only at run time, so the region is split there (a first kernel stores it, the gather's kernel reads it);
+* a placeholder must reach the input's offset as a plain term (not under a reshape's ``//`` or ``%``);
+* ``index`` takes integer index tensors (a boolean mask's result has a size known only at run time), negative
+  indices counted from the end as eager does; ``embedding``, ``index_select`` and ``gather`` take no negative index
+  (eager raises, so does the kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from fusion.aten.nodes import is_view_node as is_view
+from fusion.compiler.index_algebra import broadcast, offset, var, view_index
+from fusion.compiler.lower_reductions import compute, dtype_name
+from fusion.ir import kernel_ir as ir
+from fusion.ir.plan import SplitRegion, Unsupported
+from fusion.kernels.rows import bind_args
+
+aten = torch.ops.aten
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def positions(node: fx.Node, index: list[ir.Affine]) -> tuple[fx.Node, list]:
+    """(the table, per dim of the table: an affine index, or ``(index node, its index, wrap negatives)``) of the
+    gather ``node``'s element at ``index``."""
+    packet, bound = node.target.overloadpacket, bind_args(node)
+    if packet is aten.embedding:
+        weight, ids = bound["weight"], bound["indices"]
+        n = ids.meta["val"].dim()
+        return weight, [(ids, index[:n], False), *index[n:]]
+    if packet is aten.index_select:
+        x, ids = bound["self"], bound["index"]
+        dim = bound["dim"] % max(1, x.meta["val"].dim())
+        at = [index[dim]] if ids.meta["val"].dim() else []
+        return x, [(ids, at, False) if d == dim else i for d, i in enumerate(index)]
+    if packet is aten.gather:
+        x, ids = bound["self"], bound["index"]
+        dim = bound["dim"] % max(1, x.meta["val"].dim())
+        return x, [(ids, index, False) if d == dim else i for d, i in enumerate(index)]
+    # index.Tensor: the index tensors broadcast together; where they sit next to each other their dims replace the
+    # indexed dims in place, else they come first (numpy's rule, as torch's)
+    x, indices = bound["self"], list(bound["indices"])
+    given = [d for d, t in enumerate(indices) if t is not None]
+    if not given:
+        raise Unsupported(f"{node.name}: index with no index tensor", node)
+    vals = [indices[d].meta["val"] for d in given]
+    if any(v.dtype not in INDEX_DTYPES for v in vals):
+        raise Unsupported(f"{node.name}: index by a {vals[0].dtype} mask (its size is known only at run time)", node)
+    nb = len(torch.broadcast_shapes(*(tuple(v.shape) for v in vals)))
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    first = given[0] if adjacent else 0
+    kept = iter(list(range(first)) + list(range(first + nb, len(index))) if adjacent else range(nb, len(index)))
+    out = []
+    for d in range(x.meta["val"].dim()):
+        if d in given:
+            out.append((indices[d], index[first : first + nb], True))
+        else:
+            out.append(index[next(kept)])
+    return x, out
+
+
+def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
+    """The value of gather ``node`` at ``index`` (held at its compute dtype): one load of the table (the module's
+    docstring). ``low``: the :class:`~fusion.compiler.lowering.Lowering` building the kernel."""
+    table, where = positions(node, index)
+    shape = tuple(table.meta["val"].shape)
+    at, checks = [], []
+    for d, w in enumerate(where):
+        if isinstance(w, ir.Affine):
+            at.append(w)
+            continue
+        ids, ids_index, wrap = w
+        if ids.meta["val"].dtype not in INDEX_DTYPES:
+            raise Unsupported(f"{node.name}: index tensor {ids.name} of {ids.meta['val'].dtype}", node)
+        if shape[d] == 0:
+            raise Unsupported(f"{node.name}: an index into an empty dim (eager raises)", node)
+        value = low.operand(ids, broadcast(ids_index, ids.meta["val"].shape), torch.int64)
+        if wrap:  # index: -1 is the last
+            negative = low.op("lt", [value, low.const(0, torch.int64)], torch.bool)
+            shifted = low.op("add", [value, low.const(shape[d], torch.int64)], torch.int64)
+            value = low.op("where", [negative, shifted, value], torch.int64)
+        name = f"g{low.new()}"  # a placeholder variable standing for the value, over [0, size)
+        low.sizes[name] = shape[d]
+        at.append(var(name))
+        checks.append((name, value, shape[d]))
+    src = table
+    while src in low.members:  # a view of a kernel input: mapped back as any load's index
+        if not is_view(src):  # two kernels: the first stores it, the second gathers from it
+            raise SplitRegion(
+                f"{node.name} reads {src.name} at a position known only at run time: a kernel stores {src.name}, "
+                "the next gathers from it",
+                node,
+                [src],
+            )
+        at = view_index(src, at, low.sizes)
+        src = src.args[0]
+    val = src.meta["val"]
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"input {src.name} is not a tensor ({type(val).__name__})", node)
+    flat = low.real(offset(broadcast(at, val.shape), val.stride()))
+    coef = {name: 0 for name, _, _ in checks}
+    rest = []
+    for k, atom in flat.terms:
+        if isinstance(atom, ir.Var) and atom.name in coef:
+            coef[atom.name] += k
+            continue
+        if not isinstance(atom, ir.Var) and atom.of.variables() & coef.keys():
+            raise Unsupported(f"{node.name}: an index read through a reshape of {src.name} (under // or %)", node)
+        rest.append((k, atom))
+    if src not in low.inputs:
+        low.inputs.append(src)
+    out, ct = low.new(), compute(val.dtype)
+    indirect = tuple((value, size, coef[name]) for name, value, size in checks)
+    mask = low.guards[-1] if low.guards else None
+    low.block.append(
+        ir.Load(out, f"in{low.inputs.index(src)}", ir.Affine(tuple(rest), flat.const), dtype_name(ct), mask, indirect)
+    )
+    return out, ct
