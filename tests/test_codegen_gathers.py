@@ -296,3 +296,16 @@ def test_an_index_out_of_range_on_cuda_stops_at_a_device_assert():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          cwd=here.parent, env={**__import__("os").environ, "PYTHONPATH": f"{here.parent}:{here}"})  # fmt: skip
     assert run.returncode != 0 and "index out of range" in run.stderr + run.stdout, (run.stdout, run.stderr[-2000:])
+
+
+def test_a_gather_broadcast_over_many_rows_is_stored_once(renderer):
+    """Swin's bias over 8 windows: each gathered element would be read 8 times (two dependent loads each), so the
+    gather is stored once and the softmax kernel reads it as a plain input; eager's values."""
+    scores, table, index = _rand((8, 3, 7, 7), 0), _rand((13, 3), 1), _ids((49,), 0, 13, 2)
+
+    def attend(scores, table, index):
+        bias = table[index].view(7, 7, 3).permute(2, 0, 1).contiguous().unsqueeze(0)
+        return (scores + bias).softmax(-1)
+
+    c = check(attend, scores, table, index, kernels=1)
+    assert not gathers(c), [k.source for k in c.kernels]

@@ -19,12 +19,16 @@ The rules, each a refusal with its reason where they do not hold (the op then ru
 * the table is a kernel input or a view of one: a value computed in the region cannot be read at a position known
   only at run time, so the region is split there (a first kernel stores it, the gather's kernel reads it);
 * a placeholder must reach the input's offset as a plain term (not under a reshape's ``//`` or ``%``);
+* a gather the kernel would read :data:`REREAD` times an element or more (broadcast, as a bias over every window)
+  is stored once by itself (the region split there): two dependent loads an element cost more than one;
 * ``index`` takes integer index tensors (a boolean mask's result has a size known only at run time), negative
   indices counted from the end as eager does; ``embedding``, ``index_select`` and ``gather`` take no negative index
   (eager raises, so does the kernel).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.fx as fx
@@ -38,6 +42,12 @@ from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten
 INDEX_DTYPES = (torch.int64, torch.int32)
+# A gather whose values the kernel reads this many times each or more (Swin's relative-position bias, (heads, 49, 49),
+# added to the scores of every window) is stored once instead: each read of a gathered element is two dependent
+# loads (the index, then the table) where a stored one is one. Measured on an H200 (bf16, CUDA graphs, 2026-11-27):
+# Swin-T 3.29 ms a call with its bias gathered inside each softmax, 3.23 ms with it stored (3.15 ms before gathers
+# were generated: docs/measurements.md says where the rest went).
+REREAD = 4
 
 
 def positions(node: fx.Node, index: list[ir.Affine]) -> tuple[fx.Node, list]:
@@ -82,6 +92,14 @@ def positions(node: fx.Node, index: list[ir.Affine]) -> tuple[fx.Node, list]:
 def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
     """The value of gather ``node`` at ``index`` (held at its compute dtype): one load of the table (the module's
     docstring). ``low``: the :class:`~fusion.compiler.lowering.Lowering` building the kernel."""
+    size, elements = node.meta["val"].numel(), math.prod(low.shape)
+    if size and elements >= REREAD * size:  # broadcast: the same few values gathered again and again
+        raise SplitRegion(
+            f"{node.name} is read {elements // size} times an element in this kernel (broadcast): gathered once and "
+            "stored, the kernel reads it as a plain input",
+            node,
+            [node],
+        )
     table, where = positions(node, index)
     shape = tuple(table.meta["val"].shape)
     at, checks = [], []
