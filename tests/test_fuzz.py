@@ -533,8 +533,8 @@ def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
 def test_fuzz_found_gelu_of_a_negative_input_keeps_erf_s_digits(monkeypatch):
     """Found by the long run (2026-11-27): GELU at -2.18 is x * (1 + erf(x / sqrt 2)) / 2 with 1 + erf about 0.03: an
     ulp of erf is a relative error of 2e-6 in GELU. Eager's own float32 GELU is 8e-6 off the float64 value here, ours
-    was 4e-6 (erf by A&S 7.1.26, 5 ulp) and is 3e-7 (erf within 1.6 ulp: tests/test_c_renderer.py); the judge missed
-    it because the program's no-op cast to float32 made its float64 reference run GELU in float32 (``in_float64``)."""
+    4e-6 (the C erf, A&S 7.1.26, is 5 ulp off near 1): ours is the closer, but the judge compared it with eager's
+    because the program's no-op cast to float32 made its float64 reference run GELU in float32 (``in_float64``)."""
     program = {"steps": [("cast", "to", (1,), torch.float32), ("unary", "gelu", (2,), None), ("pow", "pow", (3,), -2)],
                "outputs": [4]}  # fmt: skip
     module = sys.modules[__name__]

@@ -44,9 +44,9 @@ aten = torch.ops.aten
 INDEX_DTYPES = (torch.int64, torch.int32)
 # A gather whose values the kernel reads this many times each or more (Swin's relative-position bias, (heads, 49, 49),
 # added to the scores of every window) is stored once instead: each read of a gathered element is two dependent
-# loads (the index, then the table) where a stored one is one. Measured on an H200 (bf16, CUDA graphs, 2026-11-27):
-# Swin-T 3.29 ms a call with its bias gathered inside each softmax, 3.23 ms with it stored (3.15 ms before gathers
-# were generated: docs/measurements.md says where the rest went).
+# loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs, 2026-11-27) Swin-T ran
+# 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153 and 3.161 ms); where
+# the remaining 2 % went, and what is not settled about the first 2 %: docs/measurements.md.
 REREAD = 4
 
 
