@@ -309,3 +309,18 @@ def test_a_gather_broadcast_over_many_rows_is_stored_once(renderer):
 
     c = check(attend, scores, table, index, kernels=1)
     assert not gathers(c), [k.source for k in c.kernels]
+
+
+def test_gathered_ids_read_by_an_embedding_stay_in_its_kernel():
+    """BERT's token types: a buffer gathered at the positions, then the ids of an embedding. Each gathered id is read
+    once per hidden element (broadcast), but it is an index, not a value: it stays in the kernel (storing it would
+    cost a launch), unlike a broadcast bias."""
+    kind, word = _rand((2, 16), 0), _rand((30, 16), 1)
+    types, ids, positions = _ids((1, 12), 0, 2, 2), _ids((3, 7), 0, 30, 3), _ids((3, 7), 0, 12, 4)
+
+    def embed(kind, word, types, ids, positions):
+        t = torch.gather(types.expand(ids.shape[0], -1), 1, positions)
+        return F.layer_norm(F.embedding(ids, word) + F.embedding(t, kind), (16,))
+
+    c = check(embed, kind, word, types, ids, positions, kernels=1)
+    assert len(gathers(c)) >= 3, c.report.table()

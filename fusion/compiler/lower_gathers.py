@@ -19,8 +19,9 @@ The rules, each a refusal with its reason where they do not hold (the op then ru
 * the table is a kernel input or a view of one: a value computed in the region cannot be read at a position known
   only at run time, so the region is split there (a first kernel stores it, the gather's kernel reads it);
 * a placeholder must reach the input's offset as a plain term (not under a reshape's ``//`` or ``%``);
-* a gather the kernel would read :data:`REREAD` times an element or more (broadcast, as a bias over every window)
-  is stored once by itself (the region split there): two dependent loads an element cost more than one;
+* a gather of floats the kernel would read :data:`REREAD` times an element or more (broadcast, as a bias over every
+  window) is stored once by itself (the region split there): two dependent loads an element cost more than one.
+  Gathered ids (BERT's token types, read by the next embedding) stay in the kernel: storing them costs a launch;
 * ``index`` takes integer index tensors (a boolean mask's result has a size known only at run time), negative
   indices counted from the end as eager does; ``embedding``, ``index_select`` and ``gather`` take no negative index
   (eager raises, so does the kernel).
@@ -93,7 +94,8 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
     """The value of gather ``node`` at ``index`` (held at its compute dtype): one load of the table (the module's
     docstring). ``low``: the :class:`~fusion.compiler.lowering.Lowering` building the kernel."""
     size, elements = node.meta["val"].numel(), math.prod(low.shape)
-    if size and elements >= REREAD * size:  # broadcast: the same few values gathered again and again
+    floating = node.meta["val"].dtype.is_floating_point  # gathered ids (BERT's token types) index another table
+    if floating and size and elements >= REREAD * size:  # broadcast: the same few values gathered again and again
         raise SplitRegion(
             f"{node.name} is read {elements // size} times an element in this kernel (broadcast): gathered once and "
             "stored, the kernel reads it as a plain input",
