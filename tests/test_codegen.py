@@ -768,14 +768,34 @@ def test_a_transposed_copy_of_the_rows_is_stored_by_the_reduction_kernel(shape, 
 
     # (a, a, n): the permuted copy times 1.0 has the rows' shape but reads other rows: a second kernel reads them;
     # (a, b, n): it has another shape, no row's: a second kernel computes it (kernels.row_splits), nothing runs as
-    # aten; a dim of 1 moved keeps the elements' order: a reshape of the rows, stored by the reduction kernel
-    kernels = 1 if 1 in shape[:2] else 2
+    # aten; a dim of 1 moved keeps the elements' order: the plain copy is a reshape of the rows, stored by the
+    # reduction kernel, and the copy times 1.0 a second kernel (with the ops before it no reduction reads) or none
     for blocks in (contextlib.nullcontext, short_blocks):
         with blocks():
-            c = check(ln_t, x, kernels=kernels, atol=1e-5, rtol=1e-4)
-        assert kernels == 1 or c.library_calls == 0, c.report.table()  # two kernels, nothing left to aten
+            c = check(ln_t, x, atol=1e-5, rtol=1e-4)
+        assert c.num_kernels == 2 or (1 in shape[:2] and c.num_kernels == 1), c.report.table()
+        assert c.library_calls == 0, c.report.table()  # nothing left to aten
     # the innermost dim moved: lanes would write scattered addresses, the copy runs as aten (the softmax still fuses)
     check(lambda x: torch.softmax(x * 2.0, -1).permute(2, 0, 1).contiguous(), x)
+
+
+@pytest.mark.parametrize("shift", [0, 2], ids=["window", "shifted window"])
+def test_a_window_partition_after_a_layer_norm_is_a_generated_copy(shift):
+    """Swin's block: LayerNorm, the shifted window's ``roll`` (slices and a cat per dim), then the window partition, a
+    copy of a 6-d permutation no row walk can store. The copy is a second, pointwise kernel with the roll (the roll
+    reads other rows) or, unshifted, with the LayerNorm's bias add: two kernels, nothing left to aten."""
+    b, h, c, win = 2, 8, 16, 4
+    x, w, bias = _rand((b, h, h, c), 0), _rand((c,), 1), _rand((c,), 2)
+
+    def block(x, w, bias):
+        y = F.layer_norm(x, (c,), w, bias)
+        if shift:
+            y = torch.roll(y, shifts=(-shift, -shift), dims=(1, 2))
+        y = y.view(b, h // win, win, h // win, win, c).permute(0, 1, 3, 2, 4, 5).contiguous()
+        return y.view(-1, win * win, c)
+
+    c_ = check(block, x, w, bias, kernels=2, atol=1e-5, rtol=1e-4)
+    assert c_.library_calls == 0, c_.report.table()
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 5), (3, 3, 1)], ids=str)

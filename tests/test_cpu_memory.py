@@ -318,6 +318,23 @@ def test_a_constant_fill_read_by_a_kernel_is_one_element_broadcast():
     assert all(t.untyped_storage().nbytes() <= 4 for t in held), [t.shape for t in held]  # one float, not 128 KiB
 
 
+def test_a_fill_read_through_as_strided_or_a_view_keeps_its_memory():
+    """ConvNeXt-T's training graph reads a zero fill through ``as_strided``: over one element expanded that reads
+    outside the storage (a crash), and ``view`` needs the fill's own contiguous memory; both keep the fill whole."""
+
+    class Strided(nn.Module):
+        def forward(self, x):
+            z = torch.zeros(32, 64)
+            y = torch.full((32, 64), 2.0)
+            return z.as_strided((64, 32), (1, 64)) + x.t(), y.view(2048) * x.reshape(-1)
+
+    x = torch.randn(32, 64)
+    out, part = compiled(Strided(), x)
+    for o, r in zip(out, Strided()(x), strict=True):
+        torch.testing.assert_close(o, r)
+    assert not [p for p in notes(part, "broadcast_fulls") if p[2] == "expanded"], part.passes
+
+
 def test_a_returned_fill_keeps_its_memory_and_a_scattered_one_its_values():
     class Fills(nn.Module):
         def forward(self, x):

@@ -200,6 +200,8 @@ def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[s
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() == 0 or val.numel() < FULL_MIN or node in kept:
             continue
+        if _reads_storage(node):
+            continue
         ones = [1] * val.dim()
         with gm.graph.inserting_before(node):
             one = gm.graph.call_function(aten.full.default, (ones, node.args[1]), dict(node.kwargs))
@@ -213,6 +215,24 @@ def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[s
         relint(gm)
         note("broadcast_fulls", changed, "expanded", "a constant fill read as one element broadcast: no memory")
     return changed
+
+
+# Views that need their input's own memory laid out as traced: on an expanded element they fail or read other bytes
+STORAGE_VIEWS = frozenset({aten.as_strided.default, aten.view.default, aten._unsafe_view.default})
+
+
+def _reads_storage(node: fx.Node) -> bool:
+    """Does a view of ``node`` (directly or through other views) reinterpret its memory (``as_strided``; a ``view``
+    that needs it contiguous)? ConvNeXt's training graph reads a zero ``full`` through ``as_strided``: over one
+    element expanded that is out of the storage's bounds."""
+    stack = list(node.users)
+    while stack:
+        u = stack.pop()
+        if u.target in STORAGE_VIEWS:
+            return True
+        if is_view_node(u):
+            stack += list(u.users)
+    return False
 
 
 # Before pass "constants": folded, the fill is then one element held, not size of them

@@ -10,13 +10,20 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported
 
+CAT = torch.ops.aten.cat.default
 
-def misfit_store(misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.Node], members) -> Unsupported:
+
+def misfit_store(
+    misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.Node], members, reductions: Sequence[fx.Node] = ()
+) -> Unsupported:
     """Stores the rows' walk cannot write (Swin's window partition: a permutation of a reshape of a LayerNorm's
     rows, then an add): :class:`SplitRegion` just before the first op of the misfit's own tail (its ancestors in the
     region of other shapes than the walk's ``walked``), where that tail holds two ops or more: a second, pointwise
-    kernel copies the rows (the outputs outside the tail stay in the first); else a plain :class:`Unsupported` for
-    the first misfit (it runs as an aten call, its reason in the report)."""
+    kernel copies the rows (the outputs outside the tail stay in the first). The tail takes in the cats before it
+    (a shifted window's ``roll`` reads the rows at other rows: it cannot stay in the rows' kernel), and a tail of one
+    op (an unshifted window's lone ``clone``) the ops before it that no reduction reads, nearest first, until it holds
+    two (the LayerNorm's bias add): the copy is a generated kernel, not an aten copy of a 6-d permutation. Else a
+    plain :class:`Unsupported` for the first misfit (it runs as an aten call, its reason in the report)."""
     shape = walked[0]
 
     def why(n: fx.Node) -> str:
@@ -36,6 +43,12 @@ def misfit_store(misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.
                 tail.add(m)
                 stack += m.all_input_nodes
         ops = sorted((m for m in tail if not is_view_node(m)), key=position.__getitem__)
+        if reductions:
+            feeding = _feeding(reductions, members)
+            tail = _with_cats(tail, members, feeding)
+            if sum(not is_view_node(m) for m in tail) < 2:
+                tail = _with_ops_before(tail, members, feeding, position, shape)
+            ops = sorted((m for m in tail if not is_view_node(m)), key=position.__getitem__)
         # a cut with ops of the region on both sides (else the split would hand back the region itself)
         if len(ops) >= 2 and any(position[m] < position[ops[0]] and not is_view_node(m) for m in members):
             reach, stack = set(), [ops[0]]
@@ -47,3 +60,46 @@ def misfit_store(misfits: Sequence[fx.Node], walked: tuple, stored: Sequence[fx.
             first = [s for s in stored if s not in reach]
             return SplitRegion(f"{why(n)}: a second kernel copies the rows from {ops[0].name} on", ops[0], first)
     return Unsupported(f"{why(misfits[0])}: stored by another kernel", misfits[0])
+
+
+def _with_cats(tail: set, members, feeding: set) -> set:
+    """``tail`` with the cats before it (a shifted window's ``roll``: slices of the rows and a cat, per dim) and the
+    views between: a cat reads the rows at other rows, so it can never stay in the rows' kernel."""
+    tail, stack = set(tail), [i for m in tail for i in m.all_input_nodes]
+    while stack:
+        m = stack.pop()
+        if m in tail or m not in members or m in feeding or not (is_view_node(m) or m.target is CAT):
+            continue
+        tail.add(m)
+        stack += m.all_input_nodes
+    return tail
+
+
+def _feeding(reductions: Sequence[fx.Node], members) -> set[fx.Node]:
+    """The members a reduction reads, directly or not (the reductions included): they stay in the rows' kernel."""
+    out, stack = set(), list(reductions)
+    while stack:
+        m = stack.pop()
+        if m not in out and m in members:
+            out.add(m)
+            stack += m.all_input_nodes
+    return out
+
+
+def _with_ops_before(tail: set, members, feeding: set, position: dict, shape: tuple) -> set:
+    """``tail`` with the members before it of the rows' whole ``shape`` that no reduction reads, latest first, until
+    it holds two ops (a per-row value, the mean a LayerNorm subtracts, stays with its reduction)."""
+    tail, frontier = set(tail), set()
+
+    def before(m: fx.Node) -> set:
+        return {i for i in m.all_input_nodes if i in members and i not in tail and i not in feeding
+                and isinstance(i.meta.get("val"), torch.Tensor) and tuple(i.meta["val"].shape) == shape}  # fmt: skip
+
+    for m in tail:
+        frontier |= before(m)
+    while frontier and sum(not is_view_node(m) for m in tail) < 2:
+        m = max(frontier, key=position.__getitem__)
+        frontier.discard(m)
+        tail.add(m)
+        frontier |= before(m)
+    return tail

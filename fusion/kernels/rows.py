@@ -191,7 +191,7 @@ class Rows:
             elif not trailing or row_permutation(n, shape) is None:
                 misfits.append(n)
         if misfits:
-            raise misfit_store(misfits, (shape, *per_row), stored, members)
+            raise misfit_store(misfits, (shape, *per_row), stored, members, reductions)
         order = None if trailing else tuple(kept + reduced)
         rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, max_rblock) if column else max_rblock
         reshaped = frozenset(reshaped)
