@@ -20,7 +20,8 @@ The rules, each a refusal with its reason where they do not hold (the op then ru
   only at run time, so the region is split there (a first kernel stores it, the gather's kernel reads it);
 * a placeholder must reach the input's offset as a plain term (not under a reshape's ``//`` or ``%``);
 * a gather of floats the kernel would read :data:`REREAD` times an element or more (broadcast, as a bias over every
-  window) is stored once by itself (the region split there): two dependent loads an element cost more than one.
+  window) is stored once, with the copies after it that do not broadcast yet (a kernel of its own: Swin's bias
+  gathered and laid out contiguous), and the region split there: two dependent loads an element cost more than one.
   Gathered ids (BERT's token types, read by the next embedding) stay in the kernel: storing them costs a launch;
 * ``index`` takes integer index tensors (a boolean mask's result has a size known only at run time), negative
   indices counted from the end as eager does; ``embedding``, ``index_select`` and ``gather`` take no negative index
@@ -46,8 +47,9 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 # A gather whose values the kernel reads this many times each or more (Swin's relative-position bias, (heads, 49, 49),
 # added to the scores of every window) is stored once instead: each read of a gathered element is two dependent
 # loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs, 2026-11-27) Swin-T ran
-# 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153 and 3.161 ms); where
-# the remaining 2 % went, and what is not settled about the first 2 %: docs/measurements.md.
+# 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153 and 3.161 ms); with the
+# stored bias a kernel of its own (gathered and laid out contiguous, no aten index) 3.110 -> 3.005 ms, MaxViT-T
+# 6.778 -> 6.671 ms (docs/measurements.md).
 REREAD = 4
 
 
@@ -90,6 +92,19 @@ def positions(node: fx.Node, index: list[ir.Affine]) -> tuple[fx.Node, list]:
     return x, out
 
 
+def _before_broadcast(low, node: fx.Node, size: int) -> fx.Node:
+    """The last member of the chain from gather ``node`` (each its predecessor's only reader in the region) that still
+    has the gather's ``size`` elements: Swin's bias gathered, viewed, permuted and copied contiguous. The first kernel
+    of the split stores that (a gather and a copy: a kernel of its own), the second reads it as a plain input."""
+    last = node
+    while True:
+        readers = [u for u in last.users if u in low.members]
+        val = readers[0].meta.get("val") if len(readers) == 1 else None
+        if not isinstance(val, torch.Tensor) or val.numel() != size:
+            return last
+        last = readers[0]
+
+
 def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
     """The value of gather ``node`` at ``index`` (held at its compute dtype): one load of the table (the module's
     docstring). ``low``: the :class:`~fusion.compiler.lowering.Lowering` building the kernel."""
@@ -100,7 +115,7 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
             f"{node.name} is read {elements // size} times an element in this kernel (broadcast): gathered once and "
             "stored, the kernel reads it as a plain input",
             node,
-            [node],
+            [_before_broadcast(low, node, size)],
         )
     table, where = positions(node, index)
     shape = tuple(table.meta["val"].shape)
