@@ -4,8 +4,8 @@
 An embedding's row, a relative-position bias gathered from its table, a position id: each output element is one
 element of a tensor (the *table*) at a position that is partly the output's own index and partly a value read from
 an index tensor. So the gather is not a kernel of its own: it is a load inside whatever kernel reads it (BERT's three
-embeddings summed and normalized in one kernel; Swin's bias added to the scores inside the softmax), as Inductor
-lowers ``index`` to an indirect load.
+embeddings summed and normalized in one kernel; OPT's learned positions added to its tokens), as Inductor lowers
+``index`` to an indirect load.
 
 How a position is built: each dim of the table gets either an affine index of the loops (a dim the output walks) or
 a *placeholder variable* standing for the value read from the index tensor. The table may be a view of a kernel input
@@ -14,7 +14,8 @@ a *placeholder variable* standing for the value read from the index tensor. The 
 ``table[affine + sum(value * stride)]`` (``Load.indirect``), each value checked to lie in ``[0, size)`` by the
 renderer (eager's ``IndexError``; nothing outside the table is read).
 
-The rules, each a refusal with its reason where they do not hold (the op then runs as an aten call):
+The rules (where one does not hold: the region split in two kernels, or a refusal with its reason and the op an aten
+call):
 
 * the table is a kernel input or a view of one: a value computed in the region cannot be read at a position known
   only at run time, so the region is split there (a first kernel stores it, the gather's kernel reads it);
@@ -165,7 +166,7 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
     if src not in low.inputs:
         low.inputs.append(src)
     out, ct = low.new(), compute(val.dtype)
-    indirect = tuple((value, size, coef[name]) for name, value, size in checks)
+    indirect = tuple((value, bound, coef[name]) for name, value, bound in checks)
     mask = low.guards[-1] if low.guards else None
     low.block.append(
         ir.Load(out, f"in{low.inputs.index(src)}", ir.Affine(tuple(rest), flat.const), dtype_name(ct), mask, indirect)
