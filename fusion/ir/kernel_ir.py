@@ -216,6 +216,10 @@ class Kernel:
             out += [s, *s.body] if isinstance(s, ReduceLoop) else [s]
         return out
 
+    def checks_indices(self) -> bool:
+        """Does a load read at an index the kernel computes (``Load.indirect``): must a renderer check ranges?"""
+        return any(isinstance(s, Load) and s.indirect for s in self.statements())
+
     def describe(self) -> str:
         """A readable listing (what a renderer starts from)."""
         lines = [f"kernel {self.name} ({self.kind})"]

@@ -13,6 +13,10 @@ import math
 
 from fusion.ir import kernel_ir as ir
 
+# The flag of a kernel with indexed reads, declared first in its function (``c_render``): the kernel returns it, and
+# the runtime (``c_runtime.CKernel``) knows such a kernel by this line in its source
+RANGE_FLAG = "int fusion_bad = 0;"
+
 C_TYPES = {"bool": "int32_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
            "int64": "int64_t", "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}  # fmt: skip
 STORAGE = {**C_TYPES, "bool": "uint8_t", "float16": "uint16_t", "bfloat16": "uint16_t"}

@@ -24,7 +24,16 @@ from __future__ import annotations
 import math
 
 from fusion.ir import kernel_ir as ir
-from fusion.kernels.c_ops import C_TYPES, CODE_FOR_OP, REDUCE_INIT, REDUCE_STEP, STORAGE, index_source, literal
+from fusion.kernels.c_ops import (
+    C_TYPES,
+    CODE_FOR_OP,
+    RANGE_FLAG,
+    REDUCE_INIT,
+    REDUCE_STEP,
+    STORAGE,
+    index_source,
+    literal,
+)
 from fusion.kernels.c_prelude import PRELUDE
 from fusion.kernels.ir_loops import coalesce, cse, hoist, invariant, one_walk, prologue
 
@@ -43,7 +52,7 @@ class _Writer:
         self.dtypes: dict[str, str] = {}
         self.lines: list[str] = []
         self.tiled: set[str] = set()  # row-level values held as arrays over a column tile (_Columns)
-        self.checked = any(isinstance(s, ir.Load) and s.indirect for s in kernel.statements())
+        self.checked = kernel.checks_indices()
         self.bad = " reduction(|:fusion_bad)" if self.checked else ""  # every parallel or SIMD loop ORs its checks
 
     def emit(self, line: str, depth: int) -> None:
@@ -164,7 +173,7 @@ class _Writer:
         self.emit(f"{'int' if self.checked else 'void'} {k.name}({', '.join([*params, 'int nthreads'])}) {{", 0)
         self.emit("(void)nthreads;", 1)
         if self.checked:
-            self.emit("int fusion_bad = 0;", 1)
+            self.emit(RANGE_FLAG, 1)
         return math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
 
     def prologue(self, body: list, loops: list[ir.Loop]) -> list:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from fusion.kernels.c_ops import RANGE_FLAG
 from fusion.kernels.setting import Setting
 
 RENDERERS = ("c", "triton")
@@ -320,14 +321,11 @@ class CKernel:
     def __init__(self, fn, name: str, source: str, nargs: int) -> None:
         self.fn, self.name, self.source = fn, name, source
         fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int]
-        fn.restype = ctypes.c_int if CHECKED in source else None  # indexed reads: 1 if an index was out of range
+        fn.restype = ctypes.c_int if RANGE_FLAG in source else None  # indexed reads: 1 if an index was out of range
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         if self.fn(*[t.data_ptr() for t in tensors], torch.get_num_threads()):
             raise IndexError(index_error(self.name))
-
-
-CHECKED = "int fusion_bad = 0;"  # the C renderer's flag of a kernel with indexed reads (c_render: signature)
 
 
 def index_error(kernel: str) -> str:

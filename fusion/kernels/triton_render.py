@@ -423,8 +423,8 @@ class _Writer:
         head = ["import triton", "import triton.language as tl", "", ""]
         head += [*COMBINE_FUNCTIONS, "", ""] if self.reduction else []
         head += RAND_FUNCTION if any(isinstance(s, ir.Op) and s.op == "rand" for s in k.statements()) else []
-        checked = any(isinstance(s, ir.Load) and s.indirect for s in k.statements())  # device_assert needs debug
-        return "\n".join([*head, "@triton.jit(debug=True)" if checked else "@triton.jit", *self.used_lines()]) + "\n"
+        jit = "@triton.jit(debug=True)" if k.checks_indices() else "@triton.jit"  # device_assert needs debug
+        return "\n".join([*head, jit, *self.used_lines()]) + "\n"
 
 
 def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:
