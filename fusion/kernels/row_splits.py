@@ -10,7 +10,7 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported
 
-CAT = torch.ops.aten.cat.default
+CAT = torch.ops.aten.cat.default  # (kernels.rows.CAT: rows imports this module)
 
 
 def misfit_store(
@@ -44,7 +44,7 @@ def misfit_store(
                 stack += m.all_input_nodes
         ops = sorted((m for m in tail if not is_view_node(m)), key=position.__getitem__)
         if reductions:
-            feeding = _feeding(reductions, members)
+            feeding = upstream(reductions, members)  # what the reductions read stays in the rows' kernel
             tail = _with_cats(tail, members, feeding)
             if sum(not is_view_node(m) for m in tail) < 2:
                 tail = _with_ops_before(tail, members, feeding, position, shape)
@@ -75,9 +75,9 @@ def _with_cats(tail: set, members, feeding: set) -> set:
     return tail
 
 
-def _feeding(reductions: Sequence[fx.Node], members) -> set[fx.Node]:
-    """The members a reduction reads, directly or not (the reductions included): they stay in the rows' kernel."""
-    out, stack = set(), list(reductions)
+def upstream(nodes: Sequence[fx.Node], members) -> set[fx.Node]:
+    """``nodes`` and every member they read, directly or not: what a kernel computing them holds."""
+    out, stack = set(), list(nodes)
     while stack:
         m = stack.pop()
         if m not in out and m in members:

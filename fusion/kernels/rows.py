@@ -16,9 +16,10 @@ import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
-from fusion.kernels.row_splits import misfit_store
+from fusion.kernels.row_splits import misfit_store, upstream
 
-CAT = torch.ops.aten.cat.default  # generated as selects between masked loads (``lowering.concatenation``)
+_aten = torch.ops.aten
+CAT = _aten.cat.default  # generated as selects between masked loads (``lowering.concatenation``)
 # Max-pools whose values (getitem 0) are generated as a max over the window's masked loads (``lower_windows.window_max``):
 # Inductor's low-memory prims (values, int8 offsets) and aten's (values, indices); the second output is not generated.
 MAX_POOLS = LOW_MEMORY_MAX_POOLS | {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"}
@@ -37,21 +38,12 @@ def is_depthwise(node: object) -> bool:
 
 
 # Indexed reads a kernel generates as one load at a computed position (``fusion.compiler.lower_gathers``)
-GATHERS = frozenset({"aten::embedding", "aten::index", "aten::index_select", "aten::gather"})
+GATHERS = frozenset({_aten.embedding.default, _aten.index.Tensor, _aten.index_select.default, _aten.gather.default})
 
 
 def is_gather(node: object) -> bool:
     """Is ``node`` an embedding, ``index``, ``index_select`` or ``gather`` (a load at a position it reads)?"""
-    target = getattr(node, "target", None)
-    return (
-        isinstance(target, torch._ops.OpOverload)
-        and target._schema.name in GATHERS
-        and target._overloadname
-        in (
-            "default",
-            "Tensor",
-        )
-    )
+    return getattr(node, "target", None) in GATHERS
 
 
 def pooled_values(node: fx.Node) -> bool:
@@ -225,7 +217,6 @@ def per_row_shapes(shape: tuple[int, ...], nred: int) -> tuple[tuple[int, ...], 
 
 # Views that keep the elements' (contiguous) order: element f of the view is element f of its input, or (expand) the
 # broadcast element of f's index. A permute, a slice, a select or a cat moves elements: not in the list.
-_aten = torch.ops.aten
 ORDERED_VIEWS = frozenset({_aten.view, _aten.reshape, _aten._unsafe_view, _aten.alias, _aten.squeeze, _aten.unsqueeze})
 ORDERED_VIEWS |= {_aten.expand}
 
@@ -311,12 +302,7 @@ def read_at_another_row(region, node: fx.Node, reductions: Sequence[fx.Node] = (
     anywhere with no round trip: not done here."""
     why = f"{node.name} is read at another row than the one its program reduces"
     first = [r for r in region.nodes if r in reductions and region.nodes.index(r) < region.nodes.index(node)] + [node]
-    need, stack = set(), list(first)
-    while stack:
-        n = stack.pop()
-        if n not in need and n in region.members:
-            need.add(n)
-            stack += n.all_input_nodes
+    need = upstream(first, region.members)
     if sum(not is_view_node(n) for n in need) < 2:
         return Unsupported(why, node)
     return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, first)
