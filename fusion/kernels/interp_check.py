@@ -12,11 +12,16 @@ kernel, its line, the tensor, the offending lanes and the likely mistake.
 The check patches the interpreter's builder (``create_load``/``create_store`` and their masked forms) once; it is
 active only inside :func:`launch`, so anything else the interpreter runs is left alone. ``FUSION_BOUNDS_CHECK=0``
 turns it off.
+
+The interpreter's other differences from a GPU are mended here too: :func:`exact_bfloat16_in_the_interpreter`
+(float32 <-> bfloat16 rounded as a GPU rounds) and :func:`device_asserts` (a kernel's ``tl.device_assert``s, its
+indexed reads' range checks, run as the GPU runs them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import linecache
 import os
 import sys
@@ -25,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["OutOfBounds", "install", "launch"]
+from fusion.kernels import c_runtime
+
+__all__ = ["OutOfBounds", "device_asserts", "exact_bfloat16_in_the_interpreter", "install", "launch"]
 
 
 class OutOfBounds(IndexError):
@@ -176,3 +183,72 @@ def _message(kernel, what, buf: _Buffer, used, lanes, ok, masked: bool) -> str:
             "(broadcast_index reads them at 0) and the strides."
         )
     return f"{head}\n  {why}\n  (Stopped before the interpreter {what}s there: a stray write, even a read, can crash Python.)"
+
+
+def exact_bfloat16_in_the_interpreter() -> bool:
+    """Make Triton's interpreter convert float32 <-> bfloat16 as a GPU does; True once it does.
+
+    A GPU's ``.to(tl.bfloat16)`` rounds to nearest even in one instruction; the interpreter's numpy version
+    (``triton/runtime/interpreter.py``, ``_convert_float``) truncates instead, and gets subnormals wrong both ways
+    (seen with Triton 3.9: 0x002B0000 stored as bfloat16 0x002C). Generated kernels round to bfloat16 with
+    ``.to(tl.bfloat16).to(tl.float32)``, as Inductor's do, so CPU runs would disagree with the GPU and with torch. The
+    two conversions are replaced by exact bit arithmetic (every other cast stays Triton's): bfloat16 is the upper half
+    of a float32, and rounding adds 0x7FFF plus the lowest kept bit before cutting the lower half; NaN stays NaN."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder, handle = getattr(interpreter, "InterpreterBuilder", None), getattr(interpreter, "TensorHandle", None)
+    if handle is None or not all(hasattr(builder, f) for f in ("cast_impl", "create_fp_to_fp")):
+        return False  # another Triton: its own conversions stay
+    if getattr(builder, "_fusion_exact_bfloat16", False):
+        return True
+
+    def convert(data, dst):
+        if dst == tl.float32:  # bfloat16 (held as uint16) -> float32: the bits, shifted up
+            return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        bits = data.astype(np.float32).view(np.uint32).astype(np.uint64)
+        kept = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return np.where(np.isnan(data), np.uint16(0x7FC0), kept)
+
+    def exact(original):
+        def cast(self, src, dst_type, *rest):
+            pair = (src.dtype.scalar, dst_type.scalar)
+            if pair in ((tl.float32, tl.bfloat16), (tl.bfloat16, tl.float32)):
+                return handle(convert(np.asarray(src.data), pair[1]), pair[1])
+            return original(self, src, dst_type, *rest)
+
+        return cast
+
+    builder.cast_impl = exact(builder.cast_impl)
+    builder.create_fp_to_fp = exact(builder.create_fp_to_fp)
+    builder._fusion_exact_bfloat16 = True
+    return True
+
+
+@contextlib.contextmanager
+def device_asserts(fn):
+    """Run the ``tl.device_assert``s of a kernel defined with ``debug=True`` (its indexed reads' range checks) in the
+    interpreter, which skips them otherwise (its builder's options say ``debug=False``); an index out of range
+    raises ``IndexError`` as the C kernel and eager do."""
+    if not (getattr(fn, "debug", None) or getattr(fn, "kwargs", {}).get("debug")):  # JITFunction, InterpretedFunction
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    options = builder.options
+    builder.options = dataclasses.replace(options, debug=True, sanitize_overflow=False)  # tlang.OPTIONS
+    try:
+        yield
+    except Exception as e:
+        cause = e
+        while cause is not None and "index out of range" not in str(cause):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise IndexError(c_runtime.index_error(getattr(getattr(fn, "fn", fn), "__name__", "kernel"))) from None
+    finally:
+        builder.options = options

@@ -19,7 +19,6 @@ The graph around the launches is built by ``fusion.compiler.partition``; GPU tim
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -128,7 +127,7 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # inspect.getsource finds the file through the module
         if interpret:
-            exact_bfloat16_in_the_interpreter()
+            interp_check.exact_bfloat16_in_the_interpreter()
         with _interpret(interpret):
             spec.loader.exec_module(module)
         kernel = getattr(module, name)
@@ -137,75 +136,6 @@ def load_kernel(source: str, name: str, *, interpret: bool) -> object:
 
 
 _INTERPRET_LOCK = threading.Lock()
-
-
-def exact_bfloat16_in_the_interpreter() -> bool:
-    """Make Triton's interpreter convert float32 <-> bfloat16 as a GPU does; True once it does.
-
-    A GPU's ``.to(tl.bfloat16)`` rounds to nearest even in one instruction; the interpreter's numpy version
-    (``triton/runtime/interpreter.py``, ``_convert_float``) truncates instead, and gets subnormals wrong both ways
-    (seen with Triton 3.9: 0x002B0000 stored as bfloat16 0x002C). Generated kernels round to bfloat16 with
-    ``.to(tl.bfloat16).to(tl.float32)``, as Inductor's do, so CPU runs would disagree with the GPU and with torch. The
-    two conversions are replaced by exact bit arithmetic (every other cast stays Triton's): bfloat16 is the upper half
-    of a float32, and rounding adds 0x7FFF plus the lowest kept bit before cutting the lower half; NaN stays NaN."""
-    try:
-        import numpy as np
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    builder, handle = getattr(interpreter, "InterpreterBuilder", None), getattr(interpreter, "TensorHandle", None)
-    if handle is None or not all(hasattr(builder, f) for f in ("cast_impl", "create_fp_to_fp")):
-        return False  # another Triton: its own conversions stay
-    if getattr(builder, "_fusion_exact_bfloat16", False):
-        return True
-
-    def convert(data, dst):
-        if dst == tl.float32:  # bfloat16 (held as uint16) -> float32: the bits, shifted up
-            return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        bits = data.astype(np.float32).view(np.uint32).astype(np.uint64)
-        kept = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        return np.where(np.isnan(data), np.uint16(0x7FC0), kept)
-
-    def exact(original):
-        def cast(self, src, dst_type, *rest):
-            pair = (src.dtype.scalar, dst_type.scalar)
-            if pair in ((tl.float32, tl.bfloat16), (tl.bfloat16, tl.float32)):
-                return handle(convert(np.asarray(src.data), pair[1]), pair[1])
-            return original(self, src, dst_type, *rest)
-
-        return cast
-
-    builder.cast_impl = exact(builder.cast_impl)
-    builder.create_fp_to_fp = exact(builder.create_fp_to_fp)
-    builder._fusion_exact_bfloat16 = True
-    return True
-
-
-@contextlib.contextmanager
-def _device_asserts(fn):
-    """Run the ``tl.device_assert``s of a kernel defined with ``debug=True`` (its indexed reads' range checks) in the
-    interpreter, which skips them otherwise (its builder's options say ``debug=False``); an index out of range
-    raises ``IndexError`` as the C kernel and eager do."""
-    if not (getattr(fn, "debug", None) or getattr(fn, "kwargs", {}).get("debug")):  # JITFunction, InterpretedFunction
-        yield
-        return
-    from triton.runtime import interpreter
-
-    builder = interpreter.interpreter_builder
-    options = builder.options
-    builder.options = dataclasses.replace(options, debug=True, sanitize_overflow=False)  # tlang.OPTIONS
-    try:
-        yield
-    except Exception as e:
-        cause = e
-        while cause is not None and "index out of range" not in str(cause):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            raise
-        raise IndexError(c_runtime.index_error(getattr(getattr(fn, "fn", fn), "__name__", "kernel"))) from None
-    finally:
-        builder.options = options
 
 
 class _Interpreted:
@@ -220,7 +150,7 @@ class _Interpreted:
         launch = self.fn[grid]
 
         def run(*args, **kwargs):
-            with _INTERPRET_LOCK, interp_check.launch(self.fn, args), _device_asserts(self.fn):
+            with _INTERPRET_LOCK, interp_check.launch(self.fn, args), interp_check.device_asserts(self.fn):
                 return launch(*args, **kwargs)  # every load/store checked in bounds, every device_assert run
 
         return run
