@@ -38,7 +38,6 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, offset, var, view_index
-from fusion.compiler.lower_reductions import compute, dtype_name
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import SplitRegion, Unsupported
 from fusion.kernels.rows import bind_args
@@ -163,12 +162,5 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
         if not isinstance(atom, ir.Var) and atom.of.variables() & coef.keys():
             raise Unsupported(f"{node.name}: an index read through a reshape of {src.name} (under // or %)", node)
         rest.append((k, atom))
-    if src not in low.inputs:
-        low.inputs.append(src)
-    out, ct = low.new(), compute(val.dtype)
     indirect = tuple((value, bound, coef[name]) for name, value, bound in checks)
-    mask = low.guards[-1] if low.guards else None
-    low.block.append(
-        ir.Load(out, f"in{low.inputs.index(src)}", ir.Affine(tuple(rest), flat.const), dtype_name(ct), mask, indirect)
-    )
-    return out, ct
+    return low.load(src, ir.Affine(tuple(rest), flat.const), indirect)

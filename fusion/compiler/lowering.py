@@ -213,20 +213,22 @@ class Lowering(Reductions):
             op.target.overloadpacket, op.args.index(arg), 2, op_dtype, val.dtype, val.device.type
         )
 
+    def load(self, node: fx.Node, at: ir.Affine, indirect: tuple = ()) -> tuple[str, torch.dtype]:
+        """(name, compute dtype) of one load of kernel input ``node`` (its buffer ``in<k>``: inputs in order of first
+        use) at offset ``at`` (plus ``indirect``'s computed terms: ``lower_gathers``), under the innermost guard."""
+        if node not in self.inputs:
+            self.inputs.append(node)
+        out, ct = self.new(), compute(node.meta["val"].dtype)
+        mask = self.guards[-1] if self.guards else None
+        self.block.append(ir.Load(out, f"in{self.inputs.index(node)}", at, dtype_name(ct), mask, indirect))
+        return out, ct
+
     def _compute(self, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dtype]:
         val = node.meta.get("val")
         if node not in self.members:  # an external input
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"input {node.name} is not a tensor ({type(val).__name__})")
-            if node not in self.inputs:
-                self.inputs.append(node)
-            out, ct = self.new(), compute(val.dtype)
-            buf = f"in{self.inputs.index(node)}"
-            mask = self.guards[-1] if self.guards else None
-            self.block.append(
-                ir.Load(out, buf, self.real(recombined(offset(index, val.stride()))), dtype_name(ct), mask)
-            )
-            return out, ct
+            return self.load(node, self.real(recombined(offset(index, val.stride()))))
         if is_window(node):  # a max-pool's values, a depthwise convolution: fusion.compiler.lower_windows
             return window(self, node, index)
         if krows.is_gather(node):  # embedding, index, index_select, gather: fusion.compiler.lower_gathers

@@ -105,11 +105,9 @@ def writable_over(k: ir.Kernel, source: str, target: str) -> bool:
     every load of ``source`` at that store's offset (not at an index the kernel computes) and before it in the
     kernel's order?"""
     order = k.statements()
-    loads = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Load) and s.buffer == source]
-    if any(isinstance(s, ir.Load) and s.buffer == source and s.indirect for s in order):
-        return False
+    loads = [(n, s) for n, s in enumerate(order) if isinstance(s, ir.Load) and s.buffer == source]
     stores = [(n, s.offset) for n, s in enumerate(order) if isinstance(s, ir.Store) and s.buffer == target]
-    return len(stores) == 1 and all(offset == stores[0][1] and n < stores[0][0] for n, offset in loads)
+    return len(stores) == 1 and all(not s.indirect and s.offset == stores[0][1] and n < stores[0][0] for n, s in loads)
 
 
 def reuse_buffers(gm: fx.GraphModule) -> int:
