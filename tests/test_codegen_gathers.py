@@ -7,6 +7,10 @@ both. Every index out of range raises ``IndexError`` as eager does, never reads 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,9 +282,6 @@ def test_gathers_on_cuda_inside_the_kernels_around_them(dtype):
 def test_an_index_out_of_range_on_cuda_stops_at_a_device_assert():
     """On a GPU the check is Triton's ``device_assert`` (eager's index kernels assert the same way): the process's
     CUDA context reports it, so it runs in a subprocess."""
-    import subprocess
-    import sys
-
     script = (
         "import torch, torch.nn.functional as F\n"
         "import fusion.codegen\n"
@@ -290,11 +291,9 @@ def test_an_index_out_of_range_on_cuda_stops_at_a_device_assert():
         "c = compile_regions(Fn(lambda w, i: F.embedding(i, w) * 2), [w, i.clamp(0, 4)])\n"
         "c(w, i); torch.cuda.synchronize()\n"
     )
-    import pathlib
-
-    here = pathlib.Path(__file__).parent
+    here = Path(__file__).parent
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         cwd=here.parent, env={**__import__("os").environ, "PYTHONPATH": f"{here.parent}:{here}"})  # fmt: skip
+                         cwd=here.parent, env={**os.environ, "PYTHONPATH": f"{here.parent}:{here}"})  # fmt: skip
     assert run.returncode != 0 and "index out of range" in run.stderr + run.stdout, (run.stdout, run.stderr[-2000:])
 
 
