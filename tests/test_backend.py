@@ -2555,3 +2555,75 @@ def test_without_triton_the_backend_runs_c_kernels():
         raise NotImplementedError(todo.group(0))  # reported as the unsolved phase's, as an in-process test would
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RAN ['c', 'c'] 2" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_a_reduction_after_a_gemm_moves_up_to_its_input():
+    """A bias gradient's ``sum`` over rows: AOTAutograd writes it after the GEMMs that read the same gradient, so a
+    GEMM sits between it and the pointwise ops that compute its input, and it ran alone, one library call.
+    raise_reductions moves it just after its input. A sum already beside its input, or of a graph input, stays; none
+    moves past an op that writes a tensor."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b):
+        b.add_(1)
+        h = torch.nn.functional.gelu(x) * 2
+        y = h @ w
+        return y, h.sum(0), (h * 3).sum(1), x.sum(0), b.sum(0)
+
+    def g(x, w, b):
+        h = torch.nn.functional.gelu(x) * 2
+        y = h @ w
+        b.add_(1)  # a write between: the sum stays after it
+        return y, h.sum(0)
+
+    x, w, b = torch.randn(5, 6), torch.randn(6, 4), torch.randn(3)
+    for fn, moves in ((f, 1), (g, 0)):
+        gm = make_fx(fn, tracing_mode="fake")(x, w, b)
+        assert graph_passes.raise_reductions(gm.graph) == moves
+        gm.graph.lint()
+        gm.recompile()
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        first_sum = next(n for n in nodes if n.target is aten.sum.dim_IntList)
+        mm = next(n for n in nodes if n.target is aten.mm.default)
+        assert (nodes.index(first_sum) < nodes.index(mm)) == bool(moves)
+        if moves:
+            assert first_sum.args[0] is first_sum.prev and first_sum.prev.target is aten.mul.Tensor
+        torch.testing.assert_close(gm(x.clone(), w, b.clone()), fn(x.clone(), w, b.clone()))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_GPU)])
+def test_a_bias_gradient_joins_the_kernel_that_computes_its_input(device):
+    """Linear-GELU-Linear, forward and backward: the first bias's gradient sums the GELU's backward, which a
+    generated kernel computes and two GEMMs read. With pass ``raise_reductions`` the sum is part of that kernel
+    (fewer aten ``sum`` calls in the backward); without it, a library call of its own. Values and gradients are
+    eager's. (On a GPU with 4096 columns: enough programs for a column walk.)"""
+    torch.manual_seed(0)
+    width = 20 if device == "cpu" else 4096
+    lin1, lin2 = nn.Linear(12, width).to(device), nn.Linear(width, 7).to(device)
+    params = (*lin1.parameters(), *lin2.parameters())
+
+    def f(x):
+        return lin2(torch.nn.functional.gelu(lin1(x)) * 1.5)
+
+    x = torch.randn(33, 12, device=device, requires_grad=True)
+
+    def run(options):
+        backend.reset()
+        for p in (*params, x):
+            p.grad = None
+        out = torch.compile(f, backend="fusion", options=options)(x)
+        out.pow(2).sum().backward()
+        sums = sum(part.library_calls.get("sum", 0) for r in backend.reports for part in r.parts)
+        return out.detach(), [p.grad.clone() for p in (*params, x)], sums
+
+    out, grads, sums = run(None)
+    out_off, grads_off, sums_off = run({"raise_reductions": False})
+    for p in (*params, x):
+        p.grad = None
+    want = f(x)
+    want.pow(2).sum().backward()
+    for got, got_grads in ((out, grads), (out_off, grads_off)):
+        torch.testing.assert_close(got, want.detach())
+        for a, e in zip(got_grads, [p.grad for p in (*params, x)]):
+            torch.testing.assert_close(a, e)
+    assert sums < sums_off, (sums, sums_off)

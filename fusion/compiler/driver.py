@@ -129,6 +129,8 @@ PASSES = [
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
     passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
+    passes.Pass("raise_reductions", noted(graph_passes.reductions_to_their_inputs),
+                doc="a reduction just after the op computing its input (a bias gradient past its GEMMs)"),
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(epilogue.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),

@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import as_traced, is_view_node
+from fusion.compiler.lower_reductions import REDUCTIONS
 from fusion.fxutils.finish import relint
 from fusion.kernels.rows import is_gather
 
@@ -59,6 +60,62 @@ def raise_returned(graph: fx.Graph) -> int:
             moved += 1
             order = {n: i for i, n in enumerate(graph.nodes)}  # positions as they are now (a few moves a graph)
     return moved
+
+
+def reductions_to_their_inputs(gm: fx.GraphModule, note: Callable[..., None]) -> None:
+    """Pass ``raise_reductions``: :func:`raise_reductions`, after ``reorder`` has put each op before its reader."""
+    raised = raise_reductions(gm.graph)
+    relint(gm)
+    if raised:
+        note("raise reductions", [f"{raised} reduction(s)"], "moved", "just after the op computing their input")
+
+
+def raise_reductions(graph: fx.Graph) -> int:
+    """Move each reduction up to just after the op that computes its input, with the views between (a bias
+    gradient's ``sum`` over the rows of a GELU's or LayerNorm's backward: AOTAutograd writes it after the two GEMMs
+    that read the same gradient, and pass ``reorder`` sinks the gradient's ``view`` to the first GEMM, so a GEMM cut
+    the sum from its producer and it ran alone, one library call). Only where that op is fusible (a kernel computes
+    it) and a library call lies between; never past an op that writes a tensor or has side effects. Next to its
+    input the sum joins the input's kernel, which sums what it stores. Returns how many moved."""
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in REDUCTIONS or len(node.all_input_nodes) != 1:
+            continue
+        chain, anchor = [], node.all_input_nodes[0]  # the views from the computed value to the reduction's input
+        while anchor.op == "call_function" and is_view_node(anchor) and len(anchor.all_input_nodes) == 1:
+            chain.append(anchor)
+            anchor = anchor.all_input_nodes[0]
+        if anchor.op != "call_function" or _cuts(anchor):
+            continue
+        between, cur = [], anchor.next
+        while cur is not node:
+            between.append(cur)
+            cur = cur.next
+        if not any(_cuts(n) for n in between) or any(_writes(n) for n in between):
+            continue  # no library call between (the regions take it where it is), or a write it must not cross
+        at = anchor
+        for n in [*reversed(chain), node]:  # each after the one it reads
+            if n is not at.next:
+                at.append(n)
+            at = n
+        moved += 1
+    return moved
+
+
+def _cuts(node: fx.Node) -> bool:
+    """Whether ``node`` ends a run of fusible ops (a GEMM, an attention call: an op neither pointwise, a view, a
+    gather, a cat nor a reduction, that reads a value)."""
+    if node.op != "call_function" or not node.all_input_nodes:
+        return False
+    fusible = node.target in REDUCTIONS or node.target in (aten.cat.default, operator.getitem)
+    return not (fusible or _cheap_and_pure(node))
+
+
+def _writes(node: fx.Node) -> bool:
+    target = node.target
+    return node.op == "output" or node.is_impure() or (
+        isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+    )
 
 
 def sink_to_first_use(graph: fx.Graph) -> int:
