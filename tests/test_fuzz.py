@@ -510,6 +510,22 @@ def test_fuzz_found_max_of_signed_zeros_is_either_zero():
 
 
 @pytest.mark.phase8
+@pytest.mark.parametrize("view", ["step2", "cat_twice"])
+def test_fuzz_found_a_kernel_waiting_for_a_constant_after_a_read_of_its_output(view):
+    """Found by the long run: abs, a strided slice (or a cat) of it that runs as aten, then a where over an iota (a
+    constant inside the span): the kernel of abs and where was placed after the iota, so the slice read abs before
+    the kernel computed it and the graph did not build. The constant now moves before the kernel's first member."""
+    program = {
+        "steps": [("unary", "abs", (0,), None), ("view", view, (1,), None), ("unary", "abs", (2,), None),
+                  ("view", "keep_where", (1,), None), ("unary", "abs", (4,), None)],
+        "outputs": [1, 3, 5],
+    }  # fmt: skip
+    inputs = (torch.tensor([5, 2, -4], dtype=torch.int32),)
+    got = run_compiled(program, inputs)[0]
+    assert_same(got, run_program(program, inputs), *tolerance(program, inputs))
+
+
+@pytest.mark.phase8
 def test_fuzz_found_pow_0_of_float64_stays_float64():
     """Found by the long run: x ** 0 was the float32 constant 1.0, so erf(x ** 0) of a float64 x ran in float32."""
     program = {"steps": [("pow", "pow", (0,), 0), ("unary", "erf", (1,), None)], "outputs": [2]}

@@ -167,6 +167,23 @@ def _kernel_pieces(region: Region, spans: Sequence[list[fx.Node]]) -> list[Regio
     return [p for p in pieces if p.non_view_count >= 2]
 
 
+def hoist_constant_inputs(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
+    """Move each op that reads nothing (``iota``, ``full``: Phase 6 lets such a constant sit inside a span, as it
+    cannot close a cycle) and that a group reads to just before the group's first member. Left where it was, the
+    group's call would wait for it (:func:`place_after_producers`), after an outside op that reads a member
+    computed before the constant (a fuzzer's find: ``abs``, a strided slice of it, then a ``where`` over an ``iota``)."""
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    members = {n for g in groups for n in g.nodes}
+    for g in groups:
+        first = g.nodes[0]
+        for n in g.inputs:
+            if n.op != "call_function" or n.all_input_nodes or n.is_impure() or n in members:
+                continue
+            if position[n] > position[first]:
+                first.prepend(n)
+                position = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+
 def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
     """Set ``group.at`` where a group reads another group's output (the two sides of a :class:`SplitRegion`, their
     members interleaved in the graph): its call sits at its first member after the producer's call. Every other
@@ -204,6 +221,7 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
         names.append(p.kernel.name if calls[p.kernel.name] == 1 else f"{p.kernel.name}_call{seen[p.kernel.name]}")
     kernels = {name: rt.RegionKernel(p.launch or launch_plan(p)) for name, p in zip(names, plans, strict=True)}
     groups = [Group(name, p.kernel.region.nodes, p.inputs, p.outputs) for name, p in zip(names, plans, strict=True)]
+    hoist_constant_inputs(gm, groups)
     place_after_producers(gm, groups)
 
     def launch(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:
