@@ -29,7 +29,12 @@ aten = torch.ops.aten
 
 
 def make_boxed(fn: Callable[..., object]) -> Callable[[list], object]:
-    """``fn(*args)`` as a boxed callable ``g(args_list)`` (``torch._functorch.aot_autograd.make_boxed_func``)."""
+    """``fn(*args)`` as a boxed callable ``g(args_list)``: ``fn.boxed`` where ``fn`` carries one (a compiled graph's
+    runner: it empties the list, so each input is freed at its last use), else
+    ``torch._functorch.aot_autograd.make_boxed_func`` (the list and the call's tuple hold every input to the end)."""
+    boxed = getattr(fn, "boxed", None)
+    if boxed is not None:
+        return boxed
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(fn)

@@ -5,12 +5,13 @@ model's parameters read at each call). Built by :mod:`fusion.compiler.partition`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import as_traced, is_view_node, same_layout
+from fusion.fxutils import boxed
 from fusion.ir.plan import Kernel
 from fusion.kernels import triton_runtime as rt
 
@@ -23,6 +24,7 @@ class CompiledGraph(torch.nn.Module):
 
     def __init__(self, graph_module: fx.GraphModule, kernels: list[Kernel], report, regions: int = 0) -> None:
         super().__init__()
+        boxed.make_boxed(graph_module)  # forward(list): an input is freed at its last use (fusion.fxutils.boxed)
         self.graph_module = graph_module
         self.kernels = kernels
         self.report = report
@@ -100,7 +102,25 @@ class CompiledGraph(torch.nn.Module):
     def forward(self, *args):
         if self.check_inputs:  # the graph is specialised to the example shapes, with or without kernels in it
             self.check(args)
-        return self.graph_module.forward(*args)  # forward itself: no second Module.__call__ per call
+        return self.graph_module.forward(list(args))  # forward itself: no second Module.__call__ per call
+
+    def runner(self) -> Callable:
+        """``run(*args)`` (as :meth:`forward`) with ``run.boxed``: the same call in AOTAutograd's boxed convention,
+        ``run.boxed(args)`` (``_boxed_call``), which empties the list it is given so the graph frees each input
+        at its last use (a backward's saved activations; :mod:`fusion.fxutils.boxed`). ``aot.make_boxed`` takes it."""
+        forward, graph = self.forward, self.graph_module.forward
+
+        def run(*args):
+            return forward(*args)
+
+        def run_boxed(args: list) -> object:
+            if self.check_inputs:
+                self.check(args)
+            return graph(args)
+
+        run_boxed._boxed_call = True
+        run.boxed = run_boxed
+        return run
 
     @property
     def launchers(self) -> list[rt.Launcher]:

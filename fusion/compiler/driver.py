@@ -199,7 +199,7 @@ def kernels(gm: fx.GraphModule, part: PartReport, opts: Options):
                 part.graph = compiled
                 compiled.check_inputs = False  # Dynamo's guards pin every input's shape and strides already
                 part.note_prims(compiled.graph_module.meta.get("prims_to_aten", []))
-                return compiled.forward
+                return compiled.runner()
     part.compiled = False
     part.fallback("the whole graph", why)
     part.count_library_calls(gm, [])
