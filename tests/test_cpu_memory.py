@@ -335,6 +335,27 @@ def test_a_fill_read_through_as_strided_or_a_view_keeps_its_memory():
     assert not [p for p in notes(part, "broadcast_fulls") if p[2] == "expanded"], part.passes
 
 
+def test_a_view_of_a_broadcast_fill_is_traced_again_with_its_new_strides():
+    """Swin-T's shifted-window mask in its bf16 training step: a zero fill, a slice of it read by a library call
+    (``slice_scatter``). Over one element expanded, the slice's strides are 0; the code outside the kernels
+    reinterprets a view by its traced strides, which still said (56, 1): out of the one element's storage (a crash
+    on the GPU). Every view of a broadcast fill is traced again on the expanded element."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion.compiler import view_copies
+
+    def f(x):
+        top = torch.full((56, 56), 0.0)[:49]
+        return torch.slice_scatter(top, x, dim=1, start=0, end=49)
+
+    x = torch.randn(49, 49)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    assert view_copies.fulls_as_broadcasts(gm, lambda *a: None)
+    (view,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert view.meta["val"].stride() == (0, 0)
+    torch.testing.assert_close(gm(x), f(x))
+
+
 def test_a_returned_fill_keeps_its_memory_and_a_scattered_one_its_values():
     class Fills(nn.Module):
         def forward(self, x):

@@ -18,11 +18,13 @@ pointwise ops — exactly, and only where the graph's layouts stay what they wer
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 
 from fusion.aten.nodes import is_view_node
 from fusion.compiler import passes
@@ -209,12 +211,41 @@ def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[s
             wide = gm.graph.call_function(aten.expand.default, (one, list(val.shape)))
             wide.meta["val"] = one.meta["val"].expand(val.shape)
         node.replace_all_uses_with(wide)
+        if not _restride_views(wide):  # a view that cannot read the expanded element: the fill stays
+            wide.replace_all_uses_with(node)
+            _restride_views(node)
+            gm.graph.erase_node(wide)
+            gm.graph.erase_node(one)
+            continue
         gm.graph.erase_node(node)
         changed.append(node.name)
     if changed:
         relint(gm)
         note("broadcast_fulls", changed, "expanded", "a constant fill read as one element broadcast: no memory")
     return changed
+
+
+def _restride_views(node: fx.Node) -> bool:
+    """Recompute the fake value of every view reading ``node`` (through other views), in graph order: their strides
+    follow their input's (a slice of the expanded fill has strides 0, not the full tensor's; code outside the
+    kernels reinterprets a view's base by those strides, Swin-T's shifted-window mask in its training step read a
+    one-element fill at strides (56, 1)). False where one of them cannot be computed on the new input."""
+    views, stack = [], list(node.users)
+    while stack:
+        u = stack.pop()
+        if u.op == "call_function" and is_view_node(u) and u not in views:
+            views.append(u)
+            stack += list(u.users)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    mode = detect_fake_mode([node.meta.get("val")])
+    try:
+        with mode if mode is not None else contextlib.nullcontext():
+            for u in sorted(views, key=order.__getitem__):
+                args, kwargs = fx.node.map_arg((u.args, u.kwargs), lambda n: n.meta.get("val"))
+                u.meta["val"] = u.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a view the expanded element does not allow
+        return False
+    return True
 
 
 # Views that need their input's own memory laid out as traced: on an expanded element they fail or read other bytes
