@@ -2624,7 +2624,7 @@ def test_a_bias_gradient_joins_the_kernel_that_computes_its_input(device):
     want.pow(2).sum().backward()
     for got, got_grads in ((out, grads), (out_off, grads_off)):
         torch.testing.assert_close(got, want.detach())
-        for a, e in zip(got_grads, [p.grad for p in (*params, x)]):
+        for a, e in zip(got_grads, [p.grad for p in (*params, x)], strict=True):
             torch.testing.assert_close(a, e)
     assert sums < sums_off, (sums, sums_off)
 
@@ -2672,3 +2672,23 @@ def test_a_compiled_graph_frees_each_input_at_its_last_use():
         assert seen == [freed], (call, seen)
     assert args == [] or not freed
     torch.testing.assert_close(run(x, w)[0], want)  # and called plainly, as before
+
+
+def test_the_train_memory_script_reads_what_the_forward_saves(monkeypatch):
+    """scripts/gpu_train_memory.py on the CPU (tiny BERT step): the partitioner's saved tensors are read while the
+    step compiles (its counters are the GPU's, so on a CPU only the saved set is there)."""
+    import importlib.util
+
+    import torch._functorch.partitioners as partitioners
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("gpu_train_memory", root / "scripts" / "gpu_train_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(
+        partitioners, "min_cut_rematerialization_partition", partitioners.min_cut_rematerialization_partition
+    )
+    script._patch()
+    row = script.measure("bert_train", "fusion", "cpu", "tiny")
+    (saved,) = row["saved"]
+    assert saved and all(v["tensors"] > 0 for v in saved.values()), row

@@ -113,8 +113,10 @@ def _cuts(node: fx.Node) -> bool:
 
 def _writes(node: fx.Node) -> bool:
     target = node.target
-    return node.op == "output" or node.is_impure() or (
-        isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+    return (
+        node.op == "output"
+        or node.is_impure()
+        or (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable)
     )
 
 
