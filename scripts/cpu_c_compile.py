@@ -131,6 +131,7 @@ def parts(args) -> None:
     from fusion.kernels.c_prelude import PRELUDE
 
     cc, flags, version = c_runtime.compiler()
+    libs = c_runtime.libraries(flags)
     print(f"compiler: {version}: {cc} {' '.join(flags)}")
     sources = sorted(Path(cache, "c").glob("k_*.c"))
     sources = [s for s in sources if s.read_text().startswith(PRELUDE)]
@@ -150,16 +151,16 @@ def parts(args) -> None:
     o0 = ["-O0" if f == "-O3" else f for f in o3]
     subprocess.run([cc, *o3, "-c", str(one), "-o", str(tmp / "one.o")], check=True)
     rows = [
-        ("empty file, whole (process start, link)", lib + [str(tmp / "empty.c"), "-o", so, "-lm"]),
-        ("prelude alone, whole", lib + [str(tmp / "prelude.c"), "-o", so, "-lm"]),
+        ("empty file, whole (process start, link)", lib + [str(tmp / "empty.c"), "-o", so, *libs]),
+        ("prelude alone, whole", lib + [str(tmp / "prelude.c"), "-o", so, *libs]),
         ("one kernel: -fsyntax-only (prelude + kernel parsed)", [cc, *o3, "-fsyntax-only", str(one)]),
         ("one kernel: -c -O0 (parse, no optimisation, assemble)", [cc, *o0, "-c", str(one), "-o", str(tmp / "a.o")]),
         ("one kernel: -c -O3 (parse, -O3 code, assemble)", [cc, *o3, "-c", str(one), "-o", str(tmp / "a.o")]),
         (
             "one kernel: the link alone",
-            [cc, "-shared", *[f for f in flags if "openmp" in f], str(tmp / "one.o"), "-o", so, "-lm"],
+            [cc, "-shared", *[f for f in flags if "openmp" in f], str(tmp / "one.o"), "-o", so, *libs],
         ),  # fmt: skip
-        ("one kernel, whole (as c_runtime.load)", lib + [str(one), "-o", so, "-lm"]),
+        ("one kernel, whole (as c_runtime.load)", lib + [str(one), "-o", so, *libs]),
     ]
     for what, cmd in rows:
         wall = _timed(cmd)
@@ -167,15 +168,15 @@ def parts(args) -> None:
     n = len(sources)
 
     def each(s: Path) -> None:
-        subprocess.run(lib + [str(s), "-o", f"{s}.so", "-lm"], check=True, capture_output=True)
+        subprocess.run(lib + [str(s), "-o", f"{s}.so", *libs], check=True, capture_output=True)
 
     def part(w: int) -> None:
-        subprocess.run(lib + [str(tmp / f"part{w}.c"), "-o", f"{tmp}/p{w}.so", "-lm"], check=True)
+        subprocess.run(lib + [str(tmp / f"part{w}.c"), "-o", f"{tmp}/p{w}.so", *libs], check=True)
 
     ways = [
         (f"{n} kernels, one process each, in turn", lambda: [each(s) for s in sources]),
         (f"{n} kernels, one process each, {workers} at a time", lambda: list(ThreadPoolExecutor(workers).map(each, sources))),
-        (f"{n} kernels, one translation unit", lambda: subprocess.run(lib + [str(tmp / "all.c"), "-o", so, "-lm"], check=True)),
+        (f"{n} kernels, one translation unit", lambda: subprocess.run(lib + [str(tmp / "all.c"), "-o", so, *libs], check=True)),
         (f"{n} kernels, {workers} translation units side by side", lambda: list(ThreadPoolExecutor(workers).map(part, range(workers)))),
     ]  # fmt: skip
     for what, run in ways:

@@ -721,3 +721,38 @@ def test_cse_computes_a_repeated_value_once_and_never_reads_past_a_store():
     assert cse(k) == k  # each walk's load is its own
     k = dataclasses.replace(k, body=(ir.Load("t0", "in0", x, "float32"), walk))
     assert cse(k).body[1] == ir.ReduceLoop((ir.Reduce("t2", "sum", "t0", "float32"),))  # the value before the walk
+
+
+def test_sin_and_cos_stay_within_two_ulps_of_float64():
+    """A rotary embedding's sin and cos of one angle: on x86-64 Linux the C kernel calls glibc's vector sinf and
+    cosf (libmvec: the prelude declares them simd, and the compiler must not fold the pair into one scalar sincosf).
+    Over the float32 range, signed zeros, inf and NaN, both stay within 2 ulp of float64, as eager's (<= 1 ulp)."""
+    torch.manual_seed(0)
+    x = torch.cat([
+        torch.linspace(-20.0, 20.0, 4001), torch.randn(2000) * 1e4, torch.randn(500) * 1e9,
+        torch.tensor([0.0, -0.0, 1e-30, 3.0e38, -3.0e38, float("inf"), float("-inf"), float("nan")]),
+    ])  # fmt: skip
+    out = compiled_in_c(lambda t: (lambda u: (torch.sin(u), torch.cos(u)))(t.neg()), x, kernels=1)
+    x64 = -x.double()
+    for got, want in ((out[0], torch.sin(x64)), (out[1], torch.cos(x64))):
+        finite = torch.isfinite(x)
+        ulp = torch.finfo(torch.float32).eps * want[finite].abs().clamp_min(torch.finfo(torch.float32).tiny)
+        err = (got[finite].double() - want[finite]).abs()
+        assert (err <= 2 * ulp).all(), (x[finite][err > 2 * ulp][:5], err.max())
+        assert got[~finite].isnan().all()
+    if "-DFUSION_LIBMVEC" in c_runtime.compiler()[1]:
+        assert c_runtime.libraries(c_runtime.compiler()[1])[0] == "-lmvec"
+
+
+def test_a_rotary_tables_sin_and_cos_over_two_loops_match_eager():
+    """Llama's rotary tables: positions times frequencies (two loops, a broadcast), then cos and sin of each angle,
+    as one kernel (the vector calls in its innermost loop), equal to eager's within float32 tolerances."""
+    pos, freq = torch.arange(131, dtype=torch.float32), 1.0 / (10000 ** (torch.arange(0, 34, 2) / 34.0))
+
+    def f(p, w):
+        angle = p[:, None] * w[None, :]
+        return angle.cos() * 2.0, angle.sin() * 2.0
+
+    out = compiled_in_c(f, pos, freq, kernels=1)
+    for got, want in zip(out, f(pos, freq), strict=True):
+        torch.testing.assert_close(got, want)

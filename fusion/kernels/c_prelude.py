@@ -4,9 +4,20 @@ signs. Plain C99, no libm call in the float32 paths the loops vectorize."""
 
 from __future__ import annotations
 
-PRELUDE = r"""#include <stdint.h>
+# glibc's vector sinf and cosf (libmvec): declared "simd", gcc calls their 8-lane versions from a vectorized loop.
+# Only where the compiler probe found them (fusion.kernels.c_runtime.VECTOR_LIBM defines FUSION_LIBMVEC).
+VECTOR_LIBM_DECLARATIONS = """float sinf(float) __attribute__((simd("notinbranch")));
+float cosf(float) __attribute__((simd("notinbranch")));
+"""
+
+PRELUDE = (
+    r"""#include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+#ifdef FUSION_LIBMVEC
+"""
+    + VECTOR_LIBM_DECLARATIONS
+    + r"""#endif
 
 typedef union { uint32_t u; float f; } fusion_bits;
 
@@ -166,3 +177,4 @@ static inline float fusion_rand(int64_t seed, int64_t offset) {
     return (float)x * 4.6566127342e-10f;
 }
 """
+)

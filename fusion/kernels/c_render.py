@@ -43,6 +43,10 @@ ROW_SUM_BLOCK = 256  # elements of a row a sum folds in SIMD lanes (16 a lane wi
 TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
 TILE_VAR = "cj"  # a column walk's position inside its tile
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
+VECTOR_LIBM_OPS = (
+    "sin",
+    "cos",
+)  # float32 ops whose libm calls have vector versions (c_prelude.VECTOR_LIBM_DECLARATIONS)
 
 
 class _Writer:
@@ -206,6 +210,7 @@ class _Writer:
             self.emit(
                 f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2
             )
+            self.simd(2)
             self.emit(f"for (int64_t {lp.var} = {lp.var}_o; {lp.var} < {lp.var}_e; {lp.var}++) {{", 2)
             depth, closers, body = 3, [2, 1], list(k.body)
         else:
@@ -217,7 +222,9 @@ class _Writer:
             hoisted = []
             if k.kind == "pointwise" and shared and loops[-1].size > 0:  # once per step of the shared loops
                 hoisted, body = invariant(body, {loops[-1].var})
-            for lp in loops[:-1] if hoisted else loops:
+            for i, lp in enumerate(loops[:-1] if hoisted else loops):
+                if k.kind == "pointwise" and i == len(loops) - 1:
+                    self.simd(1)
                 self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
             self.emit("{", 1)
             depth, closers = 2, [1]
@@ -225,6 +232,7 @@ class _Writer:
                 for s in hoisted:
                     self.statement(s, 2)
                 inner = loops[-1]
+                self.simd(2)
                 self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 2)
                 depth, closers = 3, [2, 1]
         for s in body:
@@ -232,6 +240,14 @@ class _Writer:
         for d in closers:
             self.emit("}", d)
         return self.finish()
+
+    def simd(self, depth: int) -> None:
+        """``#pragma omp simd`` before a pointwise kernel's innermost loop where it calls a libm function that
+        glibc's vector library has (float32 ``sin``, ``cos``: ``c_prelude.VECTOR_LIBM_DECLARATIONS``): gcc's
+        auto-vectorizer does not call the vector versions by itself; the pragma asks it to (only where the
+        compiler probe found libmvec, ``-DFUSION_LIBMVEC``: elsewhere the pragma changes nothing)."""
+        if any(isinstance(st, ir.Op) and st.op in VECTOR_LIBM_OPS and st.dtype == "float32" for st in self.k.body):
+            self.emit(f"#pragma omp simd{self.bad}", depth)
 
     def finish(self) -> str:
         """Close the function (a checked kernel returns its flag) and return the whole source."""
