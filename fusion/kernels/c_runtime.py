@@ -128,13 +128,20 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
     flags = ["-O3", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
     flags.append("-std=gnu11")
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text("#include <math.h>\nvoid f(float *restrict x, int n) {\n#pragma omp parallel for\n"
-                       "for (int i = 0; i < n; i++) x[i] = expf(x[i]);\n}\n")  # fmt: skip
 
-        def works(extra: list[str]) -> bool:
-            cmd = [cc, *flags, *extra, str(src), "-o", str(Path(tmp) / "probe.so"), "-lm"]
-            return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+        def works(extra: list[str], source: str = PROBE, load: bool = False) -> bool:
+            """Does ``source`` build with ``extra`` (and, if ``load``, does this process load the library)?"""
+            src, out = Path(tmp) / "probe.c", Path(tmp) / f"probe{len(extra)}.so"
+            src.write_text(source)
+            cmd = [cc, *flags, *extra, str(src), "-o", str(out), *libraries(extra)]
+            if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
+                return False
+            try:
+                if load:
+                    ctypes.CDLL(str(out))
+            except OSError:  # built, but its libraries do not load here
+                return False
+            return True
 
         if not works([]):
             raise CompilerMissing(
@@ -146,10 +153,23 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
             flags.append("-fopenmp")
         elif works(["-fopenmp-simd"]):  # no OpenMP runtime (macOS without libomp): serial, SIMD pragmas still read
             flags.append("-fopenmp-simd")
-        if _vector_libm_works(cc, flags, Path(tmp)):
-            flags += VECTOR_LIBM
+        if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
+            from fusion.kernels.c_prelude import VECTOR_LIBM_DECLARATIONS
+
+            if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + VECTOR_PROBE, load=True):
+                flags += VECTOR_LIBM
     return cc, tuple(flags), version
 
+
+# What the flags are probed with: a parallel loop of expf; libmvec's sinf and cosf in a SIMD loop
+PROBE = (
+    "#include <math.h>\nvoid f(float *restrict x, int n) {\n#pragma omp parallel for\n"
+    "for (int i = 0; i < n; i++) x[i] = expf(x[i]);\n}\n"
+)
+VECTOR_PROBE = (
+    "void f(float *restrict x, int n) {\n#pragma omp simd\n"
+    "for (int i = 0; i < n; i++) x[i] = sinf(x[i]) + cosf(x[i]);\n}\n"
+)
 
 # glibc's vector math library (libmvec, x86-64 Linux): with the prelude's simd declarations (FUSION_LIBMVEC) gcc
 # calls its 8-lane sinf/cosf from a vectorized loop. Not folded into one scalar sincosf: gcc does that to a sinf and
@@ -161,26 +181,7 @@ VECTOR_LIBM = ["-DFUSION_LIBMVEC", "-fno-builtin-sinf", "-fno-builtin-cosf"]
 
 def libraries(flags: tuple[str, ...] | list[str]) -> list[str]:
     """What a kernel library links, after its source (libmvec where the prelude declares its functions)."""
-    return (["-lmvec"] if "-DFUSION_LIBMVEC" in flags else []) + ["-lm"]
-
-
-def _vector_libm_works(cc: str, flags: list[str], tmp: Path) -> bool:
-    """Does ``cc`` build and can this process load a loop of sinf/cosf calls on libmvec's vector functions?"""
-    if not (sys.platform.startswith("linux") and os.uname().machine == "x86_64"):
-        return False
-    from fusion.kernels.c_prelude import VECTOR_LIBM_DECLARATIONS
-
-    src, out = tmp / "mvec.c", tmp / "mvec.so"
-    src.write_text("#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + "void f(float *restrict x, int n) {\n"
-                   "#pragma omp simd\nfor (int i = 0; i < n; i++) x[i] = sinf(x[i]) + cosf(x[i]);\n}\n")  # fmt: skip
-    cmd = [cc, *flags, *VECTOR_LIBM, str(src), "-o", str(out), *libraries(VECTOR_LIBM)]
-    try:
-        if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
-            return False
-        ctypes.CDLL(str(out))
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return True
+    return (["-lmvec"] if VECTOR_LIBM[0] in flags else []) + ["-lm"]
 
 
 def cores() -> int:
