@@ -18,19 +18,17 @@ pointwise ops — exactly, and only where the graph's layouts stay what they wer
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from collections.abc import Callable
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
 
 from fusion.aten.nodes import is_view_node
 from fusion.compiler import passes
 from fusion.compiler.graph_passes import _escaping, _same_tensor_meta, _written
 from fusion.fxutils.finish import relint
-from fusion.fxutils.meta import call_with_meta, tensor_val
+from fusion.fxutils.meta import call_with_meta, refresh_meta, tensor_val
 
 aten = torch.ops.aten
 PAD = aten.constant_pad_nd.default
@@ -225,11 +223,8 @@ def fulls_as_broadcasts(gm: fx.GraphModule, note: Callable[..., None]) -> list[s
     return changed
 
 
-def _restride_views(node: fx.Node) -> bool:
-    """Recompute the fake value of every view reading ``node`` (through other views), in graph order: their strides
-    follow their input's (a slice of the expanded fill has strides 0, not the full tensor's; code outside the
-    kernels reinterprets a view's base by those strides, Swin-T's shifted-window mask in its training step read a
-    one-element fill at strides (56, 1)). False where one of them cannot be computed on the new input."""
+def _views_of(node: fx.Node) -> list[fx.Node]:
+    """Every view reading ``node``, directly or through other views, in graph order."""
     views, stack = [], list(node.users)
     while stack:
         u = stack.pop()
@@ -237,12 +232,17 @@ def _restride_views(node: fx.Node) -> bool:
             views.append(u)
             stack += list(u.users)
     order = {n: i for i, n in enumerate(node.graph.nodes)}
-    mode = detect_fake_mode([node.meta.get("val")])
+    return sorted(views, key=order.__getitem__)
+
+
+def _restride_views(node: fx.Node) -> bool:
+    """Recompute the fake value of every view of ``node`` (``refresh_meta``, in graph order): their strides follow
+    their input's (a slice of the expanded fill has strides 0, not the full tensor's; code outside the kernels
+    reinterprets a view's base by those strides, Swin-T's shifted-window mask in its training step read a
+    one-element fill at strides (56, 1)). False where one of them cannot be computed on the new input."""
     try:
-        with mode if mode is not None else contextlib.nullcontext():
-            for u in sorted(views, key=order.__getitem__):
-                args, kwargs = fx.node.map_arg((u.args, u.kwargs), lambda n: n.meta.get("val"))
-                u.meta["val"] = u.target(*args, **kwargs)
+        for u in _views_of(node):
+            refresh_meta(u)
     except Exception:  # noqa: BLE001 - a view the expanded element does not allow
         return False
     return True
@@ -256,14 +256,7 @@ def _reads_storage(node: fx.Node) -> bool:
     """Does a view of ``node`` (directly or through other views) reinterpret its memory (``as_strided``; a ``view``
     that needs it contiguous)? ConvNeXt's training graph reads a zero ``full`` through ``as_strided``: over one
     element expanded that is out of the storage's bounds."""
-    stack = list(node.users)
-    while stack:
-        u = stack.pop()
-        if u.target in STORAGE_VIEWS:
-            return True
-        if is_view_node(u):
-            stack += list(u.users)
-    return False
+    return any(u.target in STORAGE_VIEWS for u in _views_of(node))
 
 
 # Before pass "constants": folded, the fill is then one element held, not size of them
