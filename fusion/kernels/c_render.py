@@ -43,10 +43,8 @@ ROW_SUM_BLOCK = 256  # elements of a row a sum folds in SIMD lanes (16 a lane wi
 TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
 TILE_VAR = "cj"  # a column walk's position inside its tile
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
-VECTOR_LIBM_OPS = (
-    "sin",
-    "cos",
-)  # float32 ops whose libm calls have vector versions (c_prelude.VECTOR_LIBM_DECLARATIONS)
+# float32 ops whose libm calls have vector versions (c_prelude.VECTOR_LIBM_DECLARATIONS)
+VECTOR_LIBM_OPS = ("sin", "cos")
 
 
 class _Writer:
@@ -58,6 +56,9 @@ class _Writer:
         self.tiled: set[str] = set()  # row-level values held as arrays over a column tile (_Columns)
         self.checked = kernel.checks_indices()
         self.bad = " reduction(|:fusion_bad)" if self.checked else ""  # every parallel or SIMD loop ORs its checks
+        self.vector_libm = any(  # calls a libm function glibc's vector library has: see simd()
+            isinstance(st, ir.Op) and st.op in VECTOR_LIBM_OPS and st.dtype == "float32" for st in kernel.body
+        )
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("    " * depth + line)
@@ -246,7 +247,7 @@ class _Writer:
         glibc's vector library has (float32 ``sin``, ``cos``: ``c_prelude.VECTOR_LIBM_DECLARATIONS``): gcc's
         auto-vectorizer does not call the vector versions by itself; the pragma asks it to (only where the
         compiler probe found libmvec, ``-DFUSION_LIBMVEC``: elsewhere the pragma changes nothing)."""
-        if any(isinstance(st, ir.Op) and st.op in VECTOR_LIBM_OPS and st.dtype == "float32" for st in self.k.body):
+        if self.vector_libm:
             self.emit(f"#pragma omp simd{self.bad}", depth)
 
     def finish(self) -> str:
