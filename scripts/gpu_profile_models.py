@@ -63,6 +63,11 @@ def kernels(step, n: int, top: int) -> dict:
         "launches": sum(r[2] for r in rows),
         "top": [{"kernel": k[:140], "us": round(us, 1), "count": c} for k, us, c in rows[:top]],
         "groups": [{"group": k, "us": round(v[0], 1), "count": v[1]} for k, v in grouped[: 2 * top]],
+        # by launches: in a CPU-bound call the many small kernels cost more than their GPU time says
+        "by_count": [
+            {"group": k, "us": round(v[0], 1), "count": v[1]}
+            for k, v in sorted(grouped, key=lambda kv: -kv[1][1])[:top]
+        ],
     }
 
 
@@ -111,6 +116,7 @@ def main(argv: list[str]) -> None:
         )
         for k in row["groups"]:
             print(f"  {k['us']:8.1f} µs ×{k['count']:<5.0f} {k['group'][:110]}")
+        print("  most launches:", ", ".join(f"{k['group'][:60]} ×{k['count']:.0f}" for k in row["by_count"]))
         if "library_calls" in row:
             print(f"  graphs {row['graphs']}; library calls: {row['library_calls']}")
             for why, c in row["fallbacks"].items():

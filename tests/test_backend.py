@@ -2279,6 +2279,46 @@ def test_a_returned_or_written_constant_is_never_shared_between_calls():
         torch.testing.assert_close(got, want)
 
 
+class ShiftedWindowMask(nn.Module):
+    """Swin's shifted-window mask: a zero fill, nine slices of it filled with a region number, then compared; built
+    from no input each call. Returned beside the masked scores (as a training forward returns a tensor it saves for
+    the backward: AOTAutograd's min-cut partitioner saves Swin's mask)."""
+
+    def __init__(self, view: bool = False):
+        super().__init__()
+        self.view = view  # return a view of the mask (what escapes is then a view of the folded value)
+
+    def forward(self, x):  # x: (batch, 6, 6)
+        mask = x.new_zeros(6, 6)
+        count = 0
+        for h in ((0, -3), (-3, -1), (-1, None)):
+            for w in ((0, -3), (-3, -1), (-1, None)):
+                mask[h[0] : h[1], w[0] : w[1]] = count
+                count += 1
+        return x + mask.masked_fill(mask != 0, -100.0), mask.unsqueeze(0) if self.view else mask
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_a_returned_constant_is_folded_and_returned_as_a_copy(view):
+    """A constant the graph returns (a training forward's saved mask) was computed at run time op by op, its whole
+    chain with it (Swin-T's step: 180 launches for five masks): it is folded like any constant and returned as a
+    copy, one call, so the caller still owns what it gets (writing it changes no later call)."""
+    backend.reset()
+    model = ShiftedWindowMask(view)
+    x = torch.randn(2, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(model, backend="fusion")
+    for _ in range(2):
+        got = compiled(x)
+        for g, w in zip(got, model(x), strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        got[1].fill_(7.0)  # the caller's tensor: the next call's mask is the folded one, unchanged
+    calls = _calls()
+    # no fill, slice_scatter or compare at run time: one copy of the mask, and the add (alone: one op, no region)
+    assert calls == {"clone": 1, "add": 1}, calls
+    notes = [p for p in backend.reports[0].parts[0].passes if p[0] == "constants"]
+    assert any(p[2] == "returned" for p in notes), backend.reports[0].table()
+
+
 @pytest.mark.parametrize("unbind", [False, True])
 def test_split_items_are_strides_of_what_the_split_reads(built, unbind):
     """GPT-2's q, k, v: one GEMM, split three ways, each item read by a library call. The items are reinterprets of

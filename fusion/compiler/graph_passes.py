@@ -311,26 +311,42 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     """Phase 9's pass ``constants``: every value computed from no graph input (an attention mask built from
     ``iota`` and the sequence length, a ``scalar_tensor``) is computed once, at compile time, and the graph reads
     the result (Inductor's ``ConstantFolder`` evaluates it). GPT-2's causal mask is ~25 library calls a call without
-    it. Not folded: a value the graph returns or an op writes into, itself or through a view (the caller's tensor
-    must be its own; a constant must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all.
-    Returns how many folded."""
+    it. A constant the graph returns (a training forward's saved mask: Swin-T's five shifted-window masks were 180
+    library calls a step) is folded too and returned as a ``clone`` of the folded value, the caller's own tensor each
+    call; a returned view stays a view of that copy. Not folded: a value an op writes into, itself or through a view
+    (a constant must stay constant), random ops, and values beyond :data:`FOLD_LIMIT_BYTES` in all. Returns how many
+    folded."""
     from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
     from torch.utils._python_dispatch import _disable_current_modes
 
+    written, escaping = _written(gm.graph), _escaping(gm.graph)
+    returned = {n for n in escaping if not is_view_node(n)}  # folded as a copy each call (views of them stay views)
+
     class BoundedFolder(ConstantFolder):  # a value larger than the limit is never computed, even to be dropped
+        def __init__(self, gm: fx.GraphModule) -> None:
+            super().__init__(gm)
+            self.returned: dict[fx.Node, torch.Tensor] = {}
+
         def run_node(self, node: fx.Node):
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and val.numel() * val.element_size() > FOLD_LIMIT_BYTES:
                 return self.unknown_value
             return super().run_node(node)
 
-    kept = _escaping(gm.graph) | _written(gm.graph)  # the caller's tensor must be its own; a constant stays one
-    held, folded = 0, []
+        def add_node_replacement(self, node: fx.Node, tensor: torch.Tensor) -> None:
+            super().add_node_replacement(node, tensor)
+            if node in returned:  # kept though its users fold too (the folder then drops it: only views escape)
+                self.returned[node] = tensor
+
+    held, folded, copied = 0, [], []
     with _disable_current_modes(), torch.no_grad():  # real tensors: computed and read outside the fake mode
         folder = BoundedFolder(gm)
         folder.run()
-        for node, value in folder.node_replacements.items():
-            if node.op != "call_function" or not isinstance(value, torch.Tensor) or node in kept:
+        found = {**folder.returned, **folder.node_replacements}
+        for node, value in found.items():
+            if node.op != "call_function" or not isinstance(value, torch.Tensor) or node in written:
+                continue
+            if node in escaping and is_view_node(node):  # a returned view shares its base's memory: left as it is
                 continue
             size = value.untyped_storage().nbytes()
             if held + size > FOLD_LIMIT_BYTES:
@@ -339,7 +355,11 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
             held += size
             val, name = node.meta.get("val"), f"_folded_{node.name}"
             value = as_traced(value, val.stride()) if isinstance(val, torch.Tensor) else value  # as traced
-            replace_node_with_constant(gm, node, value, name=name)
+            if node in escaping:  # returned: a copy of the folded value each call, the caller's own (one call)
+                _fold_returned(gm, node, value, name, escaping)
+                copied.append(node.name)
+            else:
+                replace_node_with_constant(gm, node, value, name=name)
             folded.append(name)
         selects = _constant_selects(gm)
     if folded:
@@ -350,9 +370,29 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
                 delattr(gm, name)
         relint(gm)
         note("constants", [f"{len(folded)} value(s)"], "precomputed", "computed from no input: once, at compile time")
+    if copied:
+        note(
+            "constants", copied, "returned", "a constant the graph returns: folded, and copied for the caller each call"
+        )
     if selects:
         note("constants", selects, "dropped", "a where whose folded condition is the same everywhere: that branch")
     return len(folded)
+
+
+def _fold_returned(gm: fx.GraphModule, node: fx.Node, value: torch.Tensor, name: str, escaping: set[fx.Node]) -> None:
+    """``node``, a constant the graph returns (a training forward's saved mask, say): the graph's own readers read
+    the folded value, as any constant's, and what is returned (the output, and the views on the way to it) reads
+    ``clone`` of it, a tensor of the caller's own each call (clone keeps the traced strides of a dense value)."""
+    graph = gm.graph
+    gm.register_buffer(name, value)
+    with graph.inserting_before(node):
+        const = graph.get_attr(name)
+        copy = graph.call_function(aten.clone.default, (const,))
+    const.meta.update(node.meta)
+    copy.meta.update(node.meta)
+    node.replace_all_uses_with(copy, delete_user_cb=lambda user: user.op == "output" or user in escaping)
+    node.replace_all_uses_with(const)
+    graph.erase_node(node)
 
 
 def _constant_selects(gm: fx.GraphModule) -> list[str]:
