@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(os.name != "posix", reason="bash script")
 def test_gpu_run_script_dry_run(tmp_path):
-    env = dict(os.environ, GPU_RUN_DRY="1", GPU_RUN_GROUPS="core", OUT=str(tmp_path), PYTHON="python")
+    env = dict(os.environ, GPU_RUN_DRY="1", GPU_RUN_GROUPS="core", OUT=str(tmp_path), PYTHON=sys.executable)
     env["PYTHONPATH"] = str(ROOT)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run(
