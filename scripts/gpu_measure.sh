@@ -11,6 +11,9 @@
 #     bash scripts/gpu_measure.sh train      # the suite's training steps: eager, fusion, Inductor
 #     bash scripts/gpu_measure.sh reductions # few outputs over long extents: pass split_reductions on/off, eager, Inductor
 #     bash scripts/gpu_measure.sh session    # CUDA tests; Swin-T, MaxViT-T (inference and training)
+#     BASE=_before bash scripts/gpu_measure.sh folds
+#                                            # CUDA tests; before/after (an earlier tree in $BASE) of Swin-T's training
+#                                            # step (eager, fusion): constants the forward returns, folded
 #     BASE=_before bash scripts/gpu_measure.sh gathers
 #                                            # CUDA tests; before/after (an earlier tree in $BASE) of BERT, Swin-T, GPT-2
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
@@ -120,12 +123,18 @@ session)
     cuda_tests 240
     suite $((565 - (SECONDS - start))) swin_t,maxvit_t,swin_t_train,maxvit_t_train eager,fusion,inductor
     ;;
+folds)
+    cuda_tests 200
+    step "before/after: returned constants folded ($BASE against this tree: eager, fusion)"
+    BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
+        bash scripts/gpu_before_after.sh "${MODELS:-swin_t_train}" $((585 - (SECONDS - start)))
+    ;;
 gathers)
     cuda_tests 200
     step "before/after: indexed reads in the kernels ($BASE against this tree: eager, fusion, CUDA graphs)"
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" \
         bash scripts/gpu_before_after.sh "${MODELS:-bert,swin_t,gpt2}" $((585 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train or gathers" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, folds or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -124,7 +124,7 @@ PASSES = [
     layout.CHANNELS_LAST,  # CPU: oneDNN's convolutions read NHWC images; before the regions read the strides
     *view_copies.VIEW_COPY_PASSES,  # copies as views, cats and pointwise ops; before "reorder" moves them
     random_ops.RANDOM,  # before "reorder": an aten.rand pins what follows it; the seeded op is pure and sinks
-    split_reductions.SPLIT_REDUCTIONS,  # before "reorder": the producers then meet the new view (CUDA graphs only)
+    split_reductions.SPLIT_REDUCTIONS,  # before "reorder": the producers then meet the new view (CUDA only)
     passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),

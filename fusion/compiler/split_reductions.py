@@ -60,7 +60,8 @@ from fusion.kernels.rows import COALESCED_ROWS, COLUMN_RBLOCK
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
-# The gate: CUDA graphs only. Tests set ON_CPU = True to check the rewrite on CPU (numerics, kernel counts).
+# The gate: CUDA devices only (default mode and CUDA graphs alike). Tests set ON_CPU = True to check the rewrite on
+# CPU (numerics, kernel counts).
 ON_CPU = False
 
 # When to split. The numbers (H200, bf16 summed in float32, 2026-11-26): x.sum(0) of (65536, 1024), a column
