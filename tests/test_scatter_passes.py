@@ -1,6 +1,7 @@
 """Pass ``stack_scatters`` (fusion/compiler/scatter_passes.py): the backward of attention's packed in-projection sums
 one select_scatter into zeros per piece, Llama's rotate_half one slice_scatter per half; the pass writes that sum as
-one cat, and only where it is one."""
+one cat, and only where it is one. Pass ``index_put_sums``: an accumulating index_put into a small table (Swin's
+relative-position bias gradient) as one masked sum."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from fusion import backend
 from fusion.compiler import driver
@@ -212,3 +215,142 @@ def test_only_strided_pieces_covering_every_offset_are_woven(offsets, rewritten)
     want = gm(*pieces)
     assert stack_select_scatters(gm, lambda *a: None) == (1 if rewritten else 0)
     torch.testing.assert_close(gm(*pieces), want, atol=0, rtol=0)
+
+
+class RelativeBias(nn.Module):
+    """Swin's relative-position bias: a (rows, heads) table gathered at an index buffer, added to the scores. Its
+    gradient is ``index_put(zeros, [index], grad, accumulate=True)`` (pass ``index_put_sums``)."""
+
+    def __init__(self, rows: int, heads: int, index: torch.Tensor) -> None:
+        super().__init__()
+        self.table = nn.Parameter(
+            torch.randn(rows, heads, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        )
+        self.register_buffer("index", index)
+
+    def forward(self, scores):  # scores: (batch, heads, n)
+        return scores + self.table[self.index].permute(1, 0)
+
+
+def _bias_step(monkeypatch, rows, heads, index, scores, on=True):
+    from fusion.compiler import scatter_passes
+
+    monkeypatch.setattr(scatter_passes, "ON_CPU", on)
+    backend.reset()
+    model = RelativeBias(rows, heads, index)
+    out = torch.compile(model, backend="fusion")(scores)
+    (out * out).sum().backward()
+    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=__import__("collections").Counter())
+    return model.table.grad, calls
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    heads=st.integers(1, 4),
+    n=st.integers(1, 40),
+    negative=st.booleans(),
+    special=st.sampled_from([None, float("nan"), float("inf")]),
+    seed=st.integers(0, 2**16),
+)
+@example(rows=5, heads=3, n=25, negative=False, special=None, seed=0)
+def test_an_accumulating_index_put_into_a_small_table_is_one_masked_sum(rows, heads, n, negative, special, seed):
+    """The table's gradient as eager's (float64: the same sums in another order), repeated and negative indices and
+    NaN/inf among the values included, with no ``index_put`` left: one generated kernel computes it."""
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        g = torch.Generator().manual_seed(seed)
+        index = torch.randint(0, rows, (n,), generator=g)
+        if negative:
+            index = index - rows  # -rows..-1: eager reads (and accumulates into) row index + rows
+        scores = torch.randn(2, heads, n, dtype=torch.float64, generator=g)
+        if special is not None:
+            scores[0, 0, n // 2] = special
+        got, calls = _bias_step(monkeypatch, rows, heads, index, scores.clone())
+        ref = RelativeBias(rows, heads, index)
+        out = ref(scores.clone())
+        (out * out).sum().backward()
+        torch.testing.assert_close(got, ref.table.grad, rtol=1e-12, atol=1e-12, equal_nan=True)
+        assert "index_put" not in calls, calls
+    finally:
+        monkeypatch.undo()
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize(
+    "index, device",
+    [([0, 4, -1, 4], "cpu"), ([0, 1, 7], "cpu"), ([-6, 0], "cpu"), pytest.param([0, 4, -1, 4], "cuda", marks=CUDA)],
+)
+def test_an_index_put_sum_checks_its_indices_as_eager(monkeypatch, index, device):
+    """An accumulating index_put written in a model (no gather before it to check the index first): in range, eager's
+    values from one generated kernel; an index outside the table (7, or -6 of 5 rows) raises IndexError as eager
+    does (the masked sum reads the index through a checked gather), never a row dropped. On a GPU the in-range case
+    (an index out of range there is a device assert, which ends the process's CUDA context)."""
+    from fusion.compiler import scatter_passes
+
+    monkeypatch.setattr(scatter_passes, "ON_CPU", True)
+
+    def f(values, index):
+        zeros = torch.zeros(5, 3, dtype=values.dtype, device=values.device)
+        return zeros.index_put((index,), values.t(), accumulate=True) * 2.0
+
+    values = torch.randn(3, len(index), dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(device)
+    index = torch.tensor(index, device=device)
+    backend.reset()
+    compiled = torch.compile(f, backend="fusion")
+    if all(-5 <= i < 5 for i in index.tolist()):
+        torch.testing.assert_close(compiled(values, index), f(values, index), rtol=1e-12, atol=1e-12)
+        (part,) = [p for r in driver.reports for p in r.parts]
+        assert not part.library_calls and len(part.kernels) == 1, (part.library_calls, part.kernels)
+    else:
+        with pytest.raises(IndexError):
+            f(values, index)
+        with pytest.raises(IndexError):
+            compiled(values, index)
+
+
+def _index_put_node(base, index, values, accumulate=True) -> fx.Node:
+    g = fx.Graph()
+    b, i, v = (g.placeholder(name) for name in "biv")
+    b.meta["val"], i.meta["val"], v.meta["val"] = base, index, values
+    node = g.call_function(aten.index_put.default, (b, [i], v, accumulate))
+    node.meta["val"] = base.index_put([index], values, accumulate)
+    return node
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("accepted", None),
+        ("store", "not accumulating"),
+        ("half", "eager accumulates half types in the half type"),
+        ("big", "over the masked sum's size limits"),
+        ("mask", "a mask or a grid of indices"),
+        ("broadcast", "broadcast values"),
+        ("rows apart", "the sum would read the positions scattered"),
+        ("cpu", "on cpu"),
+    ],
+)
+def test_only_small_float_tables_on_a_gpu_are_rewritten(monkeypatch, case, why):
+    """The refusals, each with its reason: a store (not a sum), half types (eager rounds each addition to the half
+    type), tables over the size limits, a boolean mask, broadcast values, values whose positions lie apart in
+    memory, and CPU graphs (aten's loop reads each value once)."""
+    from fusion.compiler import scatter_passes
+
+    monkeypatch.setattr(scatter_passes, "ON_CPU", case != "cpu")
+    base, index, values = torch.zeros(5, 3), torch.tensor([0, 4, 2, 2]), torch.zeros(3, 4).t()
+    if case == "half":
+        base, values = base.half(), values.half()
+    elif case == "big":
+        base = torch.zeros(5000, 3)
+    elif case == "mask":
+        index, values = torch.tensor([True, False, True, False, True]), torch.zeros(3, 3).t()
+    elif case == "broadcast":
+        values = torch.zeros(1, 3)
+    elif case == "rows apart":
+        values = torch.zeros(4, 3)  # each position's 3 values together: the masked sum would stride over them
+    node = _index_put_node(base, index, values, accumulate=case != "store")
+    got = scatter_passes.index_put_refusal(node)
+    assert (got is None) if why is None else (why in (got or "")), got

@@ -28,6 +28,8 @@
   kernel's output written into a buffer the graph is done with (in place where the kernel reads it only there).
 * :mod:`fusion.compiler.split_reductions` — pass ``split_reductions``: a reduction with few long rows (or columns) as
   two, the first filling the GPU.
+* :mod:`fusion.compiler.scatter_passes` — pass ``stack_scatters``: a sum of scatters into zeros that tile a dim as one
+  ``cat``; pass ``index_put_sums``: an accumulating ``index_put`` into a small table as one masked sum (CUDA).
 * :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM
   copied head-major (MultiheadAttention's packed q, k, v) as one GEMM per head.
 * :mod:`fusion.compiler.depthwise` — pass ``depthwise``: a depthwise convolution renamed ``fusion::depthwise_conv2d``,

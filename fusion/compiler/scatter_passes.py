@@ -25,10 +25,14 @@ unsqueezed after it and a ``view`` merging the two dims.
 What is left alone: a gap (an index no piece writes), an overlap, a base that is not all zeros, sums with ``alpha``,
 strided slices that stop before the end, pieces of different dtypes, and any ``add`` inside the sum read elsewhere (its partial sum is
 needed as it is). A sum of scatters and other terms rewrites its scatters' own sum where that is an ``add`` of them.
+
+Pass ``index_put_sums`` (:func:`index_puts_as_sums`, CUDA): an accumulating ``index_put`` into a small table, the
+gradient of a gather from it (Swin's relative-position bias), as one masked sum a generated kernel runs (below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -188,3 +192,95 @@ def _interleaved(gm: fx.GraphModule, node: fx.Node, leaves: list[fx.Node]) -> fx
             pieces = woven
     (out,) = pieces.values()
     return out
+
+
+# Pass ``index_put_sums``: an accumulating ``index_put`` into a small table as one masked sum a generated kernel runs.
+# AOTAutograd writes the gradient of a gather from a table (Swin's relative-position bias: a (169, heads) table read
+# at 2,401 positions a window) as ``index_put(zeros, [index], grad, accumulate=True)``. On CUDA aten runs that as a
+# bound check, a sort of the indices and the accumulation: ~8 launches, 12 calls a Swin-T step. Written as
+#
+#     out[r, ...] = base[r, ...] + sum over i of where(table_row(index[i]) == r, grad[i, ...], 0)
+#
+# with ``table_row = arange(R)[index]`` (a gather the kernel range-checks as eager's indexing does, and that maps a
+# negative index to R + index as eager does), it is one reduction over the n positions per table entry: R * n *
+# prod(rest) compares, so only for small tables (INDEX_PUT_MAX_*). Deterministic; eager's sorted accumulation adds
+# the same values in another order (float rounding may differ). CUDA only (a CPU's aten loop adds each value once,
+# where the masked sum reads every position R times); ON_CPU (the tests) rewrites CPU graphs too.
+INDEX_PUT_MAX_ROWS = 4096
+INDEX_PUT_MAX_WORK = 1 << 24  # R * n * prod(rest) compares and reads at most
+ON_CPU = False
+
+
+def index_put_refusal(node: fx.Node) -> str | None:
+    """Why ``node`` (an ``index_put``) stays as it is, or None when :func:`index_puts_as_sums` rewrites it."""
+    base, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate:
+        return "not accumulating (a store, not a sum)"
+    if len(indices) != 1 or not isinstance(indices[0], fx.Node) or not isinstance(values, fx.Node):
+        return "indexes more than its first dim"
+    b, i, v = base.meta["val"], indices[0].meta["val"], values.meta["val"]
+    if b.device.type != "cuda" and not ON_CPU:
+        return f"on {b.device.type}: aten's loop adds each value once, a masked sum reads each position per row"
+    if i.dim() != 1 or i.dtype not in (torch.int64, torch.int32):
+        return f"an index of {i.dtype} with {i.dim()} dims (a mask or a grid of indices)"
+    rows, n, rest = b.shape[0] if b.dim() else 0, i.shape[0], tuple(b.shape[1:])
+    if b.dtype not in (torch.float32, torch.float64) or v.dtype != b.dtype:
+        return f"values of {v.dtype} into {b.dtype}: eager accumulates half types in the half type"
+    if tuple(v.shape) != (n, *rest):
+        return f"values of shape {tuple(v.shape)}, not ({n}, *{rest}) (broadcast values)"
+    if rows == 0 or n == 0 or rows > INDEX_PUT_MAX_ROWS or rows * n * math.prod(rest) > INDEX_PUT_MAX_WORK:
+        return f"a table of {rows} rows read at {n} positions: over the masked sum's size limits"
+    if rest and math.prod(rest) > 1 and v.stride(0) != 1:
+        return f"values at strides {tuple(v.stride())}: the sum would read the positions scattered"
+    return None
+
+
+def index_puts_as_sums(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """Pass ``index_put_sums`` (above). Returns how many ``index_put`` calls it rewrote."""
+    graph, done = gm.graph, []
+    for node in list(graph.find_nodes(op="call_function", target=aten.index_put.default)):
+        if why := index_put_refusal(node):
+            note("index_put_sums", [node.name], "skipped", why)
+            continue
+        with graph.inserting_before(node):
+            out, new = _masked_sum(graph, node)
+        if out.meta["val"].stride() != node.meta["val"].stride():  # what reads the result was traced on its layout
+            for n in reversed(new):
+                graph.erase_node(n)
+            note("index_put_sums", [node.name], "skipped", "the table's layout differs from the sum's")
+            continue
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+        done.append(node.name)
+    if done:
+        graph.eliminate_dead_code()
+        relint(gm)
+        note("index_put_sums", done, "rewritten", "index_put(accumulate) into a small table: one masked sum")
+    return len(done)
+
+
+def _masked_sum(graph: fx.Graph, node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """``base + sum(where(arange(R)[index] == r, values, 0))`` for the ``index_put`` ``node`` (the add left out for a
+    base of zeros): the result and every node made, in order."""
+    base, (index,), values = node.args[:3]
+    b = base.meta["val"]
+    rows, k, new = b.shape[0], b.dim() - 1, []
+
+    def call(target, *args, **kwargs) -> fx.Node:
+        new.append(call_with_meta(graph, target, args, kwargs))
+        return new[-1]
+
+    mode = getattr(index.meta["val"], "fake_mode", None) or contextlib.nullcontext()  # ops of no tensor: fake too
+    with mode:
+        table = call(aten.arange.default, rows, dtype=index.meta["val"].dtype, device=b.device, pin_memory=False)
+        zero = call(aten.scalar_tensor.default, 0.0, dtype=b.dtype, device=b.device)
+    row_of = call(aten.index.Tensor, table, [index])  # checked and wrapped as eager's indexing
+    same = call(
+        aten.eq.Tensor,
+        call(aten.view.default, row_of, [1] * (k + 1) + [-1]),
+        call(aten.view.default, table, [rows] + [1] * (k + 1)),
+    )
+    moved = call(aten.unsqueeze.default, call(aten.permute.default, values, [*range(1, k + 1), 0]), 0)
+    total = call(aten.sum.dim_IntList, call(aten.where.self, same, moved, zero), [-1])
+    return (total if _zeros(base) else call(aten.add.Tensor, base, total)), new
