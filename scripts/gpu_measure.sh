@@ -14,6 +14,9 @@
 #     BASE=_before bash scripts/gpu_measure.sh folds
 #                                            # CUDA tests; before/after (an earlier tree in $BASE) of Swin-T's training
 #                                            # step (eager, fusion): constants the forward returns, folded
+#     BASE=_before bash scripts/gpu_measure.sh index_sums
+#                                            # the scatter passes' tests on CUDA; Swin-T's training step profiled;
+#                                            # before/after ($BASE: eager, fusion); its row against Inductor
 #     BASE=_before bash scripts/gpu_measure.sh gathers
 #                                            # CUDA tests; before/after (an earlier tree in $BASE) of BERT, Swin-T, GPT-2
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
@@ -129,12 +132,23 @@ folds)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-swin_t_train}" $((585 - (SECONDS - start)))
     ;;
+index_sums)
+    step "the scatter passes' tests (index_put_sums on CUDA)"
+    timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_scatter_passes.py 2>&1 | tail -3 | tee "$OUT/scatter_tests.log"
+    step "Swin-T's training step profiled (launches, GPU time, library calls)"
+    (cd scripts && OUT="$OUT" PYTHONPATH="$PWD/..:$PWD" timeout 120 "$PY" gpu_profile_models.py swin_t_train \
+        --backends=fusion $([ "$dry" = 1 ] && echo --dry-run)) 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
+    step "before/after: index_put sums (${BASE:-?} against this tree: eager, fusion)"
+    BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
+        bash scripts/gpu_before_after.sh "${MODELS:-swin_t_train}" 200
+    suite $((580 - (SECONDS - start))) swin_t_train eager,fusion,inductor
+    ;;
 gathers)
     cuda_tests 200
     step "before/after: indexed reads in the kernels ($BASE against this tree: eager, fusion, CUDA graphs)"
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" \
         bash scripts/gpu_before_after.sh "${MODELS:-bert,swin_t,gpt2}" $((585 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, folds or gathers" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, folds, index_sums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
