@@ -118,8 +118,8 @@ PASSES = [
     passes.Pass("decompose", decompose_kept, doc="decompose what was kept whole for the fold"),
     passes.Pass("stack_scatters", noted(scatter_passes.stack_select_scatters),
                 doc="a sum of select_scatters into zeros covering a dim: one cat (before constants folds the zeros)"),
-    passes.Pass("index_put_sums", noted(scatter_passes.index_puts_as_sums), requires=("codegen",),  # its arange:
-                doc="an accumulating index_put into a small table: one masked sum (CUDA)"),  # a constant folded
+    passes.Pass("index_put_sums", noted(scatter_passes.index_puts_as_sums), requires=("codegen",),  # before
+                doc="an accumulating index_put into a small table: one masked sum (CUDA)"),  # "constants" folds its arange
     passes.Pass("cse", noted(graph_passes.eliminate_common_subexpressions), doc="the same op on the same inputs: once"),
     view_copies.BROADCAST_FULLS,  # before "constants": a fill folded is then one element held
     passes.Pass("constants", noted(graph_passes.fold_constants), doc="values computed from no input: at compile time"),
