@@ -417,14 +417,20 @@ def reference64(program: dict, inputs):
 
 
 def assert_same(got, want, atol: float, rtol: float, ref=None) -> None:
-    """Each output as eager's: integers and bools exactly; floats within (atol, rtol), or, where an ill-conditioned
+    """Each output as eager's: integers and bools exactly (or as the float64 reference's, where an integer is a cast
+    of an approximate value); floats within (atol, rtol), or, where an ill-conditioned
     step (1/x near a root, a cancellation) amplifies an ulp of difference, no further from the float64 reference
     than 4 × eager's own error (Inductor's rule for comparing with eager)."""
     assert len(got) == len(want)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
         if not w.dtype.is_floating_point:
-            assert torch.equal(g, w), (g, w)
+            if ref is not None and ref[k].shape == w.shape and ref[k].dtype == w.dtype:
+                # an integer cast of an approximate value (tanh within an ulp of 1: eager's own tanh is not correctly
+                # rounded everywhere): right where it is eager's or the float64 truth's, element by element
+                assert bool(((g == w) | (g == ref[k])).all()), (g, w, ref[k])
+            else:
+                assert torch.equal(g, w), (g, w)
             continue
         close = torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True)
         if ref is not None and not close.all() and ref[k].shape == w.shape:
@@ -557,6 +563,21 @@ def test_fuzz_found_gelu_of_a_negative_input_keeps_erf_s_digits(monkeypatch):
     monkeypatch.setattr(module, "note", lambda *_: None)  # hypothesis's, outside a hypothesis test
     monkeypatch.setattr(module, "event", lambda *_: None)
     check_backend(program, (torch.tensor([1.5410]), torch.tensor([1.5410, -0.2934, -2.1788])), grads=True)
+
+
+@pytest.mark.phase8
+def test_fuzz_found_tanh_one_ulp_below_one_is_not_rounded_to_one(renderer):
+    """Found by the long run (2026-11-27): tanh(-8.9866) is -0.99999997, -0.99999994 as float32 (eager's too), and an
+    int cast truncates it to 0. The kernels computed (1 - e) / (1 + e) with e = exp(-17.97) = 1.6e-8: 1 - e rounds to
+    1 and the answer was -1.0, cast to -1. They compute 1 - 2e / (1 + e) now (both renderers)."""
+    program = {"steps": [("binary", "add_alpha", (2, 0), None), ("unary", "tanh", (3,), None),
+                         ("cast", "to", (4,), torch.int32)], "outputs": [5]}  # fmt: skip
+    x = torch.tensor([[[[-6.3092, -3.4933, -4.4]]]])
+    inputs = (x, torch.tensor(1.5410), torch.tensor(-2, dtype=torch.int32))
+    got = run_compiled(program, inputs)[0][0]
+    truth = torch.tanh(torch.add(inputs[2], x.double(), alpha=2)).float()
+    assert truth[0, 0, 0, 1].item() == -0.9999999403953552  # one ulp below -1: the case
+    assert torch.equal(got, run_program(program, inputs)[0]) and got.flatten().tolist() == [-1, 0, -1], got
 
 
 @pytest.mark.phase8

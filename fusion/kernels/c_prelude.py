@@ -104,7 +104,9 @@ static inline float fusion_erff(float x) {
     big = x < 0 ? -big : big;
     return a < 0.5f ? small : big;
 }
-/* tanh for float32, vectorizable: (1 - e) / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. */
+/* tanh for float32, vectorizable: 1 - 2e / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. Not
+   (1 - e) / (1 + e): near saturation 1 - e rounds to 1 and the quotient is 1.0 where tanh is 1 - 2e, one ulp below
+   (tanh(8.9866) = 0.99999997: 0.99999994 as float32, which an int cast truncates to 0 and 1.0 to 1; a fuzzer find). */
 static inline float fusion_tanhf(float x) {
     float a = fabsf(x), z = x * x;
     float s = -929569.0f / 638512875.0f;
@@ -116,7 +118,7 @@ static inline float fusion_tanhf(float x) {
     s = s * z - 1.0f / 3.0f;
     float small = x * (1.0f + z * s);  /* -0 stays -0 */
     float e = fusion_expf(-2.0f * a);
-    float big = (1.0f - e) / (1.0f + e);
+    float big = 1.0f - 2.0f * e / (1.0f + e);
     big = x < 0 ? -big : big;
     return a < 0.55f ? small : big;
 }

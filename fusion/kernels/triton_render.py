@@ -57,9 +57,11 @@ def divide(a: str, b: str, d: str) -> str:
 
 
 def tanh(x: str, d: str) -> str:
-    """tanh of ``x`` (dtype ``d``) to its relative accuracy everywhere: (1 - e) / (1 + e), e = exp(-2|x|), and near 0
-    its Taylor series (``1 - e`` cancels there: 2 * sigmoid(2x) - 1 loses every digit of tanh(1e-6))."""
-    big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - tl.exp(-2.0 * tl.abs({x}))) / (1.0 + tl.exp(-2.0 * tl.abs({x})))"
+    """tanh of ``x`` (dtype ``d``) to its relative accuracy everywhere: 1 - 2e / (1 + e), e = exp(-2|x|), and near 0
+    its Taylor series (``1 - e`` cancels there: 2 * sigmoid(2x) - 1 loses every digit of tanh(1e-6)). Not (1 - e) /
+    (1 + e): near saturation ``1 - e`` rounds to 1 and the quotient is 1.0 where tanh is one ulp below it."""
+    e = f"tl.exp(-2.0 * tl.abs({x}))"
+    big = f"tl.where({x} < 0, -1.0, 1.0) * (1.0 - 2.0 * {e} / (1.0 + {e}))"
     series = "0.0"
     for c in reversed(TANH_SERIES):
         series = f"({c!r} + {x} * {x} * {series})"
