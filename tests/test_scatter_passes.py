@@ -5,6 +5,8 @@ relative-position bias gradient) as one masked sum."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 import torch.fx as fx
@@ -232,15 +234,15 @@ class RelativeBias(nn.Module):
         return scores + self.table[self.index].permute(1, 0)
 
 
-def _bias_step(monkeypatch, rows, heads, index, scores, on=True):
+def _bias_step(monkeypatch, rows, heads, index, scores):
     from fusion.compiler import scatter_passes
 
-    monkeypatch.setattr(scatter_passes, "ON_CPU", on)
+    monkeypatch.setattr(scatter_passes, "ON_CPU", True)
     backend.reset()
     model = RelativeBias(rows, heads, index)
     out = torch.compile(model, backend="fusion")(scores)
     (out * out).sum().backward()
-    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=__import__("collections").Counter())
+    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())
     return model.table.grad, calls
 
 
