@@ -346,7 +346,7 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         for node, value in found.items():
             if node.op != "call_function" or not isinstance(value, torch.Tensor) or node in written:
                 continue
-            if node in escaping and is_view_node(node):  # a returned view shares its base's memory: left as it is
+            if node in escaping and node not in returned:  # a returned view shares its base's memory: left as it is
                 continue
             size = value.untyped_storage().nbytes()
             if held + size > FOLD_LIMIT_BYTES:
@@ -355,7 +355,7 @@ def fold_constants(gm: fx.GraphModule, note: Callable[..., None]) -> int:
             held += size
             val, name = node.meta.get("val"), f"_folded_{node.name}"
             value = as_traced(value, val.stride()) if isinstance(val, torch.Tensor) else value  # as traced
-            if node in escaping:  # returned: a copy of the folded value each call, the caller's own (one call)
+            if node in returned:  # returned: a copy of the folded value each call, the caller's own (one call)
                 _fold_returned(gm, node, value, name, escaping)
                 copied.append(node.name)
             else:
