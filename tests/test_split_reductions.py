@@ -6,6 +6,7 @@ one kernel with its pointwise producers), and every refusal noted with its reaso
 
 from __future__ import annotations
 
+import copy
 from unittest import mock
 
 import pytest
@@ -240,6 +241,11 @@ def test_a_short_column_is_split_only_into_a_generated_kernel(small, monkeypatch
     assert split(lambda x: (x * 2).sum(0), x)[2] == 1  # a pointwise producer
     assert split(lambda x: x.sum(0), x.to(torch.bfloat16))[2] == 1  # a half input
     assert split(lambda x: x.sum(0), torch.randn(256, 32))[2] == 1  # long enough whatever runs it
+    # GPT-2's LayerNorm bias gradient: a GEMM's output cast to float32, viewed (b, s, d) and summed over (b, s); a
+    # view between them keeps the producer in stage 1's region, so it is a generated kernel too
+    assert split(lambda x: x.float().view(4, 32, 32).sum([0, 1]), x.to(torch.bfloat16))[2] == 1
+    assert split(lambda x: (x * 2).view(4, 32, 32).sum([0, 1]), x)[2] == 1
+    assert split(lambda x: x.view(4, 32, 32).sum([0, 1]), x)[2] == 0  # a view of an input: nothing to fuse
 
 
 def test_a_training_step_keeps_eagers_gradients(small, monkeypatch):
@@ -258,4 +264,42 @@ def test_a_training_step_keeps_eagers_gradients(small, monkeypatch):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     splits = [p for r in backend.reports for part in r.parts for p in part.passes if p[2] == "split"]
     assert len(splits) >= 2, [p for r in backend.reports for part in r.parts for p in part.passes]
+    backend.reset()
+
+
+def test_a_layernorm_gradients_split_stages_are_two_kernels(small):
+    """GPT-2's LayerNorm backward under bfloat16 autocast: the incoming gradient is a GEMM's output cast to float32,
+    read by the row sums of the input gradient and by the weight and bias gradients' column sums, both split. Both
+    stage-1 sums are one kernel (with the cast), both stage-2 sums another: before, the cast and the bias gradient's
+    stage 1 were cut into kernels of one op (aten calls), each stage 2 one more. Gradients equal eager's."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.ln, self.b = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.b(self.ln(self.a(x) + x))
+
+    def step(model, compiled):
+        torch._dynamo.reset()
+        backend.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = (torch.compile(model, backend="fusion") if compiled else model)(x)
+        y.float().square().sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(4, 64, 32)
+    want = step(copy.deepcopy(model), False)
+    got = step(model, True)
+    part = backend.reports[0].parts[-1]
+    assert part.kind == "backward" and not part.fallbacks, part
+    assert part.library_calls["sum"] == 0, part.library_calls  # every sum generated
+    pairs = [
+        k for k in part.kernels if sum("split_reduction" in n.meta for n in k.region.nodes if n.target in sr.SUMS) == 2
+    ]
+    assert len(pairs) == 2, [[n.name for n in k.region.nodes] for k in part.kernels]  # stage 1s, stage 2s
+    for name, g, w in zip(("a.weight", "a.bias", "ln.weight", "ln.bias", "b.weight", "b.bias"), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2, msg=name)
     backend.reset()

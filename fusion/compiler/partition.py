@@ -37,6 +37,7 @@ import torch.fx as fx
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
 from fusion.compiler.launch_plans import launch_plan
+from fusion.compiler.lower_reductions import REDUCTIONS
 from fusion.compiler.pass_base import run_stage
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES, map_prims
 from fusion.fxutils.finish import relint
@@ -46,6 +47,7 @@ from fusion.ir.plan import KernelPlan, Region, SplitRegion, Unsupported
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile, precompile_c
+from fusion.kernels.rows import reduction_walk
 
 prims_to_aten = map_prims  # the backend's name for it: wrapper_passes.map_prims (prims and max pools as aten ops)
 
@@ -162,9 +164,36 @@ def split_region(region: Region, bad: fx.Node, keep: bool = False) -> list[Regio
 
 
 def _kernel_pieces(region: Region, spans: Sequence[list[fx.Node]]) -> list[Region]:
-    """The connected pieces of each span with at least two non-view nodes, as regions of ``region``'s kind."""
-    pieces = [region.piece(nodes) for span in spans for nodes in connected_pieces(span)]
+    """The connected pieces of each span, siblings merged (:func:`merge_siblings`), with at least two non-view
+    nodes, as regions of ``region``'s kind."""
+    pieces = [region.piece(nodes) for span in spans for nodes in merge_siblings(span, connected_pieces(span))]
     return [p for p in pieces if p.non_view_count >= 2]
+
+
+def merge_siblings(span: list[fx.Node], pieces: list[list[fx.Node]]) -> list[list[fx.Node]]:
+    """Pieces of one span whose reductions all walk the same rows (input shape and reduced dims) as one piece: a
+    split LayerNorm gradient's two stage-2 sums, each alone a piece of one op (an aten call), are one kernel with
+    two reductions. Safe: no path joins two pieces of a span (none inside it, being separate pieces; none through
+    the rest of the region, which the cut put wholly before or after; none outside, a region being convex)."""
+    by_walk: dict[tuple, list[fx.Node]] = {}
+    out: list[list[fx.Node]] = []
+    for nodes in pieces:
+        walks = {_walk(n) for n in nodes if n.op == "call_function" and n.target in REDUCTIONS}
+        if len(walks) != 1:
+            out.append(nodes)
+            continue
+        key = walks.pop()
+        if key not in by_walk:
+            by_walk[key] = []
+            out.append(by_walk[key])
+        by_walk[key].extend(nodes)
+    order = {n: i for i, n in enumerate(span)}
+    return [sorted(nodes, key=order.__getitem__) for nodes in out]
+
+
+def _walk(n: fx.Node) -> tuple:
+    shape, dims = reduction_walk(n)
+    return shape, tuple(dims)
 
 
 def hoist_constant_inputs(gm: fx.GraphModule, groups: Sequence[Group]) -> None:

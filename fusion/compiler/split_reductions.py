@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import is_view_node
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta
@@ -149,12 +150,17 @@ def splits_for(extent: int, programs: int, column: bool, target: int | None = No
 
 def _generated(x: fx.Node) -> bool:
     """Will stage 1 be a generated kernel? A half input is read through its upcast (two ops: a region); a float32 one
-    only where a pointwise op produces it (Phase 6 leaves a lone reduction to aten)."""
+    only where a pointwise op produces it (Phase 6 leaves a lone reduction to aten), seen through the views between
+    (GPT-2's LayerNorm bias gradient sums a GEMM's output cast to float32 and viewed as (b, s, d))."""
+    if x.meta["val"].dtype in HALF:
+        return True
+    while x.op == "call_function" and is_view_node(x, getitem=False) and isinstance(x.args[0], fx.Node):
+        x = x.args[0]
     target = x.target if x.op == "call_function" else None
     pointwise = target is prims.convert_element_type.default or (
         isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
     )
-    return x.meta["val"].dtype in HALF or pointwise
+    return pointwise
 
 
 def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:

@@ -326,6 +326,14 @@ def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     )
 
 
+def reduction_walk(r: fx.Node) -> tuple:
+    """(input shape, reduced dims): reductions with the same walk can share a kernel."""
+    dims = bind_args(r).get("dim")
+    ndim = r.args[0].meta["val"].dim()
+    dims = [dims] if isinstance(dims, int) else dims or range(ndim)
+    return tuple(r.args[0].meta["val"].shape), sorted({d % ndim for d in dims}) if ndim else []
+
+
 def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> SplitRegion | None:
     """Where to cut a region whose reductions walk different rows (LayerNorm's backward: the input gradient's sums
     over the last dim, the weight and bias gradients' sums over the leading ones), or None when they all reduce the
@@ -333,12 +341,7 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
     region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
     mix-order reduction computes both walks in one kernel; not done here.)"""
 
-    def walk(r: fx.Node) -> tuple:
-        dims = bind_args(r).get("dim")
-        ndim = r.args[0].meta["val"].dim()
-        dims = [dims] if isinstance(dims, int) else dims or range(ndim)
-        return tuple(r.args[0].meta["val"].shape), sorted({d % ndim for d in dims}) if ndim else []
-
+    walk = reduction_walk
     others = [r for r in reductions if walk(r) != walk(reductions[0])]
     if not others:
         return None
@@ -358,11 +361,33 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
     # First the outputs that need none of the first walk's reductions (LayerNorm's backward: the weight and bias
     # gradients' column sums, with what they read, before the row sums of the input gradient), else those that need
     # none of the other walks' (a column sum of a LayerNorm's output: the LayerNorm first).
+    # A first side must reduce something: one that only computes a value both walks read (a split LayerNorm
+    # gradient's cast of a GEMM output, stored for the row sums) would be a kernel of one op, left to aten.
     for starts in ([r for r in reductions if r not in others], others):
         first = [n for n in stored if n not in reached(starts)]
-        if 0 < len(first) < len(stored):
+        if 0 < len(first) < len(stored) and _reduces(region, first, reductions):
             return SplitRegion(why, others[0], first)
+    # Else everything the other walks do not depend on, with what they read of it (a split reduction's two stages:
+    # every stage-1 reduction in the first kernel, every stage 2 in the second).
+    down = reached(others)
+    first = [n for n in region.nodes if n not in down and (n in stored or any(u in down for u in n.users))]
+    if first and _reduces(region, first, reductions):
+        return SplitRegion(why, others[0], first)
     return SplitRegion(why, others[0], [])  # every output needs both walks: cut just before the other walk
+
+
+def _reduces(region, outputs: Sequence[fx.Node], reductions: Sequence[fx.Node]) -> bool:
+    """Does computing ``outputs`` inside ``region`` take one of ``reductions`` (one of them, or an ancestor)?"""
+    seen, stack, reductions = set(), list(outputs), set(reductions)
+    while stack:
+        n = stack.pop()
+        if n in seen or n not in region.members:
+            continue
+        seen.add(n)
+        if n in reductions:
+            return True
+        stack += n.all_input_nodes
+    return False
 
 
 def stored_members(region) -> list[fx.Node]:
