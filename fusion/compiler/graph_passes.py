@@ -390,7 +390,8 @@ def _fold_returned(gm: fx.GraphModule, node: fx.Node, value: torch.Tensor, name:
         copy = graph.call_function(aten.clone.default, (const,))
     const.meta.update(node.meta)
     copy.meta.update(node.meta)
-    node.replace_all_uses_with(copy, delete_user_cb=lambda user: user.op == "output" or user in escaping)
+    on_the_way_out = {u for u in node.users if u.op == "output" or (u in escaping and is_view_node(u))}
+    node.replace_all_uses_with(copy, delete_user_cb=on_the_way_out.__contains__)
     node.replace_all_uses_with(const)
     graph.erase_node(node)
 
