@@ -951,6 +951,52 @@ def test_layers_sharing_a_mask_convert_and_reduce_it_once(monkeypatch):
     assert calls["any"] <= 1 and calls["where"] <= 1 + 2, calls  # one conversion + at most a select per layer
 
 
+class BuiltMask(nn.Module):
+    """Attention under a boolean mask built from the sequence length alone (as HuggingFace's decoders build their
+    causal mask): ``strict`` masks the diagonal too, so the first query attends to nothing; ``filled`` clears a row
+    of an all-True mask in place after making it."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v):
+        pos = torch.arange(q.shape[-2], device=q.device)
+        if self.kind == "filled":
+            mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool, device=q.device)
+            mask[2] = False
+        else:
+            mask = pos[None, :] < pos[:, None] if self.kind == "strict" else pos[None, :] <= pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+
+
+@pytest.mark.parametrize("kind", ["causal", "strict", "filled"])
+def test_a_built_mask_where_every_query_attends_needs_no_select(monkeypatch, kind):
+    """A causal mask computed from no input: every query attends to a key, so the attention rewrite adds no select
+    after attention (in a training graph the select and its reduced mask were a launch each in the forward and the
+    backward a layer). A constant mask with a query masked everywhere (``strict``), or one written in place after it
+    is made (``filled``, not evaluated at compile time), keeps the select: 0 there, as the math path gives. Values
+    and gradients equal eager's."""
+    rewritten = spy_mask_rewrite(monkeypatch)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    leaves, mine = [t.clone().requires_grad_() for t in (q, k, v)], [t.clone().requires_grad_() for t in (q, k, v)]
+    want = BuiltMask(kind)(*leaves)
+    backend.reset()
+    got = torch.compile(BuiltMask(kind), backend="fusion")(*mine)
+    torch.testing.assert_close(got, want)
+    (want * want).sum().backward()
+    (got * got).sum().backward()
+    for a, b in zip(mine, leaves, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(rewritten) == 1, rewritten
+    selects = sum(p.library_calls["where"] + p.library_calls["any"] for r in backend.reports for p in r.parts)
+    selects += sum("where" in k.source for r in backend.reports for p in r.parts for k in p.kernels)
+    assert (selects == 0) == (kind == "causal"), [p.library_calls for r in backend.reports for p in r.parts]
+    if kind != "causal":
+        assert torch.equal(got[:, :, 0 if kind == "strict" else 2], torch.zeros_like(got[:, :, 0]))
+
+
 def test_tiny_bert_has_one_attention_call_no_prims_no_copies(built):
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
@@ -2360,8 +2406,9 @@ class CausalAttention(nn.Module):
 @pytest.mark.parametrize("hole", [False, True])
 def test_a_select_on_a_constant_all_true_condition_is_dropped(monkeypatch, hole):
     """On CUDA the attention rewrite puts ``where(attends, out, 0)`` after each attention call (0 for a query that
-    attends to nothing). A causal mask is a constant where every query attends: the select is the identity and goes
-    (GPT-2: 12 ``where`` a call). A mask with a row masked everywhere keeps it, and that row's answer stays 0."""
+    attends to nothing). A causal mask is a constant where every query attends: the select would be the identity
+    and is not added (GPT-2: 12 ``where`` a call). A mask with a row masked everywhere keeps it, and that row's
+    answer stays 0."""
     from fusion.compiler import attention
 
     monkeypatch.setattr(attention, "DEVICES", ("cpu", "cuda"))
@@ -2372,9 +2419,25 @@ def test_a_select_on_a_constant_all_true_condition_is_dropped(monkeypatch, hole)
     torch.testing.assert_close(got, torch.nan_to_num(want) if hole else want)  # eager's math path: 0 there too
     calls = _calls()
     assert not {"any", "bitwise_and", "le"} & set(calls), calls  # the mask and its reduction: folded
-    dropped = [p for r in backend.reports for part in r.parts for p in part.passes if p[2] == "dropped"]
+    selects = calls["where"] + sum("where" in k.source for r in backend.reports for p in r.parts for k in p.kernels)
+    assert bool(selects) == hole, backend.reports[0].table()  # the rewrite adds none (every query attends)
+
+
+@pytest.mark.parametrize("hole", [False, True])
+def test_a_where_on_a_folded_all_true_condition_is_its_first_branch(hole):
+    """Pass ``constants`` folds a condition computed from no input; where it is True everywhere (False: the second
+    branch) the select is dropped, with a note; a condition with one False keeps it."""
+
+    def f(x):
+        c = torch.arange(x.shape[-1]) >= (1 if hole else 0)
+        return torch.where(c, torch.sin(x) * 2.0, 0.0) + 1.0
+
+    backend.reset()
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(torch.compile(f, backend="fusion")(x), f(x))
+    dropped = [p for p in backend.reports[0].parts[0].passes if p[0] == "constants" and p[2] == "dropped"]
     assert bool(dropped) != hole, backend.reports[0].table()
-    assert hole or calls["where"] == 0, calls
+    assert hole or not any("where" in k.source for k in backend.reports[0].parts[0].kernels)
 
 
 def test_a_constant_over_the_limit_is_neither_folded_nor_computed_at_compile_time(monkeypatch):

@@ -14,7 +14,8 @@ The rewrite, on Dynamo's graph before AOTAutograd (so the trace-time choice sees
 ``where(mask, 0, -inf)`` in the query's dtype, made contiguous — the additive form every fused kernel takes, and the
 form GPT-2's graph already carries. One query row masked everywhere is the one place the two differ: the math path
 returns 0 there (``_safe_softmax``), an additive ``-inf`` row is NaN. So the result is
-``where(mask.any(-1, keepdim=True), attention, 0)``: a select per layer, the reduction once per mask. Only on CUDA,
+``where(mask.any(-1, keepdim=True), attention, 0)``: a select per layer, the reduction once per mask; none where the
+mask is computed from no input and every row attends somewhere (a causal mask: :func:`every_query_attends`). Only on CUDA,
 where the fused kernels are; each mask is converted (and reduced) once however many layers read it (a GPT-2 profile:
 12 ``any`` of the same mask cost 57 us a call).
 """
@@ -53,6 +54,62 @@ def _example(node: object) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+MASK_EVAL_LIMIT = 1 << 24  # at most this many elements in a mask computed at compile time (16 MB of bool)
+
+
+def every_query_attends(gm: fx.GraphModule, mask: fx.Node) -> bool:
+    """Is ``mask`` computed from no input (a causal mask built from the sequence length alone, as HuggingFace's
+    decoders build one under ``torch.compile``) and does every query row attend to some key? Then the select after
+    attention changes nothing, and a training graph would save the reduced mask for the backward and select there
+    too (two launches a layer). The mask's ancestors are evaluated once, at compile time; any that reads a graph
+    input, a parameter or buffer (the caller may change it), calls a module, draws random numbers or is written in
+    place, or a mask over :data:`MASK_EVAL_LIMIT` elements, answers False (the select stays)."""
+    val = _example(mask)
+    if val is None or val.numel() > MASK_EVAL_LIMIT:
+        return False
+    ancestors, stack = set(), [mask]
+    while stack:
+        n = stack.pop()
+        if n in ancestors:
+            continue
+        if n.op not in ("call_function", "call_method") or _writes_or_draws(n):
+            return False
+        ancestors.add(n)
+        stack += n.all_input_nodes
+    if any(_writes_or_draws(u) for n in ancestors for u in n.users):  # a mask filled in place after it is made
+        return False
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    interp = fx.Interpreter(gm)
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            for n in gm.graph.nodes:
+                if n in ancestors:
+                    interp.env[n] = interp.run_node(n)
+            value = interp.env[mask]
+            return isinstance(value, torch.Tensor) and bool(value.to(torch.bool).any(-1).all())
+    except Exception:  # an op the interpreter cannot run outside the trace: keep the select
+        return False
+
+
+IN_PLACE_OPERATORS = {"setitem", "delitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand",
+                      "ior", "ixor", "ilshift", "irshift", "imatmul"}  # fmt: skip
+RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout", "multinomial",
+          "normal", "randperm", "poisson"}  # fmt: skip
+
+
+def _writes_or_draws(n: fx.Node) -> bool:
+    """Does ``n`` write a tensor in place (``mask[i] = v``, ``x.add_()``, ``x += y``, ``out=``) or draw random numbers?"""
+    import operator
+
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if "out" in n.kwargs or name in RANDOM or "dropout" in name:
+        return True
+    if getattr(operator, name, None) is n.target:  # the operator module: and_, or_ are not in place; iand is
+        return name in IN_PLACE_OPERATORS
+    return name.endswith("_") and not name.startswith("_")  # masked_fill_, add_
+
+
 def fused_attention_masks(gm: fx.GraphModule) -> list[str]:
     """Rewrite every ``scaled_dot_product_attention`` of Dynamo's graph ``gm`` whose mask is boolean (on
     :data:`DEVICES`) as described above; returns the names of the calls changed."""
@@ -72,15 +129,17 @@ def fused_attention_masks(gm: fx.GraphModule) -> list[str]:
             if key not in converted:
                 converted[key] = gm.graph.call_function(additive_mask, (mask, q.dtype))
             if mask not in reduced:
-                reduced[mask] = gm.graph.call_function(attends, (mask,))
+                reduced[mask] = None if every_query_attends(gm, mask) else gm.graph.call_function(attends, (mask,))
         if in_kwargs:
             node.update_kwarg("attn_mask", converted[key])
         else:
             node.update_arg(3, converted[key])
+        changed.append(node.name)
+        if reduced[mask] is None:  # no row masked everywhere: the additive form's answer is the math path's
+            continue
         with gm.graph.inserting_after(node):
             fixed = gm.graph.call_function(zero_fully_masked, (node, reduced[mask]))
         node.replace_all_uses_with(fixed, delete_user_cb=lambda user, fixed=fixed: user is not fixed)
-        changed.append(node.name)
     if changed:
         relint(gm)
     return changed
