@@ -2694,6 +2694,32 @@ def test_a_reduction_after_a_gemm_moves_up_to_its_input():
         torch.testing.assert_close(gm(x.clone(), w, b.clone()), fn(x.clone(), w, b.clone()))
 
 
+def test_a_split_reductions_upcast_moves_with_its_stage_1_and_stage_2_stays():
+    """A split reduction's stage 1 reads its input through a view and an upcast (``convert_element_type``) that only
+    it reads: raise_reductions moves the three up to the producer, past the GEMM (GPT-2's q/k/v bias gradient then
+    joins the kernel of the ``cat`` it sums, which ran as an aten call). Stage 2, a reduction of a reduction, stays
+    with its readers: next to stage 1 it walks other rows and would be cut off again."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w):
+        h = torch.nn.functional.gelu(x) * 2
+        y = h @ w
+        p = torch.ops.prims.convert_element_type(h.view(5, 2, 3), torch.float64).sum(1)
+        return y, p.sum(0)
+
+    x, w = torch.randn(10, 3), torch.randn(3, 4)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    assert graph_passes.raise_reductions(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    ops = [n.target for n in nodes]
+    mm, sums = ops.index(aten.mm.default), [i for i, t in enumerate(ops) if t is aten.sum.dim_IntList]
+    assert sums[0] < mm < sums[1], [n.name for n in nodes]
+    assert ops[sums[0] - 1] is torch.ops.prims.convert_element_type.default, [n.name for n in nodes]
+    torch.testing.assert_close(gm(x, w), f(x, w))
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_GPU)])
 def test_a_bias_gradient_joins_the_kernel_that_computes_its_input(device):
     """Linear-GELU-Linear, forward and backward: the first bias's gradient sums the GELU's backward, which a

@@ -17,6 +17,7 @@ from fusion.fxutils.finish import relint
 from fusion.kernels.rows import is_gather
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -82,11 +83,17 @@ def raise_reductions(graph: fx.Graph) -> int:
         if node.op != "call_function" or node.target not in REDUCTIONS or len(node.all_input_nodes) != 1:
             continue
         chain, anchor = [], node.all_input_nodes[0]  # the views from the computed value to the reduction's input
-        while anchor.op == "call_function" and is_view_node(anchor) and len(anchor.all_input_nodes) == 1:
+        while (
+            anchor.op == "call_function"
+            and len(anchor.all_input_nodes) == 1
+            and (
+                is_view_node(anchor) or (anchor.target is prims.convert_element_type.default and len(anchor.users) == 1)
+            )
+        ):  # and a split reduction's upcast of its input (read by the reduction alone)
             chain.append(anchor)
             anchor = anchor.all_input_nodes[0]
-        if anchor.op != "call_function" or _cuts(anchor):
-            continue
+        if anchor.op != "call_function" or _cuts(anchor) or anchor.target in REDUCTIONS:
+            continue  # (a reduction of a reduction, a split's stage 2, walks other rows: it stays with its readers)
         between, cur = [], anchor.next
         while cur is not node:
             between.append(cur)
