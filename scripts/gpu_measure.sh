@@ -19,6 +19,9 @@
 #                                            # before/after ($BASE: eager, fusion); its row against Inductor
 #     BASE=_before bash scripts/gpu_measure.sh gathers
 #                                            # CUDA tests; before/after (an earlier tree in $BASE) of BERT, Swin-T, GPT-2
+#     BASE=_before bash scripts/gpu_measure.sh lnsums
+#                                            # CUDA tests; GPT-2's step profiled; before/after ($BASE: eager, fusion)
+#     bash scripts/gpu_measure.sh train3     # GPT-2's, Llama's and BERT's training steps: eager, fusion, Inductor
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -149,6 +152,18 @@ gathers)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" \
         bash scripts/gpu_before_after.sh "${MODELS:-bert,swin_t,gpt2}" $((585 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, folds, index_sums or gathers" && exit 2 ;;
+lnsums)
+    cuda_tests 210
+    step "GPT-2's training step profiled (launches, GPU time, library calls)"
+    (cd scripts && OUT="$OUT" PYTHONPATH="$PWD/..:$PWD" timeout 100 "$PY" gpu_profile_models.py gpt2_train \
+        --backends=fusion $([ "$dry" = 1 ] && echo --dry-run)) 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
+    step "before/after: split LayerNorm gradients, selects after attention, the q/k/v cat (${BASE:-?} against this tree)"
+    BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
+        bash scripts/gpu_before_after.sh "${MODELS:-gpt2_train}" $((590 - (SECONDS - start)))
+    ;;
+train3)
+    suite 570 gpt2_train,llama_train,bert_train eager,fusion,inductor
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, folds, index_sums, lnsums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
