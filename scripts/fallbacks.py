@@ -15,8 +15,10 @@ An aten call outside the kernels is one of:
 
 The report is the same on a GPU: the regions, and the generator's reasons, do not depend on the device.
 
-Run it:   uv run python scripts/fallbacks.py [--models swin_t,maxvit_t] [--no-train] [--no-infer]
+Run it:   uv run python scripts/fallbacks.py [--models swin_t,maxvit_t] [--no-train] [--no-infer] [--detail]
           (default: swin_t maxvit_t convnext_tiny t5_encoder mistral opt)
+On a GPU: python3 scripts/fallbacks.py --device cuda --models t5_encoder --no-infer --detail  (full sizes, bf16:
+          the CUDA-only passes and rules apply, and autocast's casts are CUDA's)
 """
 
 from __future__ import annotations
@@ -105,11 +107,30 @@ def outside_kernels(gm: fx.GraphModule, part) -> Counter:
     return out
 
 
-def run_row(name: str) -> tuple[str, Counter, dict]:
+def detail(gm: fx.GraphModule, part) -> list[str]:
+    """Each non-library aten call outside kernels with what it reads and who reads it (kernel or op)."""
+    owner = {
+        n: f"kernel {i}" for i, k in enumerate(part.kernels) for n in getattr(getattr(k, "region", None), "nodes", ())
+    }
+    lines = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n in owner or is_view_node(n) or LIBRARY.match(library_name(n)):
+            continue
+        val = n.meta.get("val")
+        shape = f"{tuple(val.shape)} {str(val.dtype).removeprefix('torch.')}" if isinstance(val, torch.Tensor) else ""
+        reads = [f"{a.name}[{owner.get(a, getattr(a.target, '__name__', a.op))}]" for a in n.all_input_nodes]
+        users = [f"{u.name}[{owner.get(u, getattr(u.target, '__name__', u.op))}]" for u in n.users]
+        lines.append(
+            f"    {part.kind}: {n.name} = {library_name(n)} {shape} <- {', '.join(reads)} -> {', '.join(users)}"
+        )
+    return lines
+
+
+def run_row(name: str, device: str = "cpu", details: bool = False) -> tuple[str, Counter, dict]:
     """One suite row through eager and fusion: its status and what each of its aten graphs left outside kernels."""
     driver.reset()
     with Capture() as cap, contextlib.redirect_stdout(io.StringIO()):
-        res = S.run_suite(B.LESSON, models=[name], backends=["eager", "fusion"], device="cpu", rounds=0)
+        res = S.run_suite(B.LESSON, models=[name], backends=["eager", "fusion"], device=device, rounds=0)
     row = res["models"][0]
     f = row.get("backends", {}).get("fusion", {})
     status = f.get("status", row["status"])
@@ -117,6 +138,8 @@ def run_row(name: str) -> tuple[str, Counter, dict]:
     seen, counts = Counter(), Counter()
     for gm, part in cap.parts:
         seen += outside_kernels(gm, part)
+        if details:
+            print("\n".join(detail(gm, part)))
         counts["kernels"] += len(part.kernels)
     counts["graphs"] = len(cap.parts)
     counts["not lowered"] = sum(bool(r.error) for r in driver.reports)
@@ -128,18 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=DEFAULT, help=f"comma-separated suite models (default {DEFAULT})")
     ap.add_argument("--no-train", action="store_true", help="skip the training rows")
     ap.add_argument("--no-infer", action="store_true", help="skip the inference rows")
+    ap.add_argument("--device", default="cpu", help="cpu (tiny sizes, float32) or cuda (full sizes, bf16)")
+    ap.add_argument("--detail", action="store_true", help="each aten call outside kernels with its inputs and users")
     args = ap.parse_args(argv)
     names = []
     for m in (m for m in args.models.split(",") if m):
         if m not in S.MODELS:
             ap.error(f"unknown suite model {m!r}. Fix: one of {', '.join(x for x in S.MODELS if '_train' not in x)}")
         names += [m] * (not args.no_infer) + [f"{m}_train"] * (not args.no_train and f"{m}_train" in S.MODELS)
-    print(f"torch {torch.__version__}, CPU float32, tiny sizes, backend='fusion' (C renderer), eager for accuracy")
-    S.warm_compilers(["fusion"], S.SuiteConfig(device="cpu"))
+    where = "CPU float32, tiny sizes" if args.device == "cpu" else f"{args.device} bf16, full sizes"
+    print(f"torch {torch.__version__}, {where}, backend='fusion', eager for accuracy")
+    S.warm_compilers(["fusion"], S.SuiteConfig(device=args.device))
     bad, totals = 0, []
     for name in names:
         t0 = time.perf_counter()
-        status, seen, counts = run_row(name)
+        status, seen, counts = run_row(name, args.device, args.detail)
         kinds = Counter()
         for (kind, _, _), c in seen.items():
             kinds[kind] += c
