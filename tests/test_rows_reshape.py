@@ -185,6 +185,42 @@ def test_reshaped_members_of_random_shapes_match_eager(b, s, d, dtype):
         assert not [s_ for s_ in model.compiled.report.skipped if "neither the rows" in s_.reason]
 
 
+def gqa_key_gradient(kv: int, rep: int, cast: torch.dtype | None = None):
+    """Grouped-query attention's key gradient: the attention call's (b, kv * rep, s, d) gradient summed over the
+    repeated heads, then copied to (b, s, kv, d) (optionally cast, as autocast does) for the projection's GEMM."""
+
+    def f(g):
+        b, _, s, d = g.shape
+        k = g.view(b, kv, rep, s, d).sum(2).permute(0, 2, 1, 3).contiguous()
+        return k.to(cast) if cast is not None else k
+
+    return f
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_transposed_copy_of_a_middle_dim_sum_is_stored_by_its_kernel(renderer, dtype):
+    """The sum over a middle dim (the repeated heads) and its transposed copy are one kernel: the copy's element
+    [b, s, h, d] is the sum's [b, h, s, d], stored at the copy's address by the program that computes it. Before,
+    the copy (neither the rows nor one element per row) was an aten call: 16 a Llama step."""
+    g = _rand((2, 6, 5, 16), 3, dtype)
+    check(gqa_key_gradient(3, 2), g, renderer=renderer, **TOL[dtype])
+    check(gqa_key_gradient(3, 2, other(dtype)), g, renderer=renderer, **TOL[dtype])
+
+
+@given(
+    b=st.integers(1, 3), kv=st.integers(1, 3), rep=st.integers(1, 3), s=st.integers(1, 7), d=st.sampled_from([1, 4, 17])
+)
+def test_transposed_copies_of_middle_dim_sums_of_random_shapes_match_eager(b, kv, rep, s, d):
+    g = _rand((b, kv * rep, s, d), b * 1000 + kv * 100 + rep * 10 + s, torch.float64)
+    f = gqa_key_gradient(kv, rep)
+    for renderer in [r for r, ok in HAVE.items() if ok]:
+        with c_runtime.use(renderer):
+            model = compile_regions(Fn(f), (g,))
+        torch.testing.assert_close(model(g), f(g))
+        assert not [s_ for s_ in model.compiled.report.skipped if "neither the rows" in s_.reason]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Training through the backend: no region cut at the Linear's input view
 

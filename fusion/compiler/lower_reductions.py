@@ -69,8 +69,8 @@ def recombined(e: ir.Affine) -> ir.Affine:
 
 def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node], members=()) -> Rows:
     """The rows of the region's reductions: every one must reduce the same dims of one shape, every store be a whole
-    row, one element per row (with keepdim or not), a reshape of the rows (``row_reshape``) or, over trailing dims, a
-    transposed copy of the rows
+    row, one element per row (with keepdim or not) or a transposed copy of it, a reshape of the rows (``row_reshape``)
+    or, over trailing dims, a transposed copy of the rows
     (``row_permutation``: MultiheadAttention's ``x.transpose(0, 1)``), else :class:`Unsupported`. Any dims: a CPU loop reads any
     stride (the GPU's coalescing rules of ``Rows.of`` do not apply); the walk is the kept dims, then the reduced."""
     shape, reduced = reduced_dims(reductions[0])
@@ -91,7 +91,7 @@ def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node], members=
             continue
         if row_reshape(n, shape, members, reductions):  # GPT-2's LayerNorm output as the next Linear's view(-1, d)
             reshaped.add(n.name)
-        elif not (trailing and row_permutation(n, shape)):
+        elif not ((trailing and row_permutation(n, shape)) or row_permutation(n, rows.per_row()[0])):
             raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape}, a reshape or a transposed copy "
                               "of them nor one element per row: stored by another kernel", n)  # fmt: skip
     return dataclasses.replace(rows, reshaped=frozenset(reshaped))

@@ -42,7 +42,7 @@ from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import rows as krows
 from fusion.kernels import triton_lang as tlang
-from fusion.kernels.rows import cat_parts, row_permutation
+from fusion.kernels.rows import cat_parts, per_row_permutation, row_permutation
 from fusion.kernels.window_rules import is_window
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -389,6 +389,8 @@ class Lowering(Reductions):
         own = at = [self.index[d] for d in self.rows.kept] if per_row else self.index
         if moved := self.rows and row_permutation(node, self.shape):  # a transposed copy of the rows: its dim d
             own = at = [self.index[p] for p in moved[0]]  # is the rows' dim perm[d] (its views map the index back)
+        elif per_row and (perm := per_row_permutation(node, self.rows)):  # of one element per row: kept dim perm[d]
+            own = at = [self.index[self.rows.kept[p]] for p in perm]
         elif self.rows and node.name in self.rows.reshaped:  # a reshape of the rows: the row's flat position, split
             own = at = split(offset(self.index, torch.empty(self.shape, device="meta").stride()), val.shape, self.sizes)
         src = self.operand(node, at, val.dtype if val.dtype == torch.bool else compute(val.dtype))
@@ -398,7 +400,8 @@ class Lowering(Reductions):
         for r in self.reductions:  # each at row level, in graph order
             self.reduce(r)
         per_row = self.rows.per_row() if self.rows else ()
-        whole = [self.rows is not None and tuple(n.meta["val"].shape) not in per_row for n in self.stored]
+        whole = [self.rows is not None and tuple(n.meta["val"].shape) not in per_row
+                 and per_row_permutation(n, self.rows) is None for n in self.stored]  # fmt: skip
         for i, n in enumerate(self.stored):
             if not whole[i]:
                 self.store(i, n)

@@ -180,7 +180,7 @@ class Rows:
                 continue
             if members is not None and row_reshape(n, shape, members, reductions):
                 reshaped.add(n.name)
-            elif not trailing or row_permutation(n, shape) is None:
+            elif not ((trailing and row_permutation(n, shape)) or row_permutation(n, per_row[0])):
                 misfits.append(n)
         if misfits:
             raise misfit_store(misfits, (shape, *per_row), stored, members, reductions)
@@ -288,6 +288,14 @@ def row_permutation(node: fx.Node, shape: tuple[int, ...]) -> tuple[tuple[int, .
     # the innermost dim stays innermost: neighbouring lanes write neighbouring addresses (else aten's copy is better);
     # the identity is no copy to move
     return (tuple(perm), node.args[0]) if perm[-1] == len(shape) - 1 and perm != sorted(perm) else None
+
+
+def per_row_permutation(node: fx.Node, rows: Rows) -> tuple[int, ...] | None:
+    """``perm`` where ``node`` is a transposed copy of one element per row (``row_permutation`` against the kept
+    dims' shape: grouped-query attention's key gradient, summed over the repeated heads as (b, kv, s, d), copied to
+    (b, s, kv, d) for the projection's GEMM): ``node``'s dim d is kept dim ``perm[d]``. None for anything else."""
+    moved = row_permutation(node, rows.per_row()[0])
+    return moved[0] if moved else None
 
 
 def read_at_another_row(region, node: fx.Node, reductions: Sequence[fx.Node] = ()) -> Unsupported:
