@@ -22,6 +22,8 @@
 #     BASE=_before bash scripts/gpu_measure.sh lnsums
 #                                            # CUDA tests; GPT-2's step profiled; before/after ($BASE: eager, fusion)
 #     bash scripts/gpu_measure.sh train3     # GPT-2's, Llama's and BERT's training steps: eager, fusion, Inductor
+#     BASE=_before bash scripts/gpu_measure.sh gqa
+#                                            # CUDA tests; Llama's aten calls; before/after of Llama's and Mistral's steps
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -164,6 +166,15 @@ lnsums)
 train3)
     suite 570 gpt2_train,llama_train,bert_train eager,fusion,inductor
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, folds, index_sums, lnsums or gathers" && exit 2 ;;
+gqa)
+    cuda_tests 150
+    step "what Llama's step leaves to aten (full sizes, CUDA's passes)"
+    timeout 90 "$PY" scripts/fallbacks.py --device cuda --models llama --no-infer 2>&1 | grep -v "Warning\|warn" \
+        | tee "$OUT/fallbacks_llama.log" | tail -14
+    step "before/after: transposed copies of a middle-dim sum stored by its kernel ($BASE against this tree)"
+    BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
+        bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
