@@ -29,3 +29,25 @@ def test_pieces_follow_edges_inside_the_set_in_graph_order():
     assert connected_pieces([]) == []
     every = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert connected_pieces(every) == [every]  # mul_1 joins them
+
+
+def test_sibling_sums_merge_and_a_cut_that_comes_back_whole_runs_as_aten():
+    """Pieces of a cut whose reductions walk the same rows are one piece (two sums of (4, 8) over dim 0, unconnected);
+    and a cut that would hand the same region back (a SplitRegion at its first node, nothing stored first) ends as aten
+    ops with the reason, instead of going round the work list for ever."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion.compiler.partition import Worklist, merge_siblings
+    from fusion.ir.plan import Region, SplitRegion
+
+    gm = make_fx(lambda x, y: (x.sum(0), y.sum(0), y.sum(1)), tracing_mode="fake")(torch.randn(4, 8), torch.randn(4, 8))
+    sums = [n for n in gm.graph.nodes if n.op == "call_function"]
+    merged = merge_siblings(sums, connected_pieces(sums))
+    assert [[n.name for n in p] for p in merged] == [[sums[0].name, sums[1].name], [sums[2].name]]
+    work = Worklist(gm, [Region(sums[:2])])
+    if not work.runs:
+        pytest.skip("neither Triton nor a C compiler here: every region runs as aten anyway")
+    region = next(iter(work))
+    work.refuse(region, SplitRegion("a test's cut", sums[0], []))
+    assert work.work == [], work.work
+    assert any("came back whole" in s.reason for s in work.report.skipped), work.report.table()

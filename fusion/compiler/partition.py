@@ -118,8 +118,11 @@ class Worklist:
         else:
             reason = f"internal error: {reason}"
         if self.runs and isinstance(exc, SplitRegion):  # two kernels, nothing to aten: no decision to report
-            self.work[:0] = split_by_outputs(region, exc.first) or split_region(region, exc.before, keep=True)
-            return
+            pieces = split_by_outputs(region, exc.first) or split_region(region, exc.before, keep=True)
+            if all(len(p.nodes) < len(region.nodes) for p in pieces):  # each piece smaller: the loop ends
+                self.work[:0] = pieces
+                return
+            reason = f"{reason} (cut at {exc.before.name}, it came back whole)"  # merged siblings: aten, not a loop
         bad = getattr(exc, "node", None)
         if self.runs and isinstance(exc, Unsupported) and bad in region.members:  # cut there, generate the rest
             self.report.skip("op", [bad.name], f"runs as an aten call: {reason}")
