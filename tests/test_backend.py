@@ -2720,6 +2720,31 @@ def test_a_split_reductions_upcast_moves_with_its_stage_1_and_stage_2_stays():
     torch.testing.assert_close(gm(x, w), f(x, w))
 
 
+@pytest.mark.parametrize("views", ["permute", "view", "transpose"])
+def test_a_cast_after_views_is_stored_by_the_kernel_of_its_input(views):
+    """T5's pattern: a kernel computes x, and a cast of a permuted view of x is returned (the min-cut partitioner saves
+    it for the backward). As views of the cast (pass ``cast_views``) the cast joins x's kernel; after the views it was
+    a store of another shape, an aten call. Values, dtype, shape and strides are eager's."""
+
+    def f(x):
+        h = torch.sin(x) * 2.0
+        v = {"permute": lambda t: t.view(6, 4, 5).permute(0, 2, 1), "view": lambda t: t.view(6, 20),
+             "transpose": lambda t: t.transpose(1, 2)}[views](h)  # fmt: skip
+        return h, v.to(torch.bfloat16)
+
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    want = f(x)
+    for on in (False, True):
+        backend.reset()
+        got = torch.compile(f, backend="fusion", options={"cast_views": on})(x)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+            assert g.dtype == w.dtype and g.stride() == w.stride(), (g.stride(), w.stride())
+        calls = backend.reports[0].parts[0].library_calls
+        assert (calls["convert_element_type"] == 0) == on, calls
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_GPU)])
 def test_a_bias_gradient_joins_the_kernel_that_computes_its_input(device):
     """Linear-GELU-Linear, forward and backward: the first bias's gradient sums the GELU's backward, which a
