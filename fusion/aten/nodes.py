@@ -143,3 +143,21 @@ def as_traced(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     if t.stride() == stride or same_layout(t, stride):
         return t
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def bind_args(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
+    schema = node.target._schema
+    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
+    bound.update(node.kwargs)
+    return bound
+
+
+def reduced_dims(r: fx.Node) -> tuple[tuple[int, ...], list[int]]:
+    """(the shape reduction ``r`` reduces, its reduced dims, sorted): ``dim`` a list, an int (``any.dim``) or None
+    (all). Reductions with the same answer walk the same rows and can share a kernel."""
+    shape = tuple(r.args[0].meta["val"].shape)
+    dims = bind_args(r).get("dim")
+    dims = [dims] if isinstance(dims, int) else dims or range(len(shape))
+    return shape, sorted({d % len(shape) for d in dims}) if shape else []

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import bind_args
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten
 

@@ -36,11 +36,11 @@ import math
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import bind_args
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, offset, var, view_index
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import SplitRegion, Unsupported
-from fusion.kernels.rows import bind_args
 
 aten = torch.ops.aten
 INDEX_DTYPES = (torch.int64, torch.int32)

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import bind_args, reduced_dims
 from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels import rows as krows
-from fusion.kernels.rows import Rows, bind_args, read_at_another_row, row_permutation, row_reshape
+from fusion.kernels.rows import Rows, read_at_another_row, row_permutation, row_reshape
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
@@ -39,14 +39,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF else dtype
-
-
-def reduced_dims(r: fx.Node) -> tuple[tuple[int, ...], list[int]]:
-    """(the shape ``r`` reduces, its reduced dims, sorted): ``dim`` a list, an int (``any.dim``) or None (all)."""
-    shape = tuple(r.args[0].meta["val"].shape)
-    dims = bind_args(r).get("dim")
-    dims = [dims] if isinstance(dims, int) else dims or range(len(shape))
-    return shape, sorted({d % len(shape) for d in dims}) if shape else []
 
 
 def recombined(e: ir.Affine) -> ir.Affine:
@@ -155,7 +147,7 @@ class Reductions:
                 if target.overloadpacket is not aten.sum:
                     out = self.op("exact_div", [out, self.const(float(n), dt)], dt)  # n equal values: the value
             if target.overloadpacket in (aten.var_mean, aten.var):
-                mean, corr = out, krows.bind_args(node).get("correction")
+                mean, corr = out, bind_args(node).get("correction")
 
                 def squares() -> str:
                     c = self.op("sub", [x(), mean], dt)

@@ -31,13 +31,13 @@ from collections.abc import Iterator
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
+from fusion.aten.nodes import bind_args, is_view_node
 from fusion.compiler.index_algebra import add, const, maxval, scale
 from fusion.compiler.lower_reductions import HALF, compute, dtype_name
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
 from fusion.kernels import c_runtime
-from fusion.kernels.rows import bind_args, pooled_values
+from fusion.kernels.rows import pooled_values
 from fusion.kernels.window_rules import cheap_per_tap, window_here
 
 # A max-pool's window from C on a CPU: measured slower than aten's max-pool there (ResNet-18 at the CPU suite's sizes,

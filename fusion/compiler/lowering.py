@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten import precision
+from fusion.aten.nodes import bind_args
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, const, offset, split, substitute, var, view_index
 from fusion.compiler.lower_gathers import gathered
@@ -254,7 +255,7 @@ class Lowering(Reductions):
         """``cat(tensors, dim)`` at ``index``: each input owns a range [lo, hi) along ``dim`` and is read at
         ``index[dim] - lo`` with its loads masked to that range (never outside its bounds); ``where`` picks."""
         val = node.meta["val"]
-        dim, dtype = krows.bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
+        dim, dtype = bind_args(node).get("dim", 0) % val.dim(), compute(val.dtype)
         parts = cat_parts(node, dim)
         i = index[dim]
 
@@ -292,7 +293,7 @@ class Lowering(Reductions):
         return out
 
     def pointwise(self, node: fx.Node, index: list[ir.Affine], out_dtype: torch.dtype) -> str:
-        packet, bound = node.target.overloadpacket, krows.bind_args(node)
+        packet, bound = node.target.overloadpacket, bind_args(node)
         args, cast_to = list(node.args), compute(out_dtype)
         if packet in COMPARISONS:
             promoted = torch.result_type(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args[:2]))

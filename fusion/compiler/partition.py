@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import reduced_dims
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
 from fusion.compiler.launch_plans import launch_plan
@@ -47,7 +48,6 @@ from fusion.ir.plan import KernelPlan, Region, SplitRegion, Unsupported
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.precompile import precompile, precompile_c
-from fusion.kernels.rows import reduction_walk
 
 prims_to_aten = map_prims  # the backend's name for it: wrapper_passes.map_prims (prims and max pools as aten ops)
 
@@ -195,7 +195,7 @@ def merge_siblings(span: list[fx.Node], pieces: list[list[fx.Node]]) -> list[lis
 
 
 def _walk(n: fx.Node) -> tuple:
-    shape, dims = reduction_walk(n)
+    shape, dims = reduced_dims(n)
     return shape, tuple(dims)
 
 
@@ -227,8 +227,11 @@ def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
         if g.at is None:
             g.at = g.nodes[0]
             # a kernel it reads (its call), or an aten node (an op cut out of the other side of a SplitRegion)
-            producers = [call_position(group_of[n]) if n in group_of else position[n]
-                         for n in g.inputs if group_of.get(n) is not g and n in position]  # fmt: skip
+            producers = [
+                call_position(group_of[n]) if n in group_of else position[n]
+                for n in g.inputs
+                if group_of.get(n) is not g and n in position
+            ]
             if producers and position[g.at] < max(producers):
                 g.at = next(n for n in g.nodes if position[n] > max(producers))
         return position[g.at]

@@ -146,8 +146,8 @@ def avg_pools_as_window_sums(gm: fx.GraphModule, note: Callable[..., None]) -> i
     branch) is a depthwise window sum with the constant weight ``1 / (kh * kw)`` (``fusion.compiler.depthwise``:
     the generator computes it inside the kernel around it, or runs it as ``torch.convolution``). Not renamed: ceil
     mode, a divisor override, padding not counted, a window over ``depthwise.MAX_TAPS`` taps, integers."""
+    from fusion.aten.nodes import bind_args
     from fusion.compiler.depthwise import DEPTHWISE, MAX_TAPS
-    from fusion.kernels.rows import bind_args
 
     done, made = [], {}
     top = next(n for n in gm.graph.nodes if n.op != "placeholder")

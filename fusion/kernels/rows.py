@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, is_view_node
+from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, bind_args, is_view_node, reduced_dims
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
 from fusion.kernels.row_splits import misfit_store, upstream
 
@@ -49,15 +49,6 @@ def is_gather(node: object) -> bool:
 def pooled_values(node: fx.Node) -> bool:
     """Is ``node`` ``getitem(max_pool(...), 0)``, the values of a max-pool?"""
     return node.target is operator.getitem and is_max_pool(node.args[0]) and node.args[1] == 0
-
-
-def bind_args(node: fx.Node) -> dict:
-    """The node's arguments by schema name, defaults filled in: {'self': x, 'other': 2.0, 'alpha': 1}."""
-    schema = node.target._schema
-    bound = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    bound.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
-    bound.update(node.kwargs)
-    return bound
 
 
 # The dtypes a kernel loads, computes and stores; anything else (complex, float8, unsigned > 8 bits) is refused.
@@ -334,14 +325,6 @@ def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     )
 
 
-def reduction_walk(r: fx.Node) -> tuple:
-    """(input shape, reduced dims): reductions with the same walk can share a kernel."""
-    dims = bind_args(r).get("dim")
-    ndim = r.args[0].meta["val"].dim()
-    dims = [dims] if isinstance(dims, int) else dims or range(ndim)
-    return tuple(r.args[0].meta["val"].shape), sorted({d % ndim for d in dims}) if ndim else []
-
-
 def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> SplitRegion | None:
     """Where to cut a region whose reductions walk different rows (LayerNorm's backward: the input gradient's sums
     over the last dim, the weight and bias gradients' sums over the leading ones), or None when they all reduce the
@@ -349,7 +332,7 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
     region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
     mix-order reduction computes both walks in one kernel; not done here.)"""
 
-    walk = reduction_walk
+    walk = reduced_dims
     others = [r for r in reductions if walk(r) != walk(reductions[0])]
     if not others:
         return None
