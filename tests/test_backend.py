@@ -2587,7 +2587,7 @@ def test_bias_and_layernorm_weight_gradients_are_generated_not_aten_sums(monkeyp
     batch and sequence dims) are generated, in a kernel of their own beside the input gradient's row sums, where
     before (reductions over trailing dims only) each ran as an aten sum; what is left to aten is the Linear bias
     gradients' lone sums. Gradients equal eager's."""
-    from fusion.kernels import rows
+    from fusion.kernels import row_splits, rows
 
     class Block(nn.Module):
         def __init__(self):
@@ -2610,7 +2610,7 @@ def test_bias_and_layernorm_weight_gradients_are_generated_not_aten_sums(monkeyp
     with monkeypatch.context() as m:  # the generator before: trailing dims only, a mixed region cut at its sum
         trailing_only = rows.Rows.of.__func__
         m.setattr(rows.Rows, "of", classmethod(lambda cls, r, s, b, *_, **__: trailing_only(cls, r, s, b)))
-        m.setattr(rows, "split_by_reductions", lambda *a: None)
+        m.setattr(row_splits, "split_by_reductions", lambda *a: None)
         before = backward_report(copy.deepcopy(eager), x)
     mine = copy.deepcopy(eager)
     for p in mine.parameters():

@@ -33,7 +33,7 @@ from fusion.compiler.lower_windows import c_refusal
 from fusion.compiler.lowering import Lowering
 from fusion.compiler.partition import Worklist, ensure_meta
 from fusion.ir.plan import GeneratedKernel, KernelPlan, Region
-from fusion.kernels import c_runtime
+from fusion.kernels import c_runtime, row_splits
 from fusion.kernels import rows as krows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.triton_render import MAX_RBLOCK, render
@@ -48,7 +48,7 @@ def check(region: Region) -> list[fx.Node]:
     krows.check_region(region, stored, REDUCTIONS)  # static shapes, one device, ops with a rule
     reductions = [n for n in region.nodes if n.op == "call_function" and n.target in REDUCTIONS]
     if reductions:
-        if split := krows.split_by_reductions(region, reductions, stored):
+        if split := row_splits.split_by_reductions(region, reductions, stored):
             raise split  # reductions walking different rows (a row's and a column's): one kernel each
         # refuses rows a GPU reads uncoalesced, and (unless C runs the kernel) too few long rows to fill a GPU
         krows.Rows.of(reductions, stored, MAX_RBLOCK, True, region.members, fill_gpu=not c_runtime.runs_as_c(region))
@@ -56,7 +56,7 @@ def check(region: Region) -> list[fx.Node]:
     try:
         torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in stored))
     except RuntimeError as e:
-        raise krows.split_by_shape(region, stored) from e
+        raise row_splits.split_by_shape(region, stored) from e
     return stored
 
 

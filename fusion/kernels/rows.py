@@ -1,6 +1,6 @@
 """What a generated kernel takes and how it walks its region (Phase 8, ``fusion.codegen``): which members the
-generator has rules for (:func:`check_region`), which it stores (:func:`stored_members`), where a pointwise region
-must be cut (:func:`split_by_shape`), and a reduction kernel's walk over rows (:class:`Rows`). Nothing here writes
+generator has rules for (:func:`check_region`), which it stores (:func:`stored_members`), and a reduction kernel's
+walk over rows (:class:`Rows`); where a region is cut in two kernels is ``fusion.kernels.row_splits``. Nothing here writes
 Triton: ``fusion.kernels.triton_lang`` holds the spellings, and re-exports these names for the readers that know
 them from there. Machinery: a learner reads ``fusion/codegen.py``."""
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, bind_args, is_view_node, reduced_dims
+from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, bind_args, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
 from fusion.kernels.row_splits import misfit_store, upstream
 
@@ -305,80 +305,6 @@ def read_at_another_row(region, node: fx.Node, reductions: Sequence[fx.Node] = (
     if sum(not is_view_node(n) for n in need) < 2:
         return Unsupported(why, node)
     return SplitRegion(f"{why}: a first kernel stores it, a second reads it", node, first)
-
-
-def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
-    """Where to cut a pointwise region whose outputs do not broadcast together: before the first output (in graph
-    order) whose shape does not broadcast with those before it. The first output stays on the first side, so each
-    side is smaller than the region."""
-    position = {n: i for i, n in enumerate(region.nodes)}
-    ordered, shape, first, misfit = sorted(stored, key=position.__getitem__), (), [], None
-    for n in ordered:
-        try:
-            shape = torch.broadcast_shapes(shape, tuple(n.meta["val"].shape))
-            first.append(n)
-        except RuntimeError:
-            misfit = misfit or n
-    assert misfit is not None, "the outputs broadcast together"
-    return SplitRegion(
-        f"{misfit.name} {tuple(misfit.meta['val'].shape)} does not broadcast with {shape}", misfit, first
-    )
-
-
-def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[fx.Node]) -> SplitRegion | None:
-    """Where to cut a region whose reductions walk different rows (LayerNorm's backward: the input gradient's sums
-    over the last dim, the weight and bias gradients' sums over the leading ones), or None when they all reduce the
-    same dims of one shape. The first kernel stores the outputs that need no reduction walking other rows than the
-    region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
-    mix-order reduction computes both walks in one kernel; not done here.)"""
-
-    walk = reduced_dims
-    others = [r for r in reductions if walk(r) != walk(reductions[0])]
-    if not others:
-        return None
-
-    def reached(starts: list[fx.Node]) -> set[fx.Node]:  # what these reductions' values reach inside the region
-        seen, stack = set(), list(starts)
-        while stack:
-            n = stack.pop()
-            if n not in seen and n in region.members:
-                seen.add(n)
-                stack += n.users
-        return seen
-
-    shape, dims = walk(others[0])
-    why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk(reductions[0])[1]} of "
-           f"{walk(reductions[0])[0]}: one kernel per walk")  # fmt: skip
-    # First the outputs that need none of the first walk's reductions (LayerNorm's backward: the weight and bias
-    # gradients' column sums, with what they read, before the row sums of the input gradient), else those that need
-    # none of the other walks' (a column sum of a LayerNorm's output: the LayerNorm first).
-    # A first side must reduce something: one that only computes a value both walks read (a split LayerNorm
-    # gradient's cast of a GEMM output, stored for the row sums) would be a kernel of one op, left to aten.
-    for starts in ([r for r in reductions if r not in others], others):
-        first = [n for n in stored if n not in reached(starts)]
-        if 0 < len(first) < len(stored) and _reduces(region, first, reductions):
-            return SplitRegion(why, others[0], first)
-    # Else everything the other walks do not depend on, with what they read of it (a split reduction's two stages:
-    # every stage-1 reduction in the first kernel, every stage 2 in the second).
-    down = reached(others)
-    first = [n for n in region.nodes if n not in down and (n in stored or any(u in down for u in n.users))]
-    if first and _reduces(region, first, reductions):
-        return SplitRegion(why, others[0], first)
-    return SplitRegion(why, others[0], [])  # every output needs both walks: cut just before the other walk
-
-
-def _reduces(region, outputs: Sequence[fx.Node], reductions: Sequence[fx.Node]) -> bool:
-    """Does computing ``outputs`` inside ``region`` take one of ``reductions`` (one of them, or an ancestor)?"""
-    seen, stack, reductions = set(), list(outputs), set(reductions)
-    while stack:
-        n = stack.pop()
-        if n in seen or n not in region.members:
-            continue
-        seen.add(n)
-        if n in reductions:
-            return True
-        stack += n.all_input_nodes
-    return False
 
 
 def stored_members(region) -> list[fx.Node]:
