@@ -28,6 +28,8 @@
   kernel's output written into a buffer the graph is done with (in place where the kernel reads it only there).
 * :mod:`fusion.compiler.split_reductions` — pass ``split_reductions``: a reduction with few long rows (or columns) as
   two, the first filling the GPU.
+* :mod:`fusion.compiler.cast_views` — pass ``cast_views``: a cast after views as the views of a cast, so it joins
+  the kernel computing its input.
 * :mod:`fusion.compiler.scatter_passes` — pass ``stack_scatters``: a sum of scatters into zeros that tile a dim as one
   ``cat``; pass ``index_put_sums``: an accumulating ``index_put`` into a small table as one masked sum (CUDA).
 * :mod:`fusion.compiler.gemm_passes` — GEMM rewrites: a bmm of one weight expanded over the batch as one mm, a GEMM

@@ -21,6 +21,7 @@ from fusion.common import fallback_reason
 from fusion.compiler import (
     aot,
     attention,
+    cast_views,
     combo_casts,
     cudagraphs,
     depthwise,
@@ -130,8 +131,7 @@ PASSES = [
     passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
-    passes.Pass("cast_views", noted(graph_passes.casts_before_views),
-                doc="a cast after views as the views of a cast: it joins the kernel computing its input"),
+    cast_views.CAST_VIEWS,  # before "reorder", which puts the cast next to its input
     passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
     passes.Pass("raise_reductions", noted(graph_passes.reductions_to_their_inputs),
                 doc="a reduction just after the op computing its input (a bias gradient past its GEMMs)"),
