@@ -72,7 +72,7 @@ def test_channels_last_gives_eager_values_and_strides():
     assert model.expand.weight.is_contiguous() and x.is_contiguous()
     # channels innermost: each channel's BatchNorm scale is computed once, in the C kernel's prologue arrays
     sources = [c_runtime.named(lch.owner.plan.ir)[1] for lch in part.graph.launchers if lch.owner.plan.ir is not None]
-    assert any("_a[32];" in src for src in sources), sources[0]
+    assert any("_s[32];" in src for src in sources), sources[0]  # a prologue array of the 32 channels
 
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])

@@ -182,8 +182,10 @@ class _Writer:
         return math.prod(lp.size for lp in (*k.loops, *k.reduce_loops))
 
     def prologue(self, body: list, loops: list[ir.Loop]) -> list:
-        """Emit ``ir_loops.prologue``'s loop (values varying along the innermost loop only, into ``<name>_a``
-        arrays); returns the body that reads them back."""
+        """Emit ``ir_loops.prologue``'s loop (values varying along the innermost loop only, into arrays
+        ``<name>_s``); returns the body that reads them back through ``<name>_a``, a ``restrict`` pointer to the
+        array (an array shared into an OpenMP region is read through the region's data record, where gcc stopped
+        vectorizing a loop of 64 lanes that reads it: Llama's rotary ``sin``/``cos``)."""
         pre, arrays, rest = prologue(body, tuple(loops))
         if not arrays:
             return body
@@ -191,13 +193,16 @@ class _Writer:
         for s in arrays:
             dtype = getattr(s, "dtype", "int64")
             self.buffers[f"{s.out}_a"] = ir.Buffer(f"{s.out}_a", (inner.size,), (1,), dtype)
-            self.emit(f"{C_TYPES[dtype]} {s.out}_a[{inner.size}];", 1)
+            self.emit(f"{C_TYPES[dtype]} {s.out}_s[{inner.size}];", 1)
         self.emit(f"for (int64_t {inner.var} = 0; {inner.var} < {inner.size}; {inner.var}++) {{", 1)
         for s in pre:
             self.statement(s, 2)
         for s in arrays:
-            self.emit(f"{s.out}_a[{inner.var}] = {s.out};", 2)
+            self.emit(f"{s.out}_s[{inner.var}] = {s.out};", 2)
         self.emit("}", 1)
+        for s in arrays:
+            ctype = C_TYPES[getattr(s, "dtype", "int64")]
+            self.emit(f"const {ctype} *restrict {s.out}_a = {s.out}_s;", 1)
         return rest
 
     def source(self) -> str:

@@ -223,12 +223,22 @@ def hoist(k: ir.Kernel) -> ir.Kernel:
     return dataclasses.replace(k, body=tuple(body)) if moved else k
 
 
+def _gathered(s, var: str) -> bool:
+    """Does load ``s`` read the innermost loop's variable under a ``//`` or ``%`` (Llama's rotary frequencies,
+    ``f[x % 32]`` along a head's 64 lanes)? Such a loop needs vector gathers, which gcc's tuning for recent Intel
+    CPUs leaves out (the loop then runs scalar, libm calls included); read back from a prologue's array, the lanes
+    are contiguous."""
+    return isinstance(s, ir.Load) and any(
+        not isinstance(atom, ir.Var) and var in atom.of.variables() for _, atom in s.offset.terms
+    )
+
+
 def prologue(body, loops: tuple[ir.Loop, ...], limit: int = PROLOGUE_MAX) -> tuple[list, list, list]:
     """A pointwise kernel's values that vary along the innermost loop only (a channels-last image's per-channel
     BatchNorm scale ``rsqrt(var[c] + eps)``, read where ``c`` is innermost) computed once for all ``c`` before the
     loops instead of once per element: (the statements to run in a loop over the innermost variable, the values to
     keep in arrays over it, the body with those values read back from the arrays as loads of ``<name>_a``). Taken
-    only where such a value is computed (an op, not a load), the outer loops run at least once (the prologue's loads
+    only where such a value is computed (an op, not a plain load) or gathered (:func:`_gathered`), the outer loops run at least once (the prologue's loads
     run only where the body's would), and the arrays stay within ``limit`` elements. The values are the same."""
     if len(loops) < 2 or loops[-1].size > limit or any(lp.size <= 0 for lp in loops):
         return [], [], list(body)
@@ -238,7 +248,7 @@ def prologue(body, loops: tuple[ir.Loop, ...], limit: int = PROLOGUE_MAX) -> tup
     varying = [s for s in pre if id(s) not in constant]
     needed = set().union(*map(_uses, kept)) if kept else set()
     arrays = [s for s in varying if s.out in needed]
-    if not any(isinstance(s, ir.Op) for s in varying) or len(arrays) * inner.size > limit:
+    if not any(isinstance(s, ir.Op) or _gathered(s, inner.var) for s in varying) or len(arrays) * inner.size > limit:
         return [], [], list(body)
     walk = ir.Affine(((1, ir.Var(inner.var)),), 0)
     reads = [ir.Load(s.out, f"{s.out}_a", walk, getattr(s, "dtype", "int64")) for s in arrays]
