@@ -64,7 +64,7 @@ CASES = {
     "views_as_strides": (_linear, "linear", "reinterpret(", "aten.permute.default("),
     "python_bindings": (_linear, "linear", "torch.mm(", "aten.mm.default("),
     "prims_to_aten": (_cast, "linear", "torch_Tensor_to(", "prims.convert_element_type.default("),
-    "max_pool_as_aten": (_pool, "pool", "max_pool2d_with_indices_values(", "prims._low_memory_max_pool"),
+    "max_pool_as_aten": (_pool, "pool", "max_pool2d_with_indices_values", "prims._low_memory_max_pool"),
 }
 
 
