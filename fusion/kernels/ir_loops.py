@@ -238,8 +238,9 @@ def prologue(body, loops: tuple[ir.Loop, ...], limit: int = PROLOGUE_MAX) -> tup
     BatchNorm scale ``rsqrt(var[c] + eps)``, read where ``c`` is innermost) computed once for all ``c`` before the
     loops instead of once per element: (the statements to run in a loop over the innermost variable, the values to
     keep in arrays over it, the body with those values read back from the arrays as loads of ``<name>_a``). Taken
-    only where such a value is computed (an op, not a plain load) or gathered (:func:`_gathered`), the outer loops run at least once (the prologue's loads
-    run only where the body's would), and the arrays stay within ``limit`` elements. The values are the same."""
+    only where such a value is computed (an op, not a plain load) or gathered (:func:`_gathered`), the outer loops
+    run at least once (the prologue's loads run only where the body's would), and the arrays stay within ``limit``
+    elements. The values are the same."""
     if len(loops) < 2 or loops[-1].size > limit or any(lp.size <= 0 for lp in loops):
         return [], [], list(body)
     inner = loops[-1]
