@@ -880,6 +880,36 @@ def test_max_pool_runs_as_one_aten_call_in_inference(built, channels_last):
     assert pools[0].target.__name__.endswith("_nhwc") == (not channels_last), gm.code
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 3), c=st.integers(2, 9), h=st.integers(1, 13), w=st.integers(1, 13), k=st.integers(1, 4),
+    stride=st.integers(1, 3), dilation=st.integers(1, 2), ceil=st.booleans(), special=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+)  # fmt: skip
+def test_a_channels_first_max_pool_through_channels_last_gives_aten_values_and_layout(
+    n, c, h, w, k, stride, dilation, ceil, special, dtype
+):
+    """The CPU route of pass ``max_pool_as_aten`` (a channels-first image pooled on its channels-last copy): aten's
+    values and the channels-first layout, for any window, stride, padding, dilation and ceil mode aten takes."""
+    from fusion.compiler.wrapper_passes import _max_pool_values
+
+    pad = min(k // 2, (k - 1) * dilation // 2)
+    if (k - 1) * dilation + 1 > h + 2 * pad or (k - 1) * dilation + 1 > w + 2 * pad:
+        return  # aten refuses a window larger than the padded image
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    if special:  # NaN propagates out of every window holding one, in both kernels; +-inf are values
+        flat = x.view(-1)
+        flat[torch.randperm(flat.numel())[:3]] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)[
+            : min(3, flat.numel())
+        ]
+    op = torch.ops.aten.max_pool2d_with_indices.default
+    args = ([k, k], [stride, stride], [pad, pad], [dilation, dilation], ceil)
+    want = op(x, *args)[0]
+    got, offsets = _max_pool_values(op, channels_last=True)(x, *args)
+    assert offsets is None and got.stride() == want.stride()
+    torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
+
+
 def test_max_pool_keeps_its_offsets_for_training():
     class Stem(nn.Module):
         def forward(self, x):
