@@ -72,8 +72,10 @@ def _max_pool_values(op, channels_last: bool = False):
         return op(x, kernel_size, stride, padding, dilation, ceil_mode)[0], None  # (values, offsets nobody reads)
 
     def max_pool_nhwc(x, kernel_size, stride, padding, dilation, ceil_mode):
-        x = x.contiguous(memory_format=torch.channels_last)
-        return op(x, kernel_size, stride, padding, dilation, ceil_mode)[0].contiguous(), None
+        values = op(x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation, ceil_mode)
+        # a clone, not .contiguous(): a (n, c, 1, 1) result of the channels-last pool counts as contiguous with its
+        # strides (c, 1, c, c), where the graph was traced with (c, 1, 1, 1) (a hypothesis find)
+        return values[0].clone(memory_format=torch.contiguous_format), None
 
     fn = max_pool_nhwc if channels_last else max_pool
     fn.__name__ = f"{op.__name__.split('.')[0]}_values{'_nhwc' if channels_last else ''}"
