@@ -24,7 +24,7 @@ from fusion.aten.nodes import bind_args, reduced_dims
 from fusion.compiler.index_algebra import add, scale
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels.rows import Rows, read_at_another_row, row_permutation, row_reshape
+from fusion.kernels.rows import Rows, per_row_permutation, read_at_another_row, row_permutation, row_reshape
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.amax.default, aten.amin.default}
@@ -83,7 +83,7 @@ def walk_rows(reductions: Sequence[fx.Node], stored: Sequence[fx.Node], members=
             continue
         if row_reshape(n, shape, members, reductions):  # GPT-2's LayerNorm output as the next Linear's view(-1, d)
             reshaped.add(n.name)
-        elif not ((trailing and row_permutation(n, shape)) or row_permutation(n, rows.per_row()[0])):
+        elif not ((trailing and row_permutation(n, shape)) or per_row_permutation(n, rows) is not None):
             raise Unsupported(f"{n.name} {tuple(val.shape)}: neither the rows {shape}, a reshape or a transposed copy "
                               "of them nor one element per row: stored by another kernel", n)  # fmt: skip
     return dataclasses.replace(rows, reshaped=frozenset(reshaped))

@@ -132,8 +132,8 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
     region's first; the rest is cut again in turn, so each walk gets a kernel and nothing runs as aten. (Inductor's
     mix-order reduction computes both walks in one kernel; not done here.)"""
 
-    walk = reduced_dims
-    others = [r for r in reductions if walk(r) != walk(reductions[0])]
+    walk = reduced_dims(reductions[0])
+    others = [r for r in reductions if reduced_dims(r) != walk]
     if not others:
         return None
 
@@ -146,9 +146,9 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
                 stack += n.users
         return seen
 
-    shape, dims = walk(others[0])
-    why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk(reductions[0])[1]} of "
-           f"{walk(reductions[0])[0]}: one kernel per walk")  # fmt: skip
+    shape, dims = reduced_dims(others[0])
+    why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk[1]} of {walk[0]}: "
+           "one kernel per walk")  # fmt: skip
     # First the outputs that need none of the first walk's reductions (LayerNorm's backward: the weight and bias
     # gradients' column sums, with what they read, before the row sums of the input gradient), else those that need
     # none of the other walks' (a column sum of a LayerNorm's output: the LayerNorm first).
