@@ -112,14 +112,17 @@ def detail(gm: fx.GraphModule, part) -> list[str]:
     owner = {
         n: f"kernel {i}" for i, k in enumerate(part.kernels) for n in getattr(getattr(k, "region", None), "nodes", ())
     }
+
+    def tag(x: fx.Node) -> str:  # a node and where it runs: its kernel, else its op
+        return f"{x.name}[{owner.get(x, getattr(x.target, '__name__', x.op))}]"
+
     lines = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or n in owner or is_view_node(n) or LIBRARY.match(library_name(n)):
             continue
         val = n.meta.get("val")
         shape = f"{tuple(val.shape)} {str(val.dtype).removeprefix('torch.')}" if isinstance(val, torch.Tensor) else ""
-        reads = [f"{a.name}[{owner.get(a, getattr(a.target, '__name__', a.op))}]" for a in n.all_input_nodes]
-        users = [f"{u.name}[{owner.get(u, getattr(u.target, '__name__', u.op))}]" for u in n.users]
+        reads, users = map(tag, n.all_input_nodes), map(tag, n.users)
         lines.append(
             f"    {part.kind}: {n.name} = {library_name(n)} {shape} <- {', '.join(reads)} -> {', '.join(users)}"
         )
