@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fusion.compiler.graph_passes import _cuts, _writes
+from fusion.compiler.graph_passes import cuts_run, writes_state
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta
@@ -35,7 +35,7 @@ def casts_before_views(gm: fx.GraphModule, note: Callable[..., None]) -> int:
         while isinstance(x, fx.Node) and x.op == "call_function" and x.target in SAME_ELEMENTS:
             chain.append(x)
             x = x.args[0]
-        if not chain or not isinstance(x, fx.Node) or x.op != "call_function" or _cuts(x) or _writes(x):
+        if not chain or not isinstance(x, fx.Node) or x.op != "call_function" or cuts_run(x) or writes_state(x):
             continue  # no view between, or x is a library call's output or an input: nothing to join
         new: list[fx.Node] = []
         try:

@@ -131,6 +131,8 @@ PASSES = [
     passes.Pass("reinplace", noted(graph_passes.reinplace_buffer_updates), doc="BatchNorm statistics in place, as eager"),
     passes.Pass("bmm_as_mm", noted(gemm_passes.bmm_as_mm), doc="a bmm of a weight broadcast over the batch: one mm"),
     passes.Pass("gemm_heads", noted(gemm_passes.gemm_per_head), doc="a GEMM copied head-major: one GEMM per head"),
+    passes.Pass("gemm_bias", noted(gemm_passes.bias_after_gemm), requires=("codegen",),
+                doc="a CPU addmm read by pointwise ops: mm, its bias added in the kernel after it"),
     cast_views.CAST_VIEWS,  # before "reorder", which puts the cast next to its input
     passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
     passes.Pass("raise_reductions", noted(graph_passes.reductions_to_their_inputs),

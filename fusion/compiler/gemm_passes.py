@@ -4,6 +4,8 @@
 * :func:`gemm_per_head` (pass ``gemm_heads``): a GEMM whose columns are split into heads and copied head-major (the
   ``.contiguous()`` of ``nn.MultiheadAttention``'s packed in-projection) is one GEMM per head, each writing its head
   where the copy would have put it: the copy is gone, and each head's bias is in its GEMM's epilogue.
+* :func:`bias_after_gemm` (pass ``gemm_bias``, CPU): ``addmm(b, x, w)`` read only by pointwise ops is ``mm(x, w) + b``,
+  the add a load of the kernel after it.
 * :func:`conv1x1_as_mm` (passes ``conv1x1`` and, opt-in, ``conv1x1_forward``): the backward of a 1x1 convolution of
   a channels-last image is two ``mm`` (the forward one): the same products through cuBLAS, for less CPU per call
   than cuDNN's backward. The forward stays cuDNN's by default: measured slower as a GEMM in whole models.
@@ -20,6 +22,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
 from fusion.aten.nodes import same_layout as _same  # strides equal but for dims of size 1
+from fusion.compiler.graph_passes import cheap_and_pure
 from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta, refresh_meta
 
@@ -59,6 +62,67 @@ def bmm_as_mm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
     if count:
         relint(gm)
     return count
+
+
+def bias_after_gemm(gm: fx.GraphModule, note: Callable[..., None]) -> int:
+    """On a CPU, ``addmm(b, x, w)`` whose every reader is a pointwise op (through views) -> ``add(mm(x, w), b)``: the
+    add then joins the generated kernel of its readers (pass ``reorder`` puts it beside them).
+
+    aten's CPU ``addmm`` copies the bias into every row of its output, then runs the GEMM with beta = 1, which reads
+    that output back before it writes it: two passes over the output that ``mm`` does not make. The bias is one more
+    (small) load of the kernel that reads the GEMM's output anyway: BERT's feed-forward and output projections, GPT-2's
+    ``Conv1D``, ViT's MLP. The sum is the same, the bias added once at the end; float32 and float64 only: a half-type
+    ``mm`` rounds its output before the add (a second rounding: 1-ulp bf16 differences from eager, measured).
+    Inductor makes this rewrite on GPUs (``unfuse_bias_add_to_pointwise``); there cuBLAS adds the bias in its
+    epilogue, so ours stays CPU-only. Kept where any reader is not pointwise (a GEMM, attention, the graph's output):
+    the add would be a kernel of its own. Returns the number rewritten."""
+    g, done = gm.graph, []
+    for node in list(g.find_nodes(op="call_function", target=aten.addmm.default)):
+        val, bias = node.meta.get("val"), node.args[0]
+        bval = bias.meta.get("val") if isinstance(bias, fx.Node) else None
+        if node.kwargs or not isinstance(val, torch.Tensor) or val.device.type != "cpu":
+            continue  # scaled (alpha, beta), or on a GPU: cuBLAS's epilogue adds the bias
+        if (
+            val.dtype not in (torch.float32, torch.float64)
+            or not isinstance(bval, torch.Tensor)
+            or bval.dtype != val.dtype
+        ):
+            continue  # a half type: mm's output is rounded to it before the add, a second rounding addmm does not make
+        if not _pointwise_readers(node):
+            continue
+        with g.inserting_after(node):
+            mm = call_with_meta(g, aten.mm.default, tuple(node.args[1:]))
+        with g.inserting_after(mm):
+            out = call_with_meta(g, aten.add.Tensor, (mm, bias))
+        if out.meta["val"].shape != val.shape or out.meta["val"].stride() != val.stride():
+            g.erase_node(out)
+            g.erase_node(mm)
+            continue
+        node.replace_all_uses_with(out)
+        g.erase_node(node)
+        done.append(node.name)
+    if done:
+        relint(gm)
+        note(
+            "gemm bias", done, "rewritten", "the bias added by the kernel reading the GEMM (CPU addmm copies it first)"
+        )
+    return len(done)
+
+
+def _pointwise_readers(node: fx.Node) -> bool:
+    """Is every reader of ``node`` a pointwise op (or a gathered read), through views, and is there one?"""
+    stack, found = list(node.users), False
+    while stack:
+        user = stack.pop()
+        if user.op != "call_function" or not cheap_and_pure(user):
+            return False
+        if is_view_node(user, getitem=False):
+            if not user.users:
+                return False
+            stack += user.users
+        else:
+            found = True
+    return found
 
 
 def gemm_per_head(gm: fx.GraphModule, note: Callable[..., None]) -> int:

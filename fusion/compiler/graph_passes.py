@@ -47,7 +47,7 @@ def raise_returned(graph: fx.Graph) -> int:
     nodes = list(graph.nodes)
     returned: set[fx.Node] = set()
     for node in reversed(nodes):  # readers first: a chain is returned-only from its end
-        if node.op == "call_function" and node.users and node.all_input_nodes and _cheap_and_pure(node):
+        if node.op == "call_function" and node.users and node.all_input_nodes and cheap_and_pure(node):
             if all(u.op == "output" or u in returned for u in node.users):
                 returned.add(node)
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -92,13 +92,13 @@ def raise_reductions(graph: fx.Graph) -> int:
         ):  # and a split reduction's upcast of its input (read by the reduction alone)
             chain.append(anchor)
             anchor = anchor.all_input_nodes[0]
-        if anchor.op != "call_function" or _cuts(anchor) or anchor.target in REDUCTIONS:
+        if anchor.op != "call_function" or cuts_run(anchor) or anchor.target in REDUCTIONS:
             continue  # (a reduction of a reduction, a split's stage 2, walks other rows: it stays with its readers)
         between, cur = [], anchor.next
         while cur is not node:
             between.append(cur)
             cur = cur.next
-        if not any(_cuts(n) for n in between) or any(_writes(n) for n in between):
+        if not any(cuts_run(n) for n in between) or any(writes_state(n) for n in between):
             continue  # no library call between (the regions take it where it is), or a write it must not cross
         at = anchor
         for n in [*reversed(chain), node]:  # each after the one it reads
@@ -109,16 +109,17 @@ def raise_reductions(graph: fx.Graph) -> int:
     return moved
 
 
-def _cuts(node: fx.Node) -> bool:
+def cuts_run(node: fx.Node) -> bool:
     """Whether ``node`` ends a run of fusible ops (a GEMM, an attention call: an op neither pointwise, a view, a
     gather, a cat nor a reduction, that reads a value)."""
     if node.op != "call_function" or not node.all_input_nodes:
         return False
     fusible = node.target in REDUCTIONS or node.target in (aten.cat.default, operator.getitem)
-    return not (fusible or _cheap_and_pure(node))
+    return not (fusible or cheap_and_pure(node))
 
 
-def _writes(node: fx.Node) -> bool:
+def writes_state(node: fx.Node) -> bool:
+    """Whether ``node`` is the output, impure, or an op that writes one of its arguments (nothing moves past it)."""
     target = node.target
     return (
         node.op == "output"
@@ -135,7 +136,7 @@ def sink_to_first_use(graph: fx.Graph) -> int:
     adjacency.)"""
     moved = 0
     for node in reversed(list(graph.nodes)):
-        if node.op != "call_function" or not node.users or not _cheap_and_pure(node):
+        if node.op != "call_function" or not node.users or not cheap_and_pure(node):
             continue
         cur = node.next
         while cur not in node.users and cur.op != "output" and not cur.is_impure():
@@ -146,7 +147,8 @@ def sink_to_first_use(graph: fx.Graph) -> int:
     return moved
 
 
-def _cheap_and_pure(node: fx.Node) -> bool:
+def cheap_and_pure(node: fx.Node) -> bool:
+    """Whether ``node`` is a view, a gathered read or a deterministic pointwise op: what a generated kernel takes."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or node.is_impure():
         return False
