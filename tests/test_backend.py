@@ -1709,6 +1709,27 @@ def test_a_bmm_of_a_weight_broadcast_over_the_batch_becomes_one_mm():
         torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, Bmm()(a, w))
 
 
+def test_a_cat_moves_next_to_its_reader_past_a_folded_constant():
+    """Pass reorder moves a cat (rotate_half's) down to its first reader as it moves pointwise ops: left behind, a
+    constant folded between them (a causal mask, a get_attr) cut the run in two, and Llama's rotary embedding took
+    two kernels per q and k (2026-11-28: 29 -> 21 launches a call on the CPU suite's Llama). One kernel here, eager's
+    values."""
+
+    class Rope(nn.Module):
+        def forward(self, x):
+            rot = torch.cat((-x[..., 4:], x[..., :4]), -1)
+            mask = torch.ones(8, 8).tril() > 0  # computed from no input: folded to a constant, between the two
+            return torch.where(mask, rot * 2.0 + x, 0.0)
+
+    x = torch.randn(3, 8, 8)
+    x[1, 2, 3] = float("nan")
+    compiled = torch.compile(Rope(), backend="fusion")
+    torch.testing.assert_close(compiled(x), Rope()(x), equal_nan=True)
+    (part,) = backend.reports[0].parts
+    assert len(part.kernels) == 1 and not part.library_calls, (part.kernels, part.library_calls)
+    assert any(p[0] == "constants" for p in part.passes), part.passes
+
+
 class _LinearGelu(nn.Module):
     """Linear -> GELU and Linear -> view -> residual add: two addmm read only by pointwise ops; a third Linear's
     output is returned (a reader that is not pointwise: its addmm stays)."""

@@ -926,6 +926,35 @@ def test_outputs_that_do_not_broadcast_together_are_two_kernels_not_aten():
     assert not c.report.skipped, c.report.table()
 
 
+def test_a_repeated_sin_table_gets_its_own_c_kernel(renderer):
+    """Llama's rotary tables: sin and cos of positions x frequencies, (s, d), stored (later layers read them) beside
+    keys rotated with them, (b, heads, s, d). One C loop over the keys computes each table entry b x heads times over;
+    the C renderer splits the tables off into one kernel of their own (sin and cos together), and the keys' kernel
+    reads them. Triton keeps one kernel (a GPU's repeats hide under its memory traffic). No split where the table
+    repeats fewer than 4 times, or holds nothing costlier than a multiply. Values as eager's, with NaN and inf."""
+
+    def rope(k, pos, freq):
+        t = pos[:, None] * freq[None, :]
+        cos, sin = torch.cat((t, t), -1).cos(), torch.cat((t, t), -1).sin()
+        half = k.shape[-1] // 2
+        rot = torch.cat((-k[..., half:], k[..., :half]), -1)
+        return k * cos + rot * sin, cos, sin
+
+    pos, freq = torch.arange(5.0), _rand((4,), 1)
+    pos[3] = float("inf")
+    k = _rand((2, 3, 5, 8), 0)
+    k[0, 1, 2, 3] = float("nan")
+    split = renderer == "c"
+    c = check(rope, k, pos, freq, kernels=2 if split else 1)
+    assert not c.report.skipped, c.report.table()
+    if split:
+        trig = {torch.ops.aten.sin.default, torch.ops.aten.cos.default}
+        has = [trig & {n.target for n in k.region.nodes} for k in c.kernels]
+        assert sorted(map(len, has)) == [0, 2], [k.name for k in c.kernels]  # sin and cos in one kernel, keys apart
+    check(rope, k[:1, :3], pos, freq, kernels=1)  # repeated 3 times: one kernel
+    check(lambda k, pos, freq: (k * (pos[:, None] * freq), pos[:, None] * freq), k, pos, _rand((8,), 2), kernels=1)
+
+
 def test_a_side_that_reads_the_other_is_launched_after_it():
     """The two sides interleave in the graph: b0 (second side) comes before a0 (first side), and b1 reads a0. The
     second kernel's call must sit after the first's (fusion.compiler.partition.place_after_producers)."""

@@ -57,6 +57,8 @@ def check(region: Region) -> list[fx.Node]:
         torch.broadcast_shapes(*(tuple(n.meta["val"].shape) for n in stored))
     except RuntimeError as e:
         raise row_splits.split_by_shape(region, stored) from e
+    if c_runtime.runs_as_c(region) and (split := row_splits.split_repeated_tables(region, stored)):
+        raise split  # a C loop would compute a small sin/exp table again for every element it is broadcast to
     return stored
 
 

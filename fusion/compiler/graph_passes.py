@@ -148,13 +148,15 @@ def sink_to_first_use(graph: fx.Graph) -> int:
 
 
 def cheap_and_pure(node: fx.Node) -> bool:
-    """Whether ``node`` is a view, a gathered read or a deterministic pointwise op: what a generated kernel takes."""
+    """Whether ``node`` is a view, a gathered read, a ``cat`` or a deterministic pointwise op: what a generated
+    kernel takes (a cat is its loads, one per piece)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or node.is_impure():
         return False
     tags = target.tags  # an indexed read (an embedding, a gathered bias) is a load of the kernel that reads it
     return (
         target.is_view
+        or target is aten.cat.default
         or is_gather(node)
         or (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags)
     )

@@ -1,6 +1,7 @@
 """Where a region is cut in two kernels: a row region's store that does not fit its walk (a second kernel writes
 it), reductions that walk different rows (:func:`split_by_reductions`, one kernel per walk), and pointwise outputs
-that do not broadcast together (:func:`split_by_shape`)."""
+that do not broadcast together (:func:`split_by_shape`), and, in C, a small table of transcendental values that
+the kernel's loop would compute again for every element it is broadcast to (:func:`split_repeated_tables`)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,51 @@ def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     assert misfit is not None, "the outputs broadcast together"
     return SplitRegion(
         f"{misfit.name} {tuple(misfit.meta['val'].shape)} does not broadcast with {shape}", misfit, first
+    )
+
+
+# ops a CPU computes in tens of cycles an element (libm or our polynomials): worth a kernel of their own when repeated
+TRANSCENDENTAL = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log1p", "log2", "tanh", "erf", "sigmoid", "atan")
+)
+REPEATS = 4  # a table computed this many times over, or more, is split off
+
+
+def split_repeated_tables(region, stored: Sequence[fx.Node]) -> SplitRegion | None:
+    """A pointwise C kernel's loop runs over its largest output; a stored output broadcast ``REPEATS`` times or more
+    across it (Llama's rotary sin and cos tables, (s, d), beside the rotated keys, (b, heads, s, d)) is computed again
+    at every repeat, and a ``sin`` costs tens of cycles on a CPU: 188 against 85 us for the layer's kernel at the CPU
+    sizes. Split it off: its own kernel computes the table once, the rest reads it. Only where the table's
+    computation holds a transcendental op (else recomputing is cheaper than a launch); None otherwise. On a GPU the
+    repeats are spare compute under the memory traffic: not asked there."""
+    numel = {n: n.meta["val"].numel() for n in stored}
+    largest = max(numel.values(), default=0)
+
+    def ancestors(out: fx.Node) -> set[fx.Node]:  # what computes ``out`` in the region
+        need, stack = set(), [out]
+        while stack:
+            n = stack.pop()
+            if n not in need and n in region.members:
+                need.add(n)
+                stack += n.all_input_nodes
+        return need
+
+    tables = [
+        n for n in stored
+        if numel[n] and largest >= REPEATS * numel[n]
+        and any(a.op == "call_function" and a.target in TRANSCENDENTAL for a in ancestors(n))
+    ]  # fmt: skip
+    if not tables:
+        return None
+    need = set().union(*(ancestors(t) for t in tables))
+    first = [n for n in stored if n in need]  # every table (sin and cos: one kernel), and what they compute anyway
+    table = tables[0]
+    return SplitRegion(
+        f"{table.name} {tuple(table.meta['val'].shape)} is a table of sin/exp-like values the kernel's loop would "
+        f"compute {largest // numel[table]} times over: its own kernel",
+        table,
+        first,
     )
 
 
