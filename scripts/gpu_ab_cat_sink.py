@@ -3,6 +3,7 @@ variants interleaved): ``fusion`` as it was (a cat stayed where it was computed)
 
     PYTHONPATH=. python3 scripts/gpu_ab_cat_sink.py llama,mistral,llama_train   (on the lent GPU)
     python3 scripts/gpu_ab_cat_sink.py --dry-run llama                          (CPU, tiny shapes: rehearse it)
+    ... --profile                  (then each variant's top kernels by device time, torch.profiler, 10 calls)
 
 The change moves Llama's rotate_half cat beside q * cos + rotate_half(q) * sin (29 -> 21 kernels a call on the CPU
 suite's Llama); this measures what it does on a GPU. Median ms per call (torch.utils.benchmark via the suite's
@@ -61,6 +62,10 @@ def main(argv: list[str]) -> None:
                 )
                 times[label].append(m.median * 1e3)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        if "--profile" in argv:
+            for label, fn in calls.items():
+                if label != "inductor":
+                    profile_top(label, fn, sync, dry)
         rows.append({"model": name, "ms": med, "all_ms": times})
         print(f"{name:12} " + "  ".join(f"{k} {v:.3f} ms ({med['inductor'] / v:.3f} of Inductor)" for k, v in med.items()),
               flush=True)  # fmt: skip
@@ -68,6 +73,23 @@ def main(argv: list[str]) -> None:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "ab_cat_sink.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def profile_top(label: str, fn, sync, dry: bool, top: int = 14) -> None:
+    """The kernels of 10 calls of ``fn`` by device time (CPU time in a dry run): µs a call, launches a call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] if dry else [ProfilerActivity.CUDA]
+    with profile(activities=acts) as prof:
+        for _ in range(10):
+            fn()
+        sync()
+    events = [e for e in prof.key_averages() if (e.self_cpu_time_total if dry else e.self_device_time_total) > 0]
+    key = (lambda e: e.self_cpu_time_total) if dry else (lambda e: e.self_device_time_total)
+    total = sum(key(e) for e in events) / 10
+    print(f"  {label}: {total:.1f} us of kernels a call, {sum(e.count for e in events) // 10} launches a call")
+    for e in sorted(events, key=key, reverse=True)[:top]:
+        print(f"    {key(e) / 10:8.1f} us x{e.count // 10:<3} {e.key[:100]}")
 
 
 if __name__ == "__main__":
