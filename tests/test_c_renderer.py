@@ -479,13 +479,36 @@ def test_a_column_walk_runs_in_tiles_along_the_contiguous_dim_and_sums_pairwise(
     tail), columns past one block of SUM_BLOCK; 1.0 then 4095 terms of 1e-8 down each column keep their small terms
     (blocks' sums added pairwise: within 8 ulp of the exact sum; here eager's own is 13 ulp off), float64 near exact."""
     ((_, kernel),) = lowered(lambda a: (a * 2.0).sum(0), torch.randn(7, 40))
-    assert "#pragma omp simd\n" in render(kernel) and "_o += 256" in render(kernel)
+    assert "#pragma omp simd\n" in render(kernel) and "_w = 256" in render(kernel)
     y = torch.randn(130, 300, dtype=torch.float64)
     close(compiled_in_c(lambda a: (a * 2.0).sum(0), y, kernels=1), (y * 2.0).sum(0))
     x = torch.full((4096, 2048), 1e-8)
     x[0] = 1.0
     got = compiled_in_c(lambda a: (a * 1.0).sum(0), x, kernels=1)
     torch.testing.assert_close(got, x.double().sum(0).float(), atol=0, rtol=1e-6)  # one by one: 4e-5 off
+
+
+@needs_cc
+@pytest.mark.parametrize("columns", [16, 32, 96, 672, 1000])
+def test_a_column_walk_shares_few_columns_over_the_threads_with_the_same_values(columns):
+    """A squeeze-excitation's mean over an image's pixels in channels-last memory: few columns (32 channels) and many
+    rows. Tiles of 256 columns made it one tile, one busy thread; the tile narrows to give every thread one (672
+    columns: four tiles, not three). Each column is summed alone, in the same order, so the values are the same bits
+    for 1 to 5 threads, and eager's within rounding, NaN and inf included."""
+    x = special(torch.randn(4100 // columns * 40 + 7, columns))
+    fn = lambda a: (a * 2.0).mean(0)  # noqa: E731
+    ((_, kernel),) = lowered(fn, x)
+    assert "% nthreads" in render(kernel)  # the width follows the threads of the call
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for n in range(1, 6):
+            torch.set_num_threads(n)
+            outs.append(compiled_in_c(fn, x, kernels=1))
+    finally:
+        torch.set_num_threads(threads)
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], rtol=0, atol=0, equal_nan=True)
+    close(outs[0], fn(x))
 
 
 @needs_cc
