@@ -1645,6 +1645,17 @@ def test_a_copy_that_reorders_the_rows_or_is_read_whole_keeps_its_gemm():
         torch.testing.assert_close(gm(x, w, b), f(x, w, b))
 
 
+def _with_pass(model: nn.Module, x: torch.Tensor, name: str, on: bool):
+    """``model(x)`` compiled with pass ``name`` on or off (inference): its output checked against eager's, then the
+    report of its one graph."""
+    backend.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend="fusion", options={name: on})(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    (part,) = backend.reports[0].parts
+    return part
+
+
 @pytest.mark.parametrize("layer", ["vit", "mha"])
 def test_attention_projections_run_without_the_head_major_copy(layer):
     """The models that have it: torchvision's ViT encoder block (batch_first MultiheadAttention: a bmm made one mm
@@ -1661,11 +1672,7 @@ def test_attention_projections_run_without_the_head_major_copy(layer):
     model = model.eval().requires_grad_(False)
     copies = {}
     for on in (False, True):
-        backend.reset()
-        with torch.no_grad():
-            out = torch.compile(model, backend="fusion", options={"gemm_heads": on})(x)
-        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-        (part,) = backend.reports[0].parts
+        part = _with_pass(model, x, "gemm_heads", on)
         copies[on] = len(part.kernels) + part.library_calls.get("clone", 0)
         assert [p[0] for p in part.passes].count("gemm per head") == on, part.passes
     assert copies[True] == copies[False] - 1, copies
@@ -1752,11 +1759,7 @@ def test_a_cpu_addmm_read_by_pointwise_ops_is_a_gemm_and_an_add_the_kernel_takes
     model, x = _LinearGelu(), torch.randn(2, 5, 6)
     ops = {}
     for on in (False, True):
-        backend.reset()
-        with torch.no_grad():
-            out = torch.compile(model, backend="fusion", options={"gemm_bias": on})(x)
-        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-        (part,) = backend.reports[0].parts
+        part = _with_pass(model, x, "gemm_bias", on)
         ops[on] = (len(part.kernels), part.library_calls.get("addmm", 0), part.library_calls.get("mm", 0))
         assert sum(p[0] == "gemm bias" for p in part.passes) == on, part.passes
         assert not part.library_calls.get("add"), part.library_calls

@@ -126,6 +126,18 @@ def split_by_shape(region, stored: Sequence[fx.Node]) -> SplitRegion:
     )
 
 
+def _within(region, starts: Sequence[fx.Node], neighbours) -> set[fx.Node]:
+    """The members of ``region`` reached from ``starts`` (included) through ``neighbours(node)``: its inputs (what
+    computes them) or its users (what they reach)."""
+    seen, stack = set(), list(starts)
+    while stack:
+        n = stack.pop()
+        if n not in seen and n in region.members:
+            seen.add(n)
+            stack += neighbours(n)
+    return seen
+
+
 # ops a CPU computes in tens of cycles an element (libm or our polynomials): worth a kernel of their own when repeated
 TRANSCENDENTAL = frozenset(
     getattr(torch.ops.aten, name).default
@@ -145,13 +157,7 @@ def split_repeated_tables(region, stored: Sequence[fx.Node]) -> SplitRegion | No
     largest = max(numel.values(), default=0)
 
     def ancestors(out: fx.Node) -> set[fx.Node]:  # what computes ``out`` in the region
-        need, stack = set(), [out]
-        while stack:
-            n = stack.pop()
-            if n not in need and n in region.members:
-                need.add(n)
-                stack += n.all_input_nodes
-        return need
+        return _within(region, [out], lambda n: n.all_input_nodes)
 
     tables = [
         n for n in stored
@@ -184,13 +190,7 @@ def split_by_reductions(region, reductions: Sequence[fx.Node], stored: Sequence[
         return None
 
     def reached(starts: list[fx.Node]) -> set[fx.Node]:  # what these reductions' values reach inside the region
-        seen, stack = set(), list(starts)
-        while stack:
-            n = stack.pop()
-            if n not in seen and n in region.members:
-                seen.add(n)
-                stack += n.users
-        return seen
+        return _within(region, starts, lambda n: n.users)
 
     shape, dims = reduced_dims(others[0])
     why = (f"{others[0].name} reduces dims {dims} of {shape}, {reductions[0].name} dims {walk[1]} of {walk[0]}: "
