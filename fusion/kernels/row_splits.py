@@ -156,17 +156,15 @@ def split_repeated_tables(region, stored: Sequence[fx.Node]) -> SplitRegion | No
     numel = {n: n.meta["val"].numel() for n in stored}
     largest = max(numel.values(), default=0)
 
-    def ancestors(out: fx.Node) -> set[fx.Node]:  # what computes ``out`` in the region
-        return _within(region, [out], lambda n: n.all_input_nodes)
-
-    tables = [
-        n for n in stored
+    computed = {  # what computes each output repeated often enough, in the region
+        n: _within(region, [n], lambda m: m.all_input_nodes)
+        for n in stored
         if numel[n] and largest >= REPEATS * numel[n]
-        and any(a.op == "call_function" and a.target in TRANSCENDENTAL for a in ancestors(n))
-    ]  # fmt: skip
+    }
+    tables = [n for n, need in computed.items() if any(a.target in TRANSCENDENTAL for a in need)]
     if not tables:
         return None
-    need = set().union(*(ancestors(t) for t in tables))
+    need = set().union(*(computed[t] for t in tables))
     first = [n for n in stored if n in need]  # every table (sin and cos: one kernel), and what they compute anyway
     table = tables[0]
     return SplitRegion(
