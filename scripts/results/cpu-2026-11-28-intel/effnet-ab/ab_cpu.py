@@ -1,24 +1,36 @@
-# One model, backends interleaved in one process: rounds of 5 calls each, medians (2 threads).
-# Run: OMP_NUM_THREADS=2 PYTHONPATH=. uv run python scripts/results/cpu-2026-11-28-intel/effnet-ab/ab_cpu.py efficientnet_b0 fusion,inductor 15
-import sys, time, torch, statistics as st
-from fusion import backend
+"""One model of the CPU suite, backends interleaved in one process: rounds of 5 calls each, medians (2 threads).
+
+Run: OMP_NUM_THREADS=2 PYTHONPATH=. uv run python scripts/results/cpu-2026-11-28-intel/effnet-ab/ab_cpu.py \
+         efficientnet_b0 fusion,inductor 15
+"""
+
+import statistics
+import sys
+import time
+
+import torch
+
+from fusion import backend  # noqa: F401  (registers backend="fusion")
 from fusion.bench.suite import MODELS, SuiteConfig, _runner
+
 torch.set_num_threads(2)
-name, backs = sys.argv[1], sys.argv[2].split(",")
+name, backends = sys.argv[1], sys.argv[2].split(",")
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 15
 spec = MODELS[name]
 calls = {}
-for b in backs:
+for b in backends:
     torch._dynamo.reset()
-    m, x = spec.build("cpu")
-    calls[b] = _runner(spec, m, x, SuiteConfig("cpu", "cpu"), b, torch.float32)
-    for _ in range(5): calls[b]()
-ts = {b: [] for b in calls}
-for r in range(rounds):
-    for b, c in calls.items():
-        n = 5
+    model, inputs = spec.build("cpu")
+    calls[b] = _runner(spec, model, inputs, SuiteConfig("cpu", "cpu"), b, torch.float32)
+    for _ in range(5):
+        calls[b]()
+times = {b: [] for b in calls}
+for _ in range(rounds):
+    for b, call in calls.items():
         t0 = time.perf_counter()
-        for _ in range(n): c()
-        ts[b].append((time.perf_counter() - t0) / n)
-base = st.median(ts[backs[-1]])
-print(name, "  ".join(f"{b} {st.median(ts[b])*1e3:.3f} ms ({base/st.median(ts[b]):.3f} of {backs[-1]})" for b in backs))
+        for _ in range(5):
+            call()
+        times[b].append((time.perf_counter() - t0) / 5)
+base = statistics.median(times[backends[-1]])
+print(name, "  ".join(f"{b} {statistics.median(times[b]) * 1e3:.3f} ms "
+                      f"({base / statistics.median(times[b]):.3f} of {backends[-1]})" for b in backends))  # fmt: skip
