@@ -45,6 +45,7 @@ REUSE_MIN = int(os.environ.get("FUSION_REUSE_MIN", 128 * 1024))
 # bindings pass python_bindings calls them through
 FRESH_OPS = (aten.convolution.default, aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 FRESH_LIBRARY = frozenset({*FRESH_OPS, *(BINDINGS[op] for op in FRESH_OPS if op in BINDINGS)})
+DEVICES = ("cpu",)  # where the plan runs (scripts/gpu_ab_reuse_cuda.py measures it on CUDA too)
 
 
 def _launcher(node: fx.Node) -> rt.Launcher | None:
@@ -115,7 +116,7 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     vals = [n.meta.get("val") for n in nodes if _root(n)]
-    if not vals or any(not isinstance(v, torch.Tensor) or v.device.type != "cpu" for v in vals):
+    if not vals or any(not isinstance(v, torch.Tensor) or v.device.type not in DEVICES for v in vals):
         return 0
     death: dict[fx.Node, int] = {}  # buffer root -> position of the last use of it or of any alias of it
     aliases: dict[fx.Node, set[fx.Node]] = {}  # buffer root -> the nodes that may alias it (itself included)
@@ -139,7 +140,12 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
         while pending and death[pending[0]] < pos[node]:
             free.append(pending.pop(0))
         launcher = _launcher(node)
-        if launcher is None or not launcher._plain or launcher.donated or launcher.owner.plan.device != "cpu":
+        if (
+            launcher is None
+            or not launcher._plain
+            or launcher.donated
+            or launcher.owner.plan.device.split(":")[0] not in DEVICES
+        ):
             continue
         outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
         given: list[tuple[int, fx.Node]] = []  # (stored output, the buffer it is written into)
