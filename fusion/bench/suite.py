@@ -378,8 +378,8 @@ def run_suite(
     sizes = sizes or ("full" if device == "cuda" else "tiny")
     # Many short rounds: a CPU-bound row's host speed drifts by ±25 % over seconds on the GPU hosts (the calling
     # thread's own CPU time moves with it), and finer interleaving lets every backend see the same drift. The shared
-    # CPU hosts drift too: with 3 rounds EfficientNet-B0's ratio read 0.90, 0.96 and 0.96 in three runs of one tree,
-    # 0.997 in 15 interleaved rounds of one process. Tiny shapes are a rehearsal (the tests' dry runs): 3 rounds.
+    # CPU hosts drift too: with 3 rounds EfficientNet-B0's ratio read 0.90 in one run, 0.997 minutes later in 15
+    # interleaved rounds of one process (2026-11-28). Tiny shapes are a rehearsal (the tests' dry runs): 3 rounds.
     default_rounds, block_s = (25, 0.04) if device == "cuda" else (3 if sizes == "tiny" else 15, 0.02)
     cfg = SuiteConfig(device, sizes, default_rounds if rounds is None else rounds, block_s, torch.get_num_threads())
     result = {
