@@ -233,6 +233,25 @@ def test_a_weight_the_graph_writes_keeps_its_cast_where_it_is(monkeypatch):
     assert [a.name for a in combo_node.args[0]] == ["w1", "w3"] and [c.args[0].name for c in _casts(gm)] == ["w2"]
 
 
+@pytest.mark.tooling
+def test_a_combo_call_keeps_its_first_plan_and_casts_every_calls_values():
+    """What a compiled graph calls for a combo node: the plan is worked out once; each call casts its own values
+    (a training step's next weights: same shapes and strides, new values), laid out as eager's cast lays them."""
+    call = combo.ComboCall("combo_cast_test")
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 5), (4, 2), (0, 3), (1,)]
+    plan = None
+    for _ in range(2):
+        xs = [torch.randn(s, generator=g) for s in shapes]
+        xs[1] = xs[1].t()  # a transposed (dense) input keeps its strides
+        outs = call(xs, torch.bfloat16)
+        for out, x in zip(outs, xs, strict=True):
+            want = x.to(torch.bfloat16)
+            assert torch.equal(out, want) and out.stride() == want.stride() and out.dtype == torch.bfloat16
+        assert plan is None or call.plan is plan
+        plan = call.plan
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # A tiny BERT training step through the backend
 
@@ -286,6 +305,9 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
         runs[on] = (loss, grads, _calls(backend.reports, "convert_element_type"), _calls(backend.reports, "combo_cast"),
                     notes, kernels)  # fmt: skip
         assert not any(r.error for r in backend.reports)
+        if on:
+            combo_calls = [n.target for r in backend.reports for p in r.parts if p.graph is not None
+                           for n in p.graph.graph_module.graph.nodes if isinstance(n.target, combo.ComboCall)]  # fmt: skip
     (loss, grads, casts_on, combos_on, notes_on, kernels_on) = runs[True]
     (loss_off, grads_off, casts_off, combos_off, notes_off, kernels_off) = runs[False]
     # eager's loss and gradients (bfloat16 autocast: the compiled step rounds where eager's kernels do not)
@@ -301,6 +323,8 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
     grouped = sum(int(n[1].split()[0]) for n in notes_on)
     assert casts_on == casts_off - grouped and grouped >= 16, (casts_on, casts_off, notes_on)
     assert kernels_on == kernels_off  # the combo nodes stand where they split no region (top, end)
+    # the compiled graphs call each combo node as a plain Python call that keeps its plan (pass python_bindings)
+    assert len(combo_calls) == 2 and all(c.plan is not None for c in combo_calls)
     for k, v in model.state_dict().items():  # the caller's model: untouched
         assert torch.equal(v, state[k]) and v.dtype == state[k].dtype, k
 

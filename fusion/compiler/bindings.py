@@ -19,7 +19,9 @@ another dtype is ``Tensor.to(dtype)`` (a training step under autocast casts ever
 gradient: ResNet-50, 110 a step; 6.3 µs of CPU each as an OpOverload with its keyword argument, 2.1 µs as ``.to``
 on this project's CPU machine), ``add_`` without ``alpha`` is ``Tensor.add_``. (``.to`` returns its input itself
 for the same dtype, where ``_to_copy`` copies: that call stays the overload.) A depthwise convolution that pass
-``depthwise`` renamed and the generator left out is ``torch.convolution`` again.
+``depthwise`` renamed and the generator left out is ``torch.convolution`` again. A ``fusion::combo_cast`` (pass
+``combo_casts``) becomes a plain Python call that keeps its node's plan (:class:`~fusion.kernels.combo.ComboCall`):
+no dispatcher around a list of 58 tensors.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch.fx as fx
 
 from fusion.compiler.depthwise import DEPTHWISE
 from fusion.fxutils.finish import relint
+from fusion.kernels.combo import COMBO_CAST, ComboCall
 
 aten = torch.ops.aten
 
@@ -84,13 +87,21 @@ METHODS = {
 }
 
 
+COMBO_CALLS = True  # False: each combo node stays the op, through the dispatcher (an A/B switch: scripts/gpu_ab.py)
+
+
 def python_bindings(gm: fx.GraphModule) -> list[str]:
-    """Point every library call of ``gm`` that has a binding in :data:`BINDINGS` at it, and each call that is a
-    Tensor method's op (:data:`METHODS`) at the method, in place (the graph's ``forward`` is regenerated). Returns
-    the nodes changed, ``"convolution_3: aten.convolution.default"``."""
+    """Point every library call of ``gm`` that has a binding in :data:`BINDINGS` at it, each call that is a Tensor
+    method's op (:data:`METHODS`) at the method, and each ``fusion::combo_cast`` at a :class:`ComboCall` of its own,
+    in place (the graph's ``forward`` is regenerated). Returns the nodes changed,
+    ``"convolution_3: aten.convolution.default"``."""
     changed = []
     for node in gm.graph.nodes:
         if node.op != "call_function":
+            continue
+        if node.target is COMBO_CAST and COMBO_CALLS:
+            changed.append(f"{node.name}: {node.target}")
+            node.target = ComboCall(f"combo_cast_{node.name}")
             continue
         binding, (method, args_of) = BINDINGS.get(node.target), METHODS.get(node.target, (None, None))
         args = args_of(node) if method is not None else None

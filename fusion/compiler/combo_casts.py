@@ -53,13 +53,14 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_dense, is_view_node, same_layout
+from fusion.compiler.graph_passes import SIBLING
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.kernels import combo
+from fusion.kernels.combo import COMBO_CAST, NAME  # noqa: F401  (the op, defined with its kernel; NAME: its name)
 from fusion.kernels.cudnn import cudnn_conv_bias_add_relu, cudnn_conv_bias_relu
 
 aten, prims = torch.ops.aten, torch.ops.prims
-NAME = "fusion::combo_cast"
 
 ON_CPU = False  # the gate: graphs on CUDA devices only; tests set it to rewrite CPU graphs
 GRADIENTS = True  # backward graphs: the gradients' casts that are graph outputs too (module docstring)
@@ -90,25 +91,11 @@ LIBRARY_OPS = frozenset(
 GRADIENT_ROOTS = LIBRARY_OPS | {aten.sum.dim_IntList}
 
 
-def _define() -> torch._ops.OpOverload:
-    """Define ``fusion::combo_cast`` once per process: CPU and CUDA implementations, and a fake one."""
-    if not hasattr(torch.ops.fusion, "combo_cast"):
-        lib = torch.library.Library("fusion", "FRAGMENT")
-        lib.define("combo_cast(Tensor[] xs, ScalarType dtype) -> Tensor[]")
-        lib.impl("combo_cast", combo.combo_cast, "CompositeExplicitAutograd")
-        torch.library.register_fake(NAME, combo.combo_cast_fake, lib=lib)
-        _define.lib = lib  # the registration lives as long as the Library object
-    return torch.ops.fusion.combo_cast.default
-
-
-COMBO_CAST = _define()
-
-
 def cast_of(node: fx.Node) -> tuple[fx.Node, torch.dtype] | None:
     """(input, target dtype) of a cast the combo kernel can do, else None: ``convert_element_type`` or a
     ``_to_copy`` that changes only the dtype, floating to floating, of a dense input, its output laid out as its
     input, static shapes."""
-    if node.op != "call_function":
+    if node.op != "call_function" or SIBLING in node.meta:  # moved into a kernel that reads its input anyway
         return None
     if node.target is prims.convert_element_type.default and len(node.args) == 2 and not node.kwargs:
         x, dtype = node.args

@@ -197,13 +197,17 @@ class ComboPlan:
         self.picked = picked if triton and dtype in FLOATS else []
         self.copied = [i for i, x in enumerate(xs) if x.numel() and i not in set(self.picked)]
         self.kernel = kernel_for([xs[i] for i in self.picked], dtype) if self.picked else None
+        self.every = len(self.picked) == len(xs)  # the kernel copies them all: no lists to pick from
         self.alloc = rt.empty_strided_on(device)
 
     def __call__(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         alloc = self.alloc
         outs = [alloc(size, stride, dtype) for size, stride, dtype in self.specs]
         if self.kernel is not None:
-            self.kernel([xs[i] for i in self.picked], [outs[i] for i in self.picked])
+            if self.every:
+                self.kernel(xs, outs)
+            else:
+                self.kernel([xs[i] for i in self.picked], [outs[i] for i in self.picked])
         for i in self.copied:
             outs[i].copy_(xs[i])
         return outs
@@ -228,6 +232,44 @@ def combo_cast(xs: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Ten
     return plan(xs)
 
 
+class ComboCall:
+    """``fusion::combo_cast`` as one node of a compiled graph calls it (pass ``python_bindings`` puts one per node):
+    the plan of its first call, kept. Later calls trust their inputs as a generated kernel's ``Launcher`` does: the
+    graph's entry is checked (Dynamo's guards) and every tensor inside it follows from that, so the node's inputs
+    keep their shapes, strides and dtypes. What this saves per call, against the op: the dispatcher's boxing of two
+    lists of tensors and the plan's key, four attributes read from every input (a combo of 58 weights: tens of
+    microseconds of CPU in a step that waits on its CPU)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = self.__qualname__ = name  # how the compiled graph's code names it
+        self.plan: ComboPlan | None = None
+
+    def __call__(self, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+        plan = self.plan
+        if plan is None:
+            if not xs:
+                return []
+            plan = self.plan = ComboPlan(xs, dtype, use_triton(xs[0].device))
+        return plan(xs)
+
+
 def combo_cast_fake(xs: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
     """The op's outputs on fake (meta) tensors: the shapes and strides :func:`combo_cast` gives."""
     return [torch.empty_like(x, dtype=dtype) for x in xs]
+
+
+NAME = "fusion::combo_cast"
+
+
+def _define() -> torch._ops.OpOverload:
+    """Define ``fusion::combo_cast`` once per process: CPU and CUDA implementations, and a fake one."""
+    if not hasattr(torch.ops.fusion, "combo_cast"):
+        lib = torch.library.Library("fusion", "FRAGMENT")
+        lib.define("combo_cast(Tensor[] xs, ScalarType dtype) -> Tensor[]")
+        lib.impl("combo_cast", combo_cast, "CompositeExplicitAutograd")
+        torch.library.register_fake(NAME, combo_cast_fake, lib=lib)
+        _define.lib = lib  # the registration lives as long as the Library object
+    return torch.ops.fusion.combo_cast.default
+
+
+COMBO_CAST = _define()  # fusion::combo_cast(Tensor[] xs, ScalarType dtype) -> Tensor[] (pass combo_casts' node)
