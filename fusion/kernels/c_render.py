@@ -42,7 +42,11 @@ SUM_BLOCK = 64  # elements down a column a sum folds one by one; the blocks' sum
 ROW_SUM_BLOCK = 256  # elements of a row a sum folds in SIMD lanes (16 a lane with AVX-512): fewer lane reductions
 TILE = 256  # kept elements along the contiguous dim a column walk reduces together (a row of partial sums)
 TILE_VAR = "cj"  # a column walk's position inside its tile
-PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread (forking costs more than it saves)
+# Elements below which a kernel runs on one thread (forking costs more than it saves). A kernel that small gets no
+# parallel region at all, rather than one whose if() is false: gcc outlines a parallel loop into a function of its
+# own even so, which doubled the compile of a small kernel (-O3, gcc 12: 80 against 41 ms), and the call still
+# entered libgomp.
+PARALLEL_MIN = 32768
 # float32 ops whose libm calls have vector versions (c_prelude.VECTOR_LIBM_DECLARATIONS)
 VECTOR_LIBM_OPS = ("sin", "cos")
 
@@ -211,7 +215,8 @@ class _Writer:
         loops, depth = list(k.loops), 1
         if k.kind == "pointwise" and len(loops) == 1:  # one loop: blocks of BLOCK elements shared by the threads
             (lp,) = loops
-            self.emit(f"#pragma omp parallel for {omp}", 1)
+            if work >= PARALLEL_MIN:
+                self.emit(f"#pragma omp parallel for {omp}", 1)
             self.emit(f"for (int64_t {lp.var}_o = 0; {lp.var}_o < {lp.size}; {lp.var}_o += {BLOCK}) {{", 1)
             self.emit(
                 f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2
@@ -222,7 +227,7 @@ class _Writer:
         else:
             shared = loops[:-1] if k.kind == "pointwise" else loops  # a pointwise kernel's innermost loop: SIMD
             body = self.prologue(list(k.body), loops) if k.kind == "pointwise" else list(k.body)
-            if shared:
+            if shared and work >= PARALLEL_MIN:
                 collapse = f" collapse({len(shared)})" if len(shared) > 1 else ""
                 self.emit(f"#pragma omp parallel for{collapse} {omp}", 1)
             hoisted = []
@@ -346,8 +351,9 @@ class _Columns(_Writer):
         self.emit(f"{c}_w = (({size}LL + {c}_t - 1) / {c}_t + 7) / 8 * 8;", 2)
         self.emit(f"{c}_w = {c}_w < 8 ? 8 : {c}_w > {TILE} ? {TILE} : {c}_w;", 2)
         self.emit("}", 1)
-        self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "
-                  f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}", 1)  # fmt: skip
+        if work >= PARALLEL_MIN:
+            self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "
+                      f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}", 1)  # fmt: skip
         for lp in outer:
             self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
         self.emit(f"for (int64_t {c}_o = 0; {c}_o < {last.size}; {c}_o += {c}_w) {{", 1)

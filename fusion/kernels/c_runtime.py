@@ -300,7 +300,8 @@ def function(lib: ctypes.CDLL, name: str) -> ctypes._CFuncPtr:
 def run_compiler(c_file: Path, out: Path, what: str) -> float:
     """Compile ``c_file`` into the shared library ``out`` (seconds taken); RuntimeError with the compiler's message.
     Counted in ``STATS`` (wall seconds, and the CPU seconds of the compiler and its passes where ``os.wait4`` reports
-    them); with ``$FUSION_C_COMPILE_LOG`` set, a line ``pid wall_s cpu_s what`` appended to that file."""
+    them); with ``$FUSION_C_COMPILE_LOG`` set, a line ``pid wall_s cpu_s what test`` appended to that file (the
+    test: pytest's current one, else -)."""
     cc, flags, _ = compiler()
     start = time.perf_counter()
     code, stderr, cpu = _run([cc, *flags, str(c_file), "-o", str(out), *libraries(flags)], timeout=300)
@@ -311,7 +312,9 @@ def run_compiler(c_file: Path, out: Path, what: str) -> float:
         STATS["compile_cpu_s"] += cpu
     if log := os.environ.get("FUSION_C_COMPILE_LOG"):
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {seconds:.3f} {cpu:.3f} {what}\n")
+            f.write(
+                f"{os.getpid()} {seconds:.3f} {cpu:.3f} {what} {os.environ.get('PYTEST_CURRENT_TEST', '-').split()[0]}\n"
+            )
     if code != 0:
         raise RuntimeError(f"{cc} failed on {c_file} ({what}):\n{stderr[-4000:]}")
     return seconds

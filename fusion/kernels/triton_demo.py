@@ -34,6 +34,9 @@ def show_c(kernel: GeneratedKernel, ir) -> None:
     source = c_render.render(ir)
     print("\n...and rendered as C (what the backend compiles for CPU tensors; helpers above it left out):\n")
     print(source[source.index(f"void {kernel.name}(") :])
+    if "#pragma omp parallel" not in source:
+        print(f"(A kernel of {c_render.PARALLEL_MIN:,} elements or more shares its loop out over the threads with "
+              "`#pragma omp parallel for`; this one is smaller, so it has no parallel region: one thread.)\n")  # fmt: skip
     print("The Triton text above and this C come from one region: the IR, not the language, is the compiler.")
 
 
