@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import time
 import torch
 
 from fusion import backend  # noqa: F401  (registers backend="fusion")
+from fusion.bench.results import save_json
 from fusion.bench.suite import MODELS, SuiteConfig, _runner
 from fusion.benchmark import time_variants
 
@@ -58,6 +58,18 @@ def settings(sets: list[tuple[str, str, object]]):
             setattr(mod, attr, value)
 
 
+def warm_step(spec, cfg: SuiteConfig, which: str, sync) -> object:
+    """The suite's call or training step of ``spec`` under backend ``which`` (bfloat16 on a GPU, float32 on the CPU's
+    rehearsal), compiled and called three times."""
+    torch.manual_seed(0)
+    model, inputs = spec.build(cfg.sizes)
+    step = _runner(spec, model, inputs, cfg, which, torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+    for _ in range(3):
+        step()
+    sync()
+    return step
+
+
 def main(argv: list[str]) -> None:
     dry = "--dry-run" in argv
     name, *variants = [a for a in argv if not a.startswith("--")]
@@ -69,12 +81,7 @@ def main(argv: list[str]) -> None:
         label, which, sets = parse(variant)
         torch._dynamo.reset()
         with settings(sets):
-            torch.manual_seed(0)
-            model, inputs = spec.build(cfg.sizes)
-            calls[label] = _runner(spec, model, inputs, cfg, which, torch.float32 if dry else torch.bfloat16)
-            for _ in range(3):
-                calls[label]()
-            sync()
+            calls[label] = warm_step(spec, cfg, which, sync)
         meta[label] = {"backend": which, "settings": [f"{m}.{a}={v!r}" for m, a, v in sets]}
     timings = time_variants(calls, rounds=3 if dry else 15, min_run_time=0.05 if dry else 0.3, sync=sync)
     cpu = {}
@@ -95,10 +102,8 @@ def main(argv: list[str]) -> None:
                                   "cpu_s": cpu[label], "vs_first": timings[first].median_s / t.median_s}  # fmt: skip
         print(f"{name} {label:>12}: {t.median_s * 1e3:8.3f} ms  CPU {cpu[label] * 1e3:8.3f} ms  "
               f"{timings[first].median_s / t.median_s:.3f}x of {first}", flush=True)  # fmt: skip
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"ab_{name}.json"), "w") as f:
-            json.dump(row, f, indent=1)
+    if out := os.environ.get("OUT"):
+        save_json(os.path.join(out, f"ab_{name}.json"), row, device=cfg.device)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,11 @@ import sys
 import time
 
 import torch
+from gpu_ab import warm_step
 
 from fusion import backend  # noqa: F401  (registers backend="fusion")
 from fusion.aten.nodes import reinterpret
-from fusion.bench.suite import MODELS, SuiteConfig, _runner
+from fusion.bench.suite import MODELS, SuiteConfig
 from fusion.compiler import memory_plan
 from fusion.kernels import triton_runtime
 
@@ -52,12 +53,7 @@ def main(argv: list[str]) -> None:
             memory_plan.DEVICES = devices
             memory_plan.REUSE_MIN = 0 if label == "fusion_reuse" else plain_min
             try:
-                torch.manual_seed(0)
-                model, inputs = spec.build(cfg.sizes)
-                calls[label] = _runner(spec, model, inputs, cfg, which, torch.float32 if dry else torch.bfloat16)
-                for _ in range(3):
-                    calls[label]()
-                sync()
+                calls[label] = warm_step(spec, cfg, which, sync)
             finally:
                 memory_plan.DEVICES, memory_plan.REUSE_MIN = plain_devices, plain_min
             if which == "fusion":

@@ -26,6 +26,7 @@ import time
 import torch
 from suite_steps import fresh_steps, sync
 
+from fusion.bench.results import save_json
 from fusion.bench.suite import SuiteConfig
 
 WATCH = ("{built-in method torch.mm}", "{built-in method torch.bmm}", "{_launch_kernel}",
@@ -94,10 +95,8 @@ def main(argv: list[str]) -> None:
         point = {"when": f"both compiled, {label} again", "in_step": in_step(step, 3 if dry else 10)}
         row["points"].append(point)
         print(json.dumps(point, indent=1), flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, f"call_cost_{names[0]}.json"), "w") as f:
-            json.dump(row, f, indent=1)
+    if out := os.environ.get("OUT"):
+        save_json(os.path.join(out, f"call_cost_{names[0]}.json"), row, device=cfg.device)
 
 
 if __name__ == "__main__":
