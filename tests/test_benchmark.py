@@ -1067,3 +1067,43 @@ def test_gpu_suite_gives_each_model_process_cold_caches_of_its_own(tmp_path, mon
         dirs = [env.get(var) for env in envs]
         assert all(dirs) and len(set(dirs)) == 2 and str(tmp_path / "warm") not in dirs, (var, dirs)
         assert not any(os.path.exists(d) and os.listdir(d) for d in dirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The GPU scripts rehearsed on the CPU: scripts/gpu_run.sh (every step it takes on the lent GPU, at tiny sizes) and
+# scripts/gpu_suite.py (tiny shapes, one process per model). Here, in a file of many tests, rather than in files of
+# one test each: pytest-xdist's --dist loadfile hands out files with the fewest tests last, and queues the next file
+# on a worker while its current one still runs, so two such files ended the test step one after the other on one
+# worker (20 and 25 s) while the other worker idled (2026-11-28: the workers ended 25 s apart).
+
+
+@pytest.mark.skipif(os.name != "posix", reason="bash script")
+def test_gpu_run_script_dry_run(tmp_path):
+    env = dict(os.environ, GPU_RUN_DRY="1", GPU_RUN_GROUPS="core", OUT=str(tmp_path), PYTHON=sys.executable)
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu_run.sh")], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "bench_core.json").read_text())
+    assert r["complete"] and r["meta"]["sizes"] == "tiny" and r["errors"] == []
+    assert "=== summary" in proc.stdout and "exit codes: core=0" in proc.stdout
+
+
+def test_gpu_suite_script_dry_run(tmp_path):
+    """scripts/gpu_suite.py on CPU (tiny shapes): a row per model, a model that fails costs only its own row."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_suite.py"), "--dry-run", "--models", "gpt2,nosuch"]
+        + ["--backends", "eager", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "suite.json").read_text())
+    rows = {row["model"]: row for row in r["models"]}
+    if "TODO(human)" in rows["gpt2"]["reason"]:  # a practice workspace: the phase it waits for, named by its TODO
+        raise NotImplementedError(rows["gpt2"]["reason"][rows["gpt2"]["reason"].index("TODO(human)") :])
+    assert rows["gpt2"]["status"] in ("ok", "skipped") and rows["nosuch"]["status"] == "crashed"
+    assert "unknown model" in rows["nosuch"]["reason"] and "summary:" in proc.stdout
