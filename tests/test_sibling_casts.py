@@ -77,6 +77,33 @@ def test_nothing_moves_past_a_write_or_before_a_reader_of_the_gemm():
         assert [n.name for n in gm.graph.nodes] == before
 
 
+def test_a_cast_already_beside_its_sibling_is_tied_to_it_by_an_alias():
+    """Standing next to each other is not enough: Phase 6 joins a producer with its consumer, and two readers of a
+    graph input share no edge. The pass gives them one (an alias both read), so the two share a kernel."""
+
+    def f(p, w):
+        c = p.to(torch.float64)
+        s = p * 2.0
+        return c @ w, s
+
+    p, w = torch.randn(5, 3), torch.randn(3, 4, dtype=torch.float64)
+    gm = make_fx(f, tracing_mode="fake")(p, w)
+    assert len(graph_passes.join_sibling_casts(gm.graph)) == 1
+    gm.graph.lint()
+    gm.recompile()
+    torch.testing.assert_close(gm(p, w), f(p, w), rtol=0, atol=0)
+    calls = {}
+    for on in (False, True):
+        backend.reset()
+        torch._dynamo.reset()
+        got = torch.compile(f, backend="fusion", options={"sibling_casts": on})(p, w)
+        torch.testing.assert_close(got, f(p, w), rtol=0, atol=0)
+        (part,) = [q for r in backend.reports for q in r.parts]
+        calls[on] = part.library_calls.get("convert_element_type", 0)
+    torch._dynamo.reset()
+    assert calls == {False: 1, True: 0}, calls
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 1, 1, 1), (3, 2, 7, 1)])
 def test_compiled_the_cast_is_stored_by_the_siblings_kernel_with_eagers_values(shape):
     """Through the backend: one library call fewer (the lone cast), no kernel more, the same values."""

@@ -172,13 +172,14 @@ def join_sibling_casts(graph: fx.Graph) -> list[tuple[str, str]]:
     The case: T5's attention probabilities, saved in float32 by the forward; the backward casts them to bfloat16 for
     the batched GEMM of the values' gradient, and reads them in float32 in the softmax's backward. Inductor's
     scheduler fuses the two because they share a read; ours fuses runs of consecutive ops, so the cast has to stand
-    in the run. Only a cast of a graph input or of a library call's output (no kernel computes its input, so it
+    in the run (and, standing there, share an edge: both read one alias of the tensor). Only a cast of a graph input
+    or of a library call's output (no kernel computes its input, so it
     could join no producer); only where nothing between the cast and the run's end writes a tensor, and where every
     moved reader's own readers come after the run. Returns the (cast, sibling) names moved."""
     joined = []
     order = {n: i for i, n in enumerate(graph.nodes)}
     for node in list(graph.nodes):
-        if not _is_cast(node):
+        if not _is_cast(node) or SIBLING in node.meta:
             continue
         base, in_views = _view_root(node.args[0]) if isinstance(node.args[0], fx.Node) else (None, [])
         if base is None or not (base.op == "placeholder" or cuts_run(base)) or any(len(v.users) > 1 for v in in_views):
@@ -187,7 +188,6 @@ def join_sibling_casts(graph: fx.Graph) -> list[tuple[str, str]]:
         if not readers or not all(cuts_run(r) and not writes_state(r) for r in readers):
             continue
         val = node.meta.get("val")
-        first_reader = min(order[r] for r in readers)
         sibling = None
         for cur in sorted(_readers_through_views(base)[1], key=order.__getitem__):  # the base's readers, in order
             rv = cur.meta.get("val")
@@ -199,8 +199,8 @@ def join_sibling_casts(graph: fx.Graph) -> list[tuple[str, str]]:
             ):  # fmt: skip
                 sibling = cur
                 break
-        if sibling is None or (node.next is sibling and order[sibling] < first_reader):
-            continue  # none, or the cast stands just before its sibling already
+        if sibling is None:
+            continue
         end = sibling.next  # where the sibling's run of fusible ops ends
         while end.op != "output" and not cuts_run(end) and not writes_state(end):
             end = end.next
@@ -227,12 +227,12 @@ def join_sibling_casts(graph: fx.Graph) -> list[tuple[str, str]]:
             sibling.prepend(v)
         for n in moved:  # the cast's views and readers, in their order, where the run ends
             end.prepend(n)
-        readers = (in_views[0] if in_views else node, _reads_from(sibling, base))
+        heads = (in_views[0] if in_views else node, _reads_from(sibling, base))  # the two nodes that read base
         order = {n: i for i, n in enumerate(graph.nodes)}
-        with graph.inserting_before(min(readers, key=order.__getitem__)):
+        with graph.inserting_before(min(heads, key=order.__getitem__)):
             alias = call_with_meta(graph, aten.alias.default, (base,))
-        for reader in readers:
-            reader.replace_input_with(base, alias)
+        for head in heads:
+            head.replace_input_with(base, alias)
         node.meta[SIBLING] = sibling.name
         joined.append((node.name, sibling.name))
         order = {n: i for i, n in enumerate(graph.nodes)}
