@@ -173,9 +173,9 @@ def join_sibling_casts(graph: fx.Graph) -> list[tuple[str, str]]:
     the batched GEMM of the values' gradient, and reads them in float32 in the softmax's backward. Inductor's
     scheduler fuses the two because they share a read; ours fuses runs of consecutive ops, so the cast has to stand
     in the run (and, standing there, share an edge: both read one alias of the tensor). Only a cast of a graph input
-    or of a library call's output (no kernel computes its input, so it
-    could join no producer); only where nothing between the cast and the run's end writes a tensor, and where every
-    moved reader's own readers come after the run. Returns the (cast, sibling) names moved."""
+    or of a library call's output (no kernel computes its input, so it could join no producer); only where nothing
+    between the cast and the run's end writes a tensor, and where every moved reader's own readers come after the
+    run. Returns the (cast, sibling) names moved."""
     joined = []
     order = {n: i for i, n in enumerate(graph.nodes)}
     for node in list(graph.nodes):
