@@ -209,14 +209,20 @@ class _Writer:
             self.emit(f"const {ctype} *restrict {s.out}_a = {s.out}_s;", 1)
         return rest
 
+    def parallel_for(self, loops: int, work: int) -> None:
+        """The OpenMP pragma sharing the next ``loops`` loops (collapsed) over the threads, for a kernel of ``work``
+        elements; none below :data:`PARALLEL_MIN` (that kernel runs on one thread)."""
+        if work >= PARALLEL_MIN:
+            collapse = f" collapse({loops})" if loops > 1 else ""
+            self.emit(f"#pragma omp parallel for{collapse} num_threads(nthreads) if(nthreads > 1) schedule(static)"
+                      f"{self.bad}", 1)  # fmt: skip
+
     def source(self) -> str:
         k, work = self.k, self.signature()
-        omp = f"num_threads(nthreads) if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}"
         loops, depth = list(k.loops), 1
         if k.kind == "pointwise" and len(loops) == 1:  # one loop: blocks of BLOCK elements shared by the threads
             (lp,) = loops
-            if work >= PARALLEL_MIN:
-                self.emit(f"#pragma omp parallel for {omp}", 1)
+            self.parallel_for(1, work)
             self.emit(f"for (int64_t {lp.var}_o = 0; {lp.var}_o < {lp.size}; {lp.var}_o += {BLOCK}) {{", 1)
             self.emit(
                 f"const int64_t {lp.var}_e = {lp.var}_o + {BLOCK} < {lp.size} ? {lp.var}_o + {BLOCK} : {lp.size};", 2
@@ -227,9 +233,8 @@ class _Writer:
         else:
             shared = loops[:-1] if k.kind == "pointwise" else loops  # a pointwise kernel's innermost loop: SIMD
             body = self.prologue(list(k.body), loops) if k.kind == "pointwise" else list(k.body)
-            if shared and work >= PARALLEL_MIN:
-                collapse = f" collapse({len(shared)})" if len(shared) > 1 else ""
-                self.emit(f"#pragma omp parallel for{collapse} {omp}", 1)
+            if shared:
+                self.parallel_for(len(shared), work)
             hoisted = []
             if k.kind == "pointwise" and shared and loops[-1].size > 0:  # once per step of the shared loops
                 hoisted, body = invariant(body, {loops[-1].var})
@@ -351,9 +356,7 @@ class _Columns(_Writer):
         self.emit(f"{c}_w = (({size}LL + {c}_t - 1) / {c}_t + 7) / 8 * 8;", 2)
         self.emit(f"{c}_w = {c}_w < 8 ? 8 : {c}_w > {TILE} ? {TILE} : {c}_w;", 2)
         self.emit("}", 1)
-        if work >= PARALLEL_MIN:
-            self.emit(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nthreads) "
-                      f"if(nthreads > 1 && {work}LL >= {PARALLEL_MIN}LL) schedule(static){self.bad}", 1)  # fmt: skip
+        self.parallel_for(len(outer) + 1, work)
         for lp in outer:
             self.emit(f"for (int64_t {lp.var} = 0; {lp.var} < {lp.size}; {lp.var}++)", 1)
         self.emit(f"for (int64_t {c}_o = 0; {c}_o < {last.size}; {c}_o += {c}_w) {{", 1)
