@@ -1,5 +1,5 @@
-"""Pass ``sibling_casts`` (``fusion.compiler.graph_passes.join_sibling_casts``): a dtype cast that only GEMMs read
-moves beside a pointwise op that reads the same tensor, and joins that op's kernel.
+"""Pass ``sibling_casts`` (``fusion.compiler.sibling_casts``): a dtype cast that only GEMMs read moves beside a
+pointwise op that reads the same tensor, and joins that op's kernel.
 
 T5's attention backward casts the saved float32 probabilities to bfloat16 for the values' gradient (a batched GEMM)
 and reads them in float32 in the softmax's backward. Alone, the cast was a library call reading the whole tensor
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fusion import backend
-from fusion.compiler import graph_passes
+from fusion.compiler import sibling_casts
 
 pytestmark = pytest.mark.phase9
 
@@ -44,14 +44,14 @@ def _inputs(shape=(2, 3, 5, 5), d=4):
 
 def test_the_cast_moves_beside_its_sibling_and_its_gemm_after_the_run():
     gm = make_fx(attention_backward, tracing_mode="fake")(*_inputs())
-    joined = graph_passes.join_sibling_casts(gm.graph)
+    joined = sibling_casts.join_sibling_casts(gm.graph)
     gm.graph.lint()
     gm.recompile()
     assert len(joined) == 1
     nodes = list(gm.graph.nodes)
     cast = next(n for n in nodes if n.name == joined[0][0])
     sibling = next(n for n in nodes if n.name == joined[0][1])
-    assert sibling.target is aten.mul.Tensor and cast.meta[graph_passes.SIBLING] == sibling.name
+    assert sibling.target is aten.mul.Tensor and cast.meta[sibling_casts.SIBLING] == sibling.name
     # the cast stands just before its sibling (through the views it reads), both read one alias of p
     alias = next(n for n in nodes if n.target is aten.alias.default)
     assert alias in sibling.all_input_nodes and cast.args[0] is alias
@@ -75,7 +75,7 @@ def test_nothing_moves_past_a_write_or_before_a_reader_of_the_gemm():
     for fn, args in ((written, (*_inputs(), torch.zeros(3))), (read_early, _inputs((2, 3, 4, 4), 4))):
         gm = make_fx(fn, tracing_mode="fake")(*args)
         before = [n.name for n in gm.graph.nodes]
-        assert graph_passes.join_sibling_casts(gm.graph) == [], fn.__name__
+        assert sibling_casts.join_sibling_casts(gm.graph) == [], fn.__name__
         assert [n.name for n in gm.graph.nodes] == before
 
 
@@ -90,7 +90,7 @@ def test_a_cast_already_beside_its_sibling_is_tied_to_it_by_an_alias():
 
     p, w = torch.randn(5, 3), torch.randn(3, 4, dtype=torch.float64)
     gm = make_fx(f, tracing_mode="fake")(p, w)
-    assert len(graph_passes.join_sibling_casts(gm.graph)) == 1
+    assert len(sibling_casts.join_sibling_casts(gm.graph)) == 1
     gm.graph.lint()
     gm.recompile()
     torch.testing.assert_close(gm(p, w), f(p, w), rtol=0, atol=0)

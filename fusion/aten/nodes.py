@@ -90,6 +90,18 @@ def view_root(node: fx.Node) -> fx.Node:
     return node
 
 
+def dtype_cast(node: fx.Node) -> tuple[object, torch.dtype] | None:
+    """(input, dtype) of a node that casts and does nothing else: ``prims.convert_element_type(x, dtype)`` or
+    ``aten._to_copy(x, dtype=dtype)`` (no layout, device or memory format of its own); else None."""
+    if node.op != "call_function":
+        return None
+    if node.target is torch.ops.prims.convert_element_type.default and len(node.args) == 2 and not node.kwargs:
+        return node.args[0], node.args[1]
+    if node.target is torch.ops.aten._to_copy.default and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
+        return node.args[0], node.kwargs["dtype"]
+    return None
+
+
 def strided_view(node: fx.Node, base: fx.Node) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     """``node``, a view of ``base``, as (size, stride, storage-offset step from base): at run time one
     ``as_strided`` of the base rebuilds it (Inductor's ``reinterpret_tensor``), not the chain of view ops, each a

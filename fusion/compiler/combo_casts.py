@@ -52,15 +52,15 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_dense, is_view_node, same_layout
-from fusion.compiler.graph_passes import SIBLING
+from fusion.aten.nodes import dtype_cast, is_dense, is_view_node, same_layout
 from fusion.compiler.passes import Pass, noted
+from fusion.compiler.sibling_casts import SIBLING
 from fusion.fxutils.finish import relint
 from fusion.kernels import combo
 from fusion.kernels.combo import COMBO_CAST, NAME  # noqa: F401  (the op, defined with its kernel; NAME: its name)
 from fusion.kernels.cudnn import cudnn_conv_bias_add_relu, cudnn_conv_bias_relu
 
-aten, prims = torch.ops.aten, torch.ops.prims
+aten = torch.ops.aten
 
 ON_CPU = False  # the gate: graphs on CUDA devices only; tests set it to rewrite CPU graphs
 GRADIENTS = True  # backward graphs: the gradients' casts that are graph outputs too (module docstring)
@@ -95,14 +95,10 @@ def cast_of(node: fx.Node) -> tuple[fx.Node, torch.dtype] | None:
     """(input, target dtype) of a cast the combo kernel can do, else None: ``convert_element_type`` or a
     ``_to_copy`` that changes only the dtype, floating to floating, of a dense input, its output laid out as its
     input, static shapes."""
-    if node.op != "call_function" or SIBLING in node.meta:  # moved into a kernel that reads its input anyway
+    cast = dtype_cast(node)
+    if cast is None or SIBLING in node.meta:  # (moved into a kernel that reads its input anyway)
         return None
-    if node.target is prims.convert_element_type.default and len(node.args) == 2 and not node.kwargs:
-        x, dtype = node.args
-    elif node.target is aten._to_copy.default and len(node.args) == 1 and set(node.kwargs) == {"dtype"}:
-        x, dtype = node.args[0], node.kwargs["dtype"]
-    else:
-        return None
+    x, dtype = cast
     xv, val = (x.meta.get("val") if isinstance(x, fx.Node) else None), node.meta.get("val")
     if not isinstance(xv, torch.Tensor) or not isinstance(val, torch.Tensor):
         return None

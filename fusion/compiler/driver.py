@@ -34,6 +34,7 @@ from fusion.compiler import (
     random_ops,
     registry,
     scatter_passes,
+    sibling_casts,
     split_reductions,
     view_copies,
     wrapper_passes,
@@ -137,8 +138,7 @@ PASSES = [
     passes.Pass("reorder", noted(graph_passes.reorder_for_locality), doc="each op just before its first user: runs meet"),
     passes.Pass("raise_reductions", noted(graph_passes.reductions_to_their_inputs),
                 doc="a reduction just after the op computing its input (a bias gradient past its GEMMs)"),
-    passes.Pass("sibling_casts", noted(graph_passes.casts_to_their_siblings),
-                doc="a cast only GEMMs read: beside a pointwise op reading the same input, in its kernel"),
+    sibling_casts.SIBLING_CASTS,  # after "reorder" and "raise_reductions", which place what it moves beside
     passes.Pass("epilogue", cudnn_epilogue, kinds=("inference",), doc="conv+bias(+add)+ReLU in cuDNN (CUDA)"),
     passes.Pass("conv_bias", noted(epilogue.split_conv_bias), kinds=("inference",),
                 doc="a conv's bias as a pointwise add the next region takes", requires=("codegen",)),
