@@ -1,10 +1,24 @@
 import gc
 import os
+import sys
 
-import pytest
-from hypothesis import HealthCheck, settings
+# Threads. pyproject runs the suite in two pytest-xdist workers. torch's default is a thread per core in each, so on a
+# machine with as many cores as workers (CI's 2) four busy threads share two cores, and torch's and the C kernels'
+# OpenMP threads spin waiting for each other: measured there, the suite took 190 s (274 s of CPU in the workers) with
+# the default and 165 s (226 s) with one thread each. A worker gets its share of the cores (at least one), before
+# torch is imported; the subprocesses the tests start inherit it. OMP_NUM_THREADS set by the caller wins. That the C
+# kernels give the same values on any number of threads is a test of its own (test_c_renderer.py), which sets them.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _workers and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _workers))
+    if "torch" in sys.modules:  # a plugin imported it first: torch read the variable then
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-from fusion import practice
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from fusion import practice  # noqa: E402
 
 # Hypothesis draws shapes for every equivalence test. "dev" is the default; CI=true selects "ci" (fewer examples,
 # 2 cores, the same ones every run); HYPOTHESIS_PROFILE=thorough for a long local soak,

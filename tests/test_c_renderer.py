@@ -511,6 +511,46 @@ def test_a_column_walk_shares_few_columns_over_the_threads_with_the_same_values(
     close(outs[0], fn(x))
 
 
+_THREADED = {  # each above PARALLEL_MIN's work, so that its loops are split over the threads
+    "pointwise": (lambda a: (a * 2 + 1).relu(), lambda: (special(torch.randn(300, 257)),)),
+    "transposed copy": (lambda a: (a * 2).t().contiguous(), lambda: (special(torch.randn(300, 257)),)),
+    "rows": (lambda a: torch.softmax(a * 2, -1), lambda: (special(torch.randn(401, 257)),)),
+    "middle dim": (lambda a: (a * 2).sum(1), lambda: (special(torch.randn(41, 300, 33, dtype=torch.float64)),)),
+    "gather": (lambda w, i: F.embedding(i, w) * 2, lambda: (torch.randn(1000, 64), torch.randint(0, 1000, (41, 50)))),
+    "window": (lambda a: F.max_pool2d(a * 2, 3, 1, 1), lambda: (special(torch.randn(2, 16, 41, 40)),)),
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", list(_THREADED))
+def test_each_kind_of_kernel_gives_the_same_bits_on_one_two_and_three_threads(kind, monkeypatch):
+    """The test suite's workers run on one thread each where the cores are few (tests/conftest.py): the OpenMP split
+    of each kind of loop is checked here, through the backend on the threads it sets (1-3: an odd count leaves a
+    remainder), the same bits for each, eager's values within rounding, NaN and inf included."""
+    from fusion import backend
+    from fusion.compiler import lower_windows
+
+    monkeypatch.setattr(lower_windows, "POOLS_IN_C", True)  # a max-pool in C (aten's on a CPU by default)
+    fn, make = _THREADED[kind]
+    inputs = make()
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            backend.reset()
+            outs.append(torch.compile(fn, backend="fusion", options={"renderer": "c"})(*inputs))
+            (report,) = backend.reports
+            part = report.part("inference")
+            ran = part.renderers()
+            assert ran and set(ran.values()) == {"c"} and not part.library_calls, report.table()
+    finally:
+        torch.set_num_threads(threads)
+        backend.reset()
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], rtol=0, atol=0, equal_nan=True)
+    close(outs[0], fn(*inputs))
+
+
 @needs_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_transposed_copy_of_rows_is_stored_by_the_row_kernel(dtype):

@@ -26,6 +26,10 @@ from fusion.kernels import triton_runtime as rt
 
 aten, prims = torch.ops.aten, torch.ops.prims
 needs_triton = pytest.mark.skipif(not rt.triton_status()[0], reason="Triton is not installed")
+# A pass of the backend's pipeline and its kernel: Phase 9's tests, as the other passes' are. The pass and the kernel
+# read no learner's region (in a practice workspace those tests pass from the start); the training steps through the
+# backend do.
+pytestmark = pytest.mark.phase9
 
 
 def _special(n: int, seed: int = 0) -> torch.Tensor:
@@ -61,7 +65,6 @@ SIZES = [0, 1, 7, 1023, 1024, 1025, 3001]
 
 
 @needs_triton
-@pytest.mark.tooling
 @pytest.mark.usefixtures("triton_renderer")
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the interpreter's numpy: to inf
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -77,7 +80,6 @@ def test_kernel_casts_bit_equal_to_eager(dtype):
 
 
 @needs_triton
-@pytest.mark.tooling
 @pytest.mark.usefixtures("triton_renderer")
 def test_one_kernel_for_a_hundred_tensors_and_back_to_float32():
     xs = [_special(1 + 37 * i % 301, seed=i) for i in range(100)]
@@ -93,7 +95,6 @@ def test_one_kernel_for_a_hundred_tensors_and_back_to_float32():
         _bit_equal(b, o.to(torch.float32))
 
 
-@pytest.mark.tooling
 def test_cpu_loop_and_the_op_agree_with_eager_and_fake_tensors():
     """Without Triton's interpreter the CPU implementation is a loop of aten copies; the op's fake implementation
     gives the same shapes and strides (FakeTensor, opcheck)."""
@@ -113,7 +114,6 @@ def test_cpu_loop_and_the_op_agree_with_eager_and_fake_tensors():
         torch.library.opcheck(cc.COMBO_CAST, args, test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.tooling
 def test_kernel_source_refuses_what_it_cannot_cast():
     with pytest.raises(ValueError, match="cast those with aten"):
         combo.kernel_source([4], [torch.int32], torch.float32)
@@ -163,7 +163,6 @@ def _casts(gm) -> list:
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is prims.convert_element_type.default]
 
 
-@pytest.mark.tooling
 def test_pass_groups_weight_casts_and_gradient_casts_and_nothing_else():
     torch.manual_seed(0)
     model, x = Linears(), torch.randn(3, 8)
@@ -190,7 +189,6 @@ def test_pass_groups_weight_casts_and_gradient_casts_and_nothing_else():
     assert [n[2] for n in notes] == ["one kernel", "one kernel"] and "in one kernel" in notes[0][3]
 
 
-@pytest.mark.tooling
 def test_a_large_group_is_cut_into_several_combo_nodes(monkeypatch):
     torch.manual_seed(0)
     model, x = Linears(), torch.randn(3, 8)
@@ -205,7 +203,6 @@ def test_a_large_group_is_cut_into_several_combo_nodes(monkeypatch):
         assert torch.equal(got, w)
 
 
-@pytest.mark.tooling
 def test_a_weight_the_graph_writes_keeps_its_cast_where_it_is(monkeypatch):
     """A graph input written in place (pass ``reinplace``'s BatchNorm statistics, a compiled optimizer step) is not
     cast at the top: moved across the write, the cast would read the other value."""
@@ -233,7 +230,6 @@ def test_a_weight_the_graph_writes_keeps_its_cast_where_it_is(monkeypatch):
     assert [a.name for a in combo_node.args[0]] == ["w1", "w3"] and [c.args[0].name for c in _casts(gm)] == ["w2"]
 
 
-@pytest.mark.tooling
 def test_a_combo_call_keeps_its_first_plan_and_casts_every_calls_values():
     """What a compiled graph calls for a combo node: the plan is worked out once; each call casts its own values
     (a training step's next weights: same shapes and strides, new values), laid out as eager's cast lays them."""
@@ -283,7 +279,6 @@ def _calls(reports, op: str) -> int:
 
 
 @needs_triton
-@pytest.mark.phase9
 def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(monkeypatch):
     from fusion import backend
 
@@ -330,7 +325,6 @@ def test_bert_training_step_under_autocast_equals_eager_with_fewer_cast_calls(mo
 
 
 @needs_triton
-@pytest.mark.phase9
 def test_conv_net_training_step_groups_conv_weights_and_their_gradients(monkeypatch):
     """Convolutions too: the weights' casts before ``convolution``, the gradients ``convolution_backward`` gives
     cast back to float32, each group one call; the same gradients as without the pass."""
@@ -361,7 +355,6 @@ def test_conv_net_training_step_groups_conv_weights_and_their_gradients(monkeypa
 
 
 @needs_triton
-@pytest.mark.tooling
 def test_kernel_compiles_for_an_h100_without_one():
     """The source Triton compiles for CUDA (the GPU path, which no CPU test runs): to PTX for sm_90 with the
     pointers 16-byte aligned, each cast one round-to-nearest-even conversion."""
@@ -391,7 +384,6 @@ def test_kernel_compiles_for_an_h100_without_one():
     assert "cvt.rn.bf16" in ptx and "cvt.rz" not in ptx
 
 
-@pytest.mark.phase9
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_bias_gradients_cast_joins_the_group_on_a_gpu_only(device):
     """A bias gradient (a sum over the batch) cast back to float32 and returned: on a GPU aten runs that lone sum, so
