@@ -124,7 +124,7 @@ class Lowering(Reductions):
             value = bool(value)
         else:
             value = int(value)
-        key = ("const", type(value), value, dtype)
+        key = ("const", type(value), repr(value), dtype)  # repr: -0.0 == 0.0 in Python, but x / -0.0 is -inf
         if key not in self.scopes[0]:
             out = self.new()
             self.top.insert(0, ir.Const(out, value, dtype_name(dtype)))  # a constant is defined before everything
