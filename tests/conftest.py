@@ -10,6 +10,7 @@ import sys
 # kernels give the same values on any number of threads is a test of its own (test_c_renderer.py), which sets them.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 if _workers and "OMP_NUM_THREADS" not in os.environ:
+    # fusion.kernels.c_runtime.cores(), written out: importing that module would import torch before the variable
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _workers))
     if "torch" in sys.modules:  # a plugin imported it first: torch read the variable then
