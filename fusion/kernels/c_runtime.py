@@ -155,13 +155,14 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
         # aligned store it wrote them with: the kernel crashed (SIGSEGV in the masked sum of a relative-position bias
         # gradient, tests/test_scatter_passes.py; the same source crashes as a standalone program). Without the red
         # zone the frame is allocated, aligned; it costs one stack adjustment a call.
-        if platform.machine().lower() in ("x86_64", "amd64") and works(["-mno-red-zone"]):
+        x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+        if x86_64 and works(["-mno-red-zone"]):
             flags.append("-mno-red-zone")
         if works(["-fopenmp"]):
             flags.append("-fopenmp")
         elif works(["-fopenmp-simd"]):  # no OpenMP runtime (macOS without libomp): serial, SIMD pragmas still read
             flags.append("-fopenmp-simd")
-        if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
+        if sys.platform.startswith("linux") and x86_64:
             from fusion.kernels.c_prelude import VECTOR_LIBM_DECLARATIONS
 
             if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + VECTOR_PROBE, load=True):
