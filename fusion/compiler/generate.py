@@ -28,6 +28,7 @@ from fusion.aten.capture import aten_inputs, capture_aten
 from fusion.aten.nodes import unique_regions
 from fusion.compiler import registry
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
+from fusion.compiler.copy_kernels import lone_copy_regions
 from fusion.compiler.lower_reductions import REDUCTIONS
 from fusion.compiler.lower_windows import c_refusal
 from fusion.compiler.lowering import Lowering
@@ -89,7 +90,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     the rest stays aten calls. Called like ``gm``; has ``.kernels``, ``.report``, ``.num_kernels``,
     ``.library_calls``. A region with an op no rule takes is cut there (an aten call, its reason in the report)."""
     ensure_meta(gm, example_inputs)
-    work = Worklist(gm, unique_regions(registry.get("build_fusion_regions")(gm)))  # Phase 6's regions, built once
+    regions = unique_regions(registry.get("build_fusion_regions")(gm))  # Phase 6's regions, built once
+    work = Worklist(gm, [*regions, *lone_copy_regions(gm, regions)])  # and pass copy_kernels' lone copies
     for region in work:
         try:
             work.done(generate_kernel(region))
