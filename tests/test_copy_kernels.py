@@ -102,7 +102,13 @@ def test_without_the_pass_or_on_a_cpu_graph_the_copies_stay_aten():
 def test_a_dense_copy_stays_a_copy_and_the_refusals_say_why(monkeypatch):
     monkeypatch.setattr(copy_kernels, "ON_CPU", True)
     gm = torch.fx.experimental.proxy_tensor.make_fx(
-        lambda x: (x.clone() @ x, x.t().clone(), x.t().contiguous() @ x, x[:0].t().clone(memory_format=torch.contiguous_format)), tracing_mode="fake"
+        lambda x: (
+            x.clone() @ x,
+            x.t().clone(),
+            x.t().contiguous() @ x,
+            x[:0].t().clone(memory_format=torch.contiguous_format),
+        ),
+        tracing_mode="fake",
     )(torch.randn(3, 3))
     why = {n.name: copy_kernels.copy_refusal(n) for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default}
     assert list(why.values()) == [
@@ -146,3 +152,23 @@ def test_a_training_step_through_the_copies_keeps_eagers_gradients(monkeypatch):
     torch.testing.assert_close(x.grad, xr.grad)
     calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())
     assert calls["clone"] == 0, calls
+
+
+def test_a_copy_s_kernel_takes_no_view_from_before_a_write(monkeypatch):
+    """The kernel's call sits at its first member: a view made before an in-place write and copied after it stays
+    outside the kernel (the kernel reads it where the copy was, after the write, as eager's copy does)."""
+    monkeypatch.setattr(copy_kernels, "ON_CPU", True)
+
+    def f(x, buf):
+        early = buf.t()
+        buf.add_(1.0)  # a write between the view and its copy
+        late = x.t()
+        return early.contiguous() @ x, late.contiguous() @ x
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(3, 3), torch.randn(3, 3))
+    copy_kernels.mark_copy_kernels(gm, lambda *a: None)
+    regions = copy_kernels.lone_copy_regions(gm, [])
+    assert [[n.target for n in r.nodes] for r in regions] == [
+        [torch.ops.aten.clone.default],  # early's: its view comes before the write
+        [torch.ops.aten.t.default, torch.ops.aten.clone.default],
+    ], regions

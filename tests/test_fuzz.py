@@ -168,6 +168,9 @@ def _views(v: torch.Tensor) -> dict:
     if v.dim() >= 2:
         out |= {"t": lambda x: x.transpose(-1, -2), "from1": lambda x: x[1:], "permute": lambda x: x.permute(-1, *range(x.dim() - 1))}  # fmt: skip
         out |= {"step_then_slice": lambda x: x[:, ::2][:, 1::2]}
+        # layout copies (not views: a clone into a new layout; exact), alone they are pass copy_kernels' kernels
+        out["t_copy"] = lambda x: x.transpose(-1, -2).clone(memory_format=torch.contiguous_format)
+        out["permute_copy"] = lambda x: x.permute(-1, *range(x.dim() - 1)).contiguous()
         if v.numel() % 2 == 0 and v.numel():
             out["reshape2"] = lambda x: x.reshape(2, -1)
     return out
@@ -816,6 +819,25 @@ def test_fuzz_backend_gradients_equal_eager(case):
     program, inputs = case
     assume(all(t.dtype in (torch.float32, torch.float64) for t in inputs))
     check_backend(program, inputs, grads=True)
+
+
+@pytest.mark.phase9
+@fuzz_settings(ci_examples=4)
+@given(programs(float_only=True, max_steps=5))
+def test_fuzz_backend_with_the_gpu_only_passes_equals_eager(case):
+    """The backend with its CUDA-only passes rewriting these CPU graphs too (each pass's ``ON_CPU``): lone layout
+    copies as kernels (``copy_kernels``), casts combined (``combo_casts``), split reductions, index_put sums; forward,
+    and gradients where every input is float32 or float64."""
+    from unittest import mock
+
+    from fusion.compiler import combo_casts, copy_kernels, scatter_passes, split_reductions
+
+    program, inputs = case
+    grads = all(t.dtype in (torch.float32, torch.float64) for t in inputs)
+    with contextlib.ExitStack() as stack:
+        for module in (copy_kernels, combo_casts, scatter_passes, split_reductions):
+            stack.enter_context(mock.patch.object(module, "ON_CPU", True))
+        check_backend(program, inputs, grads=grads)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.compiler.graph_passes import writes_state
 from fusion.compiler.passes import Pass, noted
 from fusion.ir.plan import Region
 
@@ -75,8 +76,11 @@ def is_copy_piece(nodes: Sequence[fx.Node]) -> bool:
 
 def lone_copy_regions(gm: fx.GraphModule, regions: Sequence[Region]) -> list[Region]:
     """A region for each marked copy that no region holds: the copy and the views before it that only it reads
-    (none a member of another region), in graph order."""
+    (none a member of another region, and no write between the view and the copy: the kernel's call sits where its
+    first member is, and reads its input there), in graph order."""
     taken = {n for r in regions for n in r.nodes}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    writes = [order[n] for n in gm.graph.nodes if writes_state(n)]
     out: list[Region] = []
     for node in gm.graph.find_nodes(op="call_function", target=aten.clone.default):
         if not node.meta.get(COPY_KERNEL) or node in taken:
@@ -85,6 +89,7 @@ def lone_copy_regions(gm: fx.GraphModule, regions: Sequence[Region]) -> list[Reg
         while (
             isinstance(x, fx.Node) and x.op == "call_function" and is_view_node(x, getitem=False)
             and x not in taken and len(x.users) == 1 and len(x.all_input_nodes) == 1
+            and not any(order[x] < w < order[node] for w in writes)
         ):  # fmt: skip
             chain.insert(0, x)
             x = x.args[0]
