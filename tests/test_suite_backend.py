@@ -104,3 +104,34 @@ def test_cpu_fusion_row_is_timed_when_the_c_renderer_runs_its_kernels(tiny_suite
         assert f["median_s"] > 0 and f["speedup_vs_eager"] > 0 and f["times_s"], f
     monkeypatch.setenv("FUSION_RENDERER", "triton")
     assert not S.fusion_timed("cpu") and S.fusion_timed("cuda")
+
+
+def test_ratios_paired_by_round_cancel_the_hosts_drift():
+    """The suite times one round a call of the lesson's loop, so each backend's blocks are known per round: a host
+    that runs at half speed for the later rounds, where one backend happened to get more blocks there, moves the
+    ratio of the medians, never the paired one (each round's two blocks see the same host)."""
+    from types import SimpleNamespace
+
+    from fusion.bench import suite as S
+
+    calls = []
+
+    def time_variants(fns, *, rounds, min_run_time, warmup, sync, threads):
+        i = len(calls)
+        calls.append((rounds, warmup))
+        slow = 2.0 if i >= 2 else 1.0  # rounds 2 and 3 on a host at half speed
+        fast_blocks = 3 if i >= 2 else 1  # the fast backend happens to get three blocks there: its median drifts
+        return {
+            "eager": SimpleNamespace(times_s=(2e-3 * slow,)),
+            "fusion": SimpleNamespace(times_s=(1e-3 * slow,) * fast_blocks),
+        }
+
+    lesson = SimpleNamespace(time_variants=time_variants, peak_memory=lambda fn, device: 0)
+    row = {"backends": {"eager": {}, "fusion": {}}}
+    S._measure(row, {"eager": lambda: None, "fusion": lambda: None}, S.SuiteConfig(rounds=4), lesson, lambda: None)
+    assert calls == [(1, 3), (1, 0), (1, 0), (1, 0)]  # four rounds, warmed up once
+    f = row["backends"]["fusion"]
+    assert f["round_s"] == [1e-3, 1e-3, 2e-3, 2e-3] and len(f["times_s"]) == 8
+    assert f["paired_vs_eager"] == pytest.approx(2.0)  # each round: twice as fast as eager
+    assert f["speedup_vs_eager"] == pytest.approx(2e-3 * 1.5 / 2e-3)  # the medians: 3 ms against 2 ms, drift kept
+    assert row["backends"]["eager"]["paired_vs_eager"] == pytest.approx(1.0)

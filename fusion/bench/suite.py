@@ -23,6 +23,7 @@ import copy
 import gc
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -319,30 +320,41 @@ def _timed(fn: Callable, name: str, cfg: SuiteConfig) -> Callable:
 
 
 def _measure(row: dict, fns: dict, cfg: SuiteConfig, lesson, sync) -> None:
-    """Time every backend that ran, interleaved (the lesson's loop), then peak memory; the ratios per row."""
+    """Time every backend that ran, interleaved (the lesson's loop, one round a call, so each round's blocks are
+    known), then peak memory; the ratios per row: of the medians (``speedup_vs_*``) and paired by round
+    (``paired_vs_*``: the median over the rounds of the other backend's round time ÷ this one's, each a round's
+    median block; the backends of a round run back to back, so the host's drift over the run cancels)."""
     if cfg.rounds <= 0 or "eager" not in fns:
         return
-    timings = lesson.time_variants(
-        fns,
-        rounds=cfg.rounds,
-        min_run_time=cfg.min_run_time,
-        warmup=3,
-        sync=sync,
-        threads=cfg.threads or torch.get_num_threads(),
-    )
+    rounds: dict[str, list[list[float]]] = {name: [] for name in fns}
+    for i in range(cfg.rounds):
+        timings = lesson.time_variants(
+            fns,
+            rounds=1,
+            min_run_time=cfg.min_run_time,
+            warmup=3 if i == 0 else 0,
+            sync=sync,
+            threads=cfg.threads or torch.get_num_threads(),
+        )
+        for name in fns:
+            rounds[name].append(list(timings[name].times_s))
     for name, fn in fns.items():
         r = row["backends"][name]
-        r["median_s"] = timings[name].median_s
-        r["times_s"] = [round(t, 9) for t in timings[name].times_s]  # every block, per call: the spread behind it
-        r["iqr_s"] = summarize_times(timings[name].times_s)[1]
+        times = [t for blocks in rounds[name] for t in blocks]
+        r["median_s"] = statistics.median(times)
+        r["times_s"] = [round(t, 9) for t in times]  # every block, per call: the spread behind it
+        r["round_s"] = [round(statistics.median(blocks), 9) for blocks in rounds[name]]  # one a round, in order
+        r["iqr_s"] = summarize_times(times)[1]
         if cfg.device == "cuda" or name == "eager":  # CPU: compiled code allocates below the dispatcher's view
             r["peak_memory_bytes"] = lesson.peak_memory(fn, cfg.device)
     b = row["backends"]
     for r in b.values():
         if r.get("median_s"):
             for key, base in (("eager", "eager"), ("inductor", "inductor"), ("reduce_overhead", CUDAGRAPHS[1])):
-                other = b.get(base, {}).get("median_s")
-                r[f"speedup_vs_{key}"] = other / r["median_s"] if other else None
+                other = b.get(base, {})
+                r[f"speedup_vs_{key}"] = other["median_s"] / r["median_s"] if other.get("median_s") else None
+                pairs = zip(other.get("round_s") or [], r["round_s"], strict=False)
+                r[f"paired_vs_{key}"] = statistics.median(o / m for o, m in pairs) if other.get("round_s") else None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -392,6 +404,7 @@ def run_suite(
             "sizes": sizes,
             "backends": list(backends),
             "threads": torch.get_num_threads(),
+            "rounds": cfg.rounds,  # interleaved rounds: where a backend has this many blocks, block i is round i
         },
         "models": [],
     }

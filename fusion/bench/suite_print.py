@@ -32,6 +32,7 @@ def summarize(rows: Sequence[dict], backends: Sequence[str]) -> dict:
             "pass_rate": len(passed) / len(mine) if mine else None,
             "geomean_vs_eager": geomean([m.get("speedup_vs_eager") for m in passed]),
             "geomean_vs_inductor": geomean([m.get("speedup_vs_inductor") for m in passed]),
+            "geomean_paired_vs_inductor": geomean([m.get("paired_vs_inductor") for m in passed]),
             "geomean_vs_reduce_overhead": geomean([m.get("speedup_vs_reduce_overhead") for m in passed]),
             "mean_compile_s": statistics.fmean([m["first_call_s"] for m in passed]) if passed else None,
         }
@@ -52,6 +53,8 @@ def summary_lines(summary: dict) -> list[str]:
             f"{_x(s['geomean_vs_inductor'])} inductor, {_x(s['geomean_vs_reduce_overhead'])} reduce-overhead, "
             f"first call {comp} (mean)"
         )
+        if s.get("geomean_paired_vs_inductor") is not None:  # the host's drift over the run cancels in these
+            lines.append(f"    {name}, paired by round: geomean {_x(s['geomean_paired_vs_inductor'])} inductor")
     return lines
 
 
