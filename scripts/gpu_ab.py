@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 scripts/gpu_ab.py t5_encoder_train fusion inductor \\
         combo_op=fusion@fusion.compiler.bindings.COMBO_CALLS=False no_combo=fusion+no-combo_casts   (the lent GPU)
     python3 scripts/gpu_ab.py --dry-run gpt2_train fusion inductor                                 (CPU, tiny shapes)
+    python3 scripts/gpu_ab.py --cpu llama fusion copies=fusion@fusion.compiler.copy_kernels.ON_CPU=True  (CPU suite)
 
 A variant is ``label=backend`` (a backend of the suite: ``fusion``, ``inductor``, ``fusion+no-<pass>``...), or a
 backend alone (its own label), optionally followed by ``@module.ATTR=value`` settings (a Python literal), set while
@@ -71,10 +72,10 @@ def warm_step(spec, cfg: SuiteConfig, which: str, sync) -> object:
 
 
 def main(argv: list[str]) -> None:
-    dry = "--dry-run" in argv
+    dry, cpu_sizes = "--dry-run" in argv, "--cpu" in argv
     name, *variants = [a for a in argv if not a.startswith("--")]
-    cfg = SuiteConfig("cpu" if dry else "cuda", "tiny" if dry else "full")
-    sync = (lambda: None) if dry else torch.cuda.synchronize
+    cfg = SuiteConfig("cpu", "cpu") if cpu_sizes else SuiteConfig("cpu" if dry else "cuda", "tiny" if dry else "full")
+    sync = (lambda: None) if dry or cpu_sizes else torch.cuda.synchronize
     spec = MODELS[name]
     calls, meta = {}, {}
     for variant in variants:
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> None:
             sync()
         cpu[label] = statistics.median(ts)
     first = next(iter(timings))
-    row = {"model": name, "device": "cpu" if dry else torch.cuda.get_device_name(), "torch": torch.__version__,
+    row = {"model": name, "device": "cpu" if dry or cpu_sizes else torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "variants": {}}  # fmt: skip
     for label, t in timings.items():
         row["variants"][label] = {**meta[label], "median_s": t.median_s, "times_s": list(t.times_s),

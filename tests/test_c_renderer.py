@@ -180,6 +180,30 @@ def test_a_sum_of_negative_zeros_is_positive_zero():
 
 
 @needs_cc
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 13, 40, 1000])
+def test_a_float64_value_rounded_to_float32_keeps_its_rounding(n):
+    """gcc 12.2 with AVX-512VL folded (double)(float)x into x where its SLP vectorizer packed a few elements (the
+    fuzzer's long run: ``x.abs().to(torch.float32) == x`` True for a float64 x float32 cannot hold); the compiler's
+    probe (``c_runtime._round_trip_kept``) turns that vectorizer off where it does so. Every loop length, eager's
+    bits."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, dtype=torch.float64, generator=g) + 2.0**-40  # no element a float32 holds
+    got = compiled_in_c(lambda a: (a.abs().to(torch.float32) == a, a.to(torch.float32).to(torch.float64) - a), x)
+    want = (x.abs().to(torch.float32) == x, x.to(torch.float32).to(torch.float64) - x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (got, want)
+
+
+@needs_cc
+def test_the_chosen_flags_keep_a_float32_rounding():
+    """The probe itself: the flags the renderer compiles with keep the rounding (run, not read from a version)."""
+    import tempfile
+
+    cc, flags, _ = c_runtime.compiler()
+    with tempfile.TemporaryDirectory() as tmp:
+        assert c_runtime._round_trip_kept(cc, list(flags), tmp), flags
+
+
+@needs_cc
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_values_round_once_to_nearest_even(dtype):
     # float32 values at and around the half-way points of the half dtype, subnormals, overflow and NaN

@@ -167,7 +167,50 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
 
             if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + VECTOR_PROBE, load=True):
                 flags += VECTOR_LIBM
+        # A miscompile, checked by running it: gcc 12.2 with AVX-512VL (-march=native on an Intel Xeon) folds the
+        # float32 round trip of a float64 value, (double)(float)x, into x where its SLP vectorizer packs a few
+        # elements (a loop of 2 to 40, or a long loop's tail): `x.abs().to(torch.float32) == x` gave True for a
+        # float64 x that float32 cannot hold (the fuzzer's long run). Without SLP vectorization the rounding stays.
+        if not _round_trip_kept(cc, flags, tmp):
+            flags.append("-fno-tree-slp-vectorize")
+            if not _round_trip_kept(cc, flags, tmp):
+                raise CompilerMissing(
+                    f"{cc} ({' '.join(flags)}) folds a float32 rounding away (a wrong answer). Fix: set CC to another "
+                    "compiler, or run CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
+                )
     return cc, tuple(flags), version
+
+
+# The probe of the float32 round trip (see _compiler): each n of a few lanes, as the kernels' loops have them
+ROUND_TRIP_PROBE = """#include <stdint.h>
+#define K(n) void k##n(const double *restrict x, uint8_t *restrict same, double *restrict diff) { \\
+    for (int64_t i = 0; i < n; i++) { const float r = (float)x[i]; same[i] = (double)r == x[i]; \\
+                                       diff[i] = (double)r - x[i]; } }
+K(2) K(3) K(4) K(5) K(8) K(13)
+"""
+ROUND_TRIP_LANES = (2, 3, 4, 5, 8, 13)
+
+
+def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
+    """Does code from ``cc`` with ``flags`` keep (double)(float)x's rounding for every probed loop length? Built and
+    run: 1 + 2**-40 is not a float32, so each element must compare unequal and differ by -2**-40."""
+    src, out = Path(tmp) / "round_trip.c", Path(tmp) / f"round_trip{len(flags)}.so"
+    src.write_text(ROUND_TRIP_PROBE)
+    cmd = [cc, *flags, str(src), "-o", str(out), *libraries(flags)]
+    try:
+        if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
+            return True  # not built: no sign of the miscompile (the first kernel's build will say what is wrong)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError):
+        return True
+    n = max(ROUND_TRIP_LANES)
+    x = (ctypes.c_double * n)(*([1.0 + 2.0**-40] * n))
+    for lanes in ROUND_TRIP_LANES:
+        same, diff = (ctypes.c_uint8 * n)(*([7] * n)), (ctypes.c_double * n)(*([7.0] * n))
+        getattr(lib, f"k{lanes}")(x, same, diff)
+        if any(same[i] != 0 or diff[i] != -(2.0**-40) for i in range(lanes)):
+            return False
+    return True
 
 
 # What the flags are probed with: a parallel loop of expf; libmvec's sinf and cosf in a SIMD loop
