@@ -404,7 +404,7 @@ def run_suite(
             "sizes": sizes,
             "backends": list(backends),
             "threads": torch.get_num_threads(),
-            "rounds": cfg.rounds,  # interleaved rounds: where a backend has this many blocks, block i is round i
+            "rounds": cfg.rounds,  # interleaved rounds: each backend's round_s holds one median block a round
         },
         "models": [],
     }
