@@ -184,7 +184,7 @@ def test_a_sum_of_negative_zeros_is_positive_zero():
 def test_a_float64_value_rounded_to_float32_keeps_its_rounding(n):
     """gcc 12.2 with AVX-512VL folded (double)(float)x into x where its SLP vectorizer packed a few elements (the
     fuzzer's long run: ``x.abs().to(torch.float32) == x`` True for a float64 x float32 cannot hold); the compiler's
-    probe (``c_runtime._round_trip_kept``) turns that vectorizer off where it does so. Every loop length, eager's
+    probe (``c_probes.ROUND_TRIP_PROBE``, run by ``c_runtime``) turns that vectorizer off where it does so. Every loop length, eager's
     bits."""
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, dtype=torch.float64, generator=g) + 2.0**-40  # no element a float32 holds

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from fusion.kernels import c_probes as probes
 from fusion.kernels.c_ops import RANGE_FLAG
 from fusion.kernels.setting import Setting
 
@@ -130,12 +131,10 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
     flags.append("-std=gnu11")
     with tempfile.TemporaryDirectory() as tmp:
 
-        def works(extra: list[str], source: str = PROBE, load: bool = False) -> bool:
+        def works(extra: list[str], source: str = probes.PROBE, load: bool = False) -> bool:
             """Does ``source`` build with ``extra`` (and, if ``load``, does this process load the library)?"""
-            src, out = Path(tmp) / "probe.c", Path(tmp) / f"probe{len(extra)}.so"
-            src.write_text(source)
-            cmd = [cc, *flags, *extra, str(src), "-o", str(out), *libraries(extra)]
-            if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
+            out = _build_probe(cc, [*flags, *extra], source, tmp)
+            if out is None:
                 return False
             try:
                 if load:
@@ -165,12 +164,10 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
         if sys.platform.startswith("linux") and x86_64:
             from fusion.kernels.c_prelude import VECTOR_LIBM_DECLARATIONS
 
-            if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + VECTOR_PROBE, load=True):
+            if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + probes.VECTOR_PROBE, load=True):
                 flags += VECTOR_LIBM
-        # A miscompile, checked by running it: gcc 12.2 with AVX-512VL (-march=native on an Intel Xeon) folds the
-        # float32 round trip of a float64 value, (double)(float)x, into x where its SLP vectorizer packs a few
-        # elements (a loop of 2 to 40, or a long loop's tail): `x.abs().to(torch.float32) == x` gave True for a
-        # float64 x that float32 cannot hold (the fuzzer's long run). Without SLP vectorization the rounding stays.
+        # A miscompile, checked by running it (c_probes.ROUND_TRIP_PROBE: gcc 12.2 with AVX-512VL folds a float32
+        # round trip away where its SLP vectorizer packs a few elements). Without SLP vectorization the rounding stays.
         if not _round_trip_kept(cc, flags, tmp):
             flags.append("-fno-tree-slp-vectorize")
             if not _round_trip_kept(cc, flags, tmp):
@@ -181,47 +178,25 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
     return cc, tuple(flags), version
 
 
-# The probe of the float32 round trip (see _compiler): each n of a few lanes, as the kernels' loops have them
-ROUND_TRIP_PROBE = """#include <stdint.h>
-#define K(n) void k##n(const double *restrict x, uint8_t *restrict same, double *restrict diff) { \\
-    for (int64_t i = 0; i < n; i++) { const float r = (float)x[i]; same[i] = (double)r == x[i]; \\
-                                       diff[i] = (double)r - x[i]; } }
-K(2) K(3) K(4) K(5) K(8) K(13)
-"""
-ROUND_TRIP_LANES = (2, 3, 4, 5, 8, 13)
+def _build_probe(cc: str, flags: list[str], source: str, tmp: str) -> Path | None:
+    """``source`` built with ``cc`` and ``flags`` into a shared library in ``tmp`` under a name of its own (a library
+    this process loaded is never rebuilt under its name): the library's path, or None where it does not build."""
+    src, out = Path(tmp) / "probe.c", Path(tmp) / f"probe{len(list(Path(tmp).glob('probe*.so')))}.so"
+    src.write_text(source)
+    cmd = [cc, *flags, str(src), "-o", str(out), *libraries(flags)]
+    return out if subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0 else None
 
 
 def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
-    """Does code from ``cc`` with ``flags`` keep (double)(float)x's rounding for every probed loop length? Built and
-    run: 1 + 2**-40 is not a float32, so each element must compare unequal and differ by -2**-40."""
-    src, out = Path(tmp) / "round_trip.c", Path(tmp) / f"round_trip{len(flags)}.so"
-    src.write_text(ROUND_TRIP_PROBE)
-    cmd = [cc, *flags, str(src), "-o", str(out), *libraries(flags)]
+    """Does code from ``cc`` with ``flags`` keep a float32 round trip's rounding (``c_probes``, built and run)? True
+    where the probe does not build or load: no sign of the miscompile (the first kernel's build says what is wrong)."""
     try:
-        if subprocess.run(cmd, capture_output=True, timeout=60).returncode != 0:
-            return True  # not built: no sign of the miscompile (the first kernel's build will say what is wrong)
-        lib = ctypes.CDLL(str(out))
+        out = _build_probe(cc, flags, probes.ROUND_TRIP_PROBE, tmp)
+        lib = ctypes.CDLL(str(out)) if out is not None else None
     except (OSError, subprocess.SubprocessError):
         return True
-    n = max(ROUND_TRIP_LANES)
-    x = (ctypes.c_double * n)(*([1.0 + 2.0**-40] * n))
-    for lanes in ROUND_TRIP_LANES:
-        same, diff = (ctypes.c_uint8 * n)(*([7] * n)), (ctypes.c_double * n)(*([7.0] * n))
-        getattr(lib, f"k{lanes}")(x, same, diff)
-        if any(same[i] != 0 or diff[i] != -(2.0**-40) for i in range(lanes)):
-            return False
-    return True
+    return lib is None or probes.round_trip_kept(lib)
 
-
-# What the flags are probed with: a parallel loop of expf; libmvec's sinf and cosf in a SIMD loop
-PROBE = (
-    "#include <math.h>\nvoid f(float *restrict x, int n) {\n#pragma omp parallel for\n"
-    "for (int i = 0; i < n; i++) x[i] = expf(x[i]);\n}\n"
-)
-VECTOR_PROBE = (
-    "void f(float *restrict x, int n) {\n#pragma omp simd\n"
-    "for (int i = 0; i < n; i++) x[i] = sinf(x[i]) + cosf(x[i]);\n}\n"
-)
 
 # glibc's vector math library (libmvec, x86-64 Linux): with the prelude's simd declarations (FUSION_LIBMVEC) gcc
 # calls its 8-lane sinf/cosf from a vectorized loop. Not folded into one scalar sincosf: gcc does that to a sinf and
