@@ -6,6 +6,7 @@ kernels, predicted beside measured (:func:`generated_kernels`). The run that mea
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,17 @@ def summarize(times: list[float] | tuple[float, ...]) -> tuple[float, float]:
     """(median, IQR) of a list of times."""
     p25, p50, p75 = np.percentile(np.asarray(times, dtype=float), [25, 50, 75])
     return float(p50), float(p75 - p25)
+
+
+def ratios_vs(r: dict, other: dict) -> tuple[float | None, float | None]:
+    """(``other``'s median ÷ ``r``'s, the same paired by round: the median over the rounds of one round's ratio) for
+    two backends' rows of one suite row (``median_s``, ``round_s``: one median block a round, the rounds in order);
+    None where ``other`` has no time. A round's blocks run back to back, so a drift of the host over the run cancels
+    in the paired ratio, where a ratio of two medians keeps it."""
+    median = other["median_s"] / r["median_s"] if other.get("median_s") else None
+    rounds = zip(other.get("round_s") or [], r.get("round_s") or [], strict=False)
+    paired = statistics.median(o / m for o, m in rounds) if other.get("round_s") and r.get("round_s") else None
+    return median, paired
 
 
 @dataclass(frozen=True)

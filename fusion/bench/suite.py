@@ -36,6 +36,7 @@ from fusion.bench.accuracy import accuracy, tolerance
 from fusion.bench.counting import flat_tensors
 from fusion.bench.profile import sync_for
 from fusion.bench.results import run_meta, save_json
+from fusion.bench.rows import ratios_vs
 from fusion.bench.rows import summarize as summarize_times
 from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteModel, scalar_loss
 from fusion.bench.suite_print import HEADER, geomean, row_lines, summarize, summary_lines  # noqa: F401
@@ -351,10 +352,7 @@ def _measure(row: dict, fns: dict, cfg: SuiteConfig, lesson, sync) -> None:
     for r in b.values():
         if r.get("median_s"):
             for key, base in (("eager", "eager"), ("inductor", "inductor"), ("reduce_overhead", CUDAGRAPHS[1])):
-                other = b.get(base, {})
-                r[f"speedup_vs_{key}"] = other["median_s"] / r["median_s"] if other.get("median_s") else None
-                pairs = zip(other.get("round_s") or [], r["round_s"], strict=False)
-                r[f"paired_vs_{key}"] = statistics.median(o / m for o, m in pairs) if other.get("round_s") else None
+                r[f"speedup_vs_{key}"], r[f"paired_vs_{key}"] = ratios_vs(r, b.get(base, {}))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
