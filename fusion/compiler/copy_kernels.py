@@ -79,12 +79,14 @@ def lone_copy_regions(gm: fx.GraphModule, regions: Sequence[Region]) -> list[Reg
     (none a member of another region, and no write between the view and the copy: the kernel's call sits where its
     first member is, and reads its input there), in graph order."""
     taken = {n for r in regions for n in r.nodes}
+    lone = [n for n in gm.graph.find_nodes(op="call_function", target=aten.clone.default)
+            if n.meta.get(COPY_KERNEL) and n not in taken]  # fmt: skip
+    if not lone:  # every graph passes through here: a walk of its nodes only where there is a copy to place
+        return []
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     writes = [order[n] for n in gm.graph.nodes if writes_state(n)]
     out: list[Region] = []
-    for node in gm.graph.find_nodes(op="call_function", target=aten.clone.default):
-        if not node.meta.get(COPY_KERNEL) or node in taken:
-            continue
+    for node in lone:
         chain, x = [node], node.args[0]
         while (
             isinstance(x, fx.Node) and x.op == "call_function" and is_view_node(x, getitem=False)
