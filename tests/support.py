@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 
@@ -47,3 +49,11 @@ def spy_mask_rewrite(monkeypatch) -> list:
     original = attention.fused_attention_masks
     monkeypatch.setattr(attention, "fused_attention_masks", lambda gm: rewritten.extend(original(gm)) or rewritten)
     return rewritten
+
+
+def library_calls() -> collections.Counter:
+    """The library calls (aten ops outside the generated kernels) of every graph the backend compiled since its last
+    reset, added up by op."""
+    from fusion.compiler import driver
+
+    return sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from support import MaskedAttention, spy_mask_rewrite
+from support import MaskedAttention, library_calls, spy_mask_rewrite
 
 from fusion import backend, models
 from fusion.common import is_todo
@@ -428,7 +428,7 @@ def test_gradients_of_a_training_graph():
 
 def _calls() -> collections.Counter:
     """The library calls of every graph compiled since the last reset, added up."""
-    return sum((p.library_calls for r in backend.reports for p in r.parts), start=collections.Counter())
+    return library_calls()
 
 
 def _ops_of(part) -> set[str]:

@@ -11,12 +11,11 @@ False}`` leave aten's copy; a training step keeps eager's gradients.
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import library_calls
 
 from fusion import backend
 from fusion.compiler import copy_kernels, driver
@@ -44,7 +43,7 @@ class HeadsAttention(torch.nn.Module):
 def _compile(model, *args, options=None):
     backend.reset()
     out = torch.compile(model, backend="fusion", options=options or {})(*args)
-    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())
+    calls = library_calls()
     kernels = [k for r in driver.reports for p in r.parts for k in p.kernels]
     return out, calls, kernels
 
@@ -150,7 +149,7 @@ def test_a_training_step_through_the_copies_keeps_eagers_gradients(monkeypatch):
     ref(xr).square().sum().backward()
     torch.testing.assert_close(model.w.grad, ref.w.grad)
     torch.testing.assert_close(x.grad, xr.grad)
-    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())
+    calls = library_calls()
     assert calls["clone"] == 0, calls
 
 

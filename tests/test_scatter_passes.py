@@ -5,14 +5,13 @@ relative-position bias gradient) as one masked sum."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support import library_calls
 
 from fusion import backend
 from fusion.compiler import driver
@@ -43,7 +42,7 @@ def _step(options, dtype):
     out = compiled(x)
     out.square().sum().backward()
     grads = [x.grad, *(p.grad for p in model.parameters())]
-    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=__import__("collections").Counter())
+    calls = library_calls()
     notes = [n for r in driver.reports for p in r.parts for n in p.passes if n[0] == "stack select_scatters"]
     return out.detach(), grads, calls, notes
 
@@ -242,7 +241,7 @@ def _bias_step(monkeypatch, rows, heads, index, scores):
     model = RelativeBias(rows, heads, index)
     out = torch.compile(model, backend="fusion")(scores)
     (out * out).sum().backward()
-    calls = sum((p.library_calls for r in driver.reports for p in r.parts), start=collections.Counter())
+    calls = library_calls()
     return model.table.grad, calls
 
 
