@@ -30,6 +30,7 @@ from fusion.compiler import (
     gemm_passes,
     graph_passes,
     layout,
+    lower_gathers,
     partition,
     passes,
     random_ops,
@@ -149,6 +150,7 @@ PASSES = [
     passes.Pass("conv1x1", noted(gemm_passes.conv1x1_backward_as_mm), doc="a 1x1 conv's backward (NHWC): two mm"),
     passes.Pass("conv1x1_forward", noted(gemm_passes.conv1x1_forward_as_mm), default=False,
                 doc="a 1x1 conv's forward as one mm (opt-in: measured slower in whole models)"),
+    lower_gathers.INLINE_GATHERS,  # marks (a GPU without CUDA graphs); the lowering reads the marks
     copy_kernels.COPY_KERNELS,  # marks; code generation reads the marks (generate.compile_graph, partition)
     combo_casts.COMBO_CASTS,  # after its readers' rewrites (GEMMs, convs); its nodes at the top and the end (CUDA)
     passes.Pass("overlap", noted(lesson("overlap_pass")), default=False,

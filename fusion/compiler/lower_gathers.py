@@ -22,8 +22,11 @@ call):
 * a placeholder must reach the input's offset as a plain term (not under a reshape's ``//`` or ``%``);
 * a gather of floats the kernel would read :data:`REREAD` times an element or more (broadcast, as a bias over every
   window) is stored once, with the copies after it that do not broadcast yet (a kernel of its own: Swin's bias
-  gathered and laid out contiguous), and the region split there: two dependent loads an element cost more than one.
-  Gathered ids (BERT's token types, read by the next embedding) stay in the kernel: storing them costs a launch;
+  gathered and laid out contiguous), and the region split there: two dependent loads an element cost more than one,
+  and a C kernel's call or a replayed CUDA graph's launch costs little. On a GPU without CUDA graphs the backend's
+  pass ``inline_gathers`` keeps it in the kernel, as Inductor does: there the launch a kernel of its own adds costs
+  more CPU than its loads cost GPU time. Gathered ids (BERT's token types, read by the next embedding) stay in the
+  kernel;
 * ``index`` takes integer index tensors (a boolean mask's result has a size known only at run time), negative
   indices counted from the end as eager does; ``embedding``, ``index_select`` and ``gather`` take no negative index
   (eager raises, so does the kernel).
@@ -32,6 +35,7 @@ call):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
@@ -39,18 +43,24 @@ import torch.fx as fx
 from fusion.aten.nodes import bind_args
 from fusion.aten.nodes import is_view_node as is_view
 from fusion.compiler.index_algebra import broadcast, offset, var, view_index
+from fusion.compiler.passes import Pass, current, noted
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import SplitRegion, Unsupported
+from fusion.kernels.rows import is_gather
 
 aten = torch.ops.aten
 INDEX_DTYPES = (torch.int64, torch.int32)
-# A gather whose values the kernel reads this many times each or more (Swin's relative-position bias, (heads, 49, 49),
-# added to the scores of every window) is stored once instead: each read of a gathered element is two dependent
-# loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs, 2026-11-27) Swin-T ran
-# 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153 and 3.161 ms); with the
-# stored bias a kernel of its own (gathered and laid out contiguous, no aten index) 3.110 -> 3.005 ms, MaxViT-T
-# 6.778 -> 6.671 ms (docs/measurements.md).
+# A gather whose values the kernel reads this many times each or more (Swin's relative-position
+# bias, (heads, 49, 49), added to the scores of every window) is stored once instead: each read of a gathered element
+# is two dependent loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs,
+# 2026-11-27) Swin-T ran 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153
+# and 3.161 ms); with the stored bias a kernel of its own (gathered and laid out contiguous, no aten index) 3.110 ->
+# 3.005 ms, MaxViT-T 6.778 -> 6.671 ms (docs/measurements.md). On a CPU (the C renderer, the CPU suite's sizes) the
+# gather inside Swin-T's softmax kernels made a call 1.56x slower (212.8 against 136.2 ms). On a GPU without CUDA
+# graphs the kernel it adds is a launch (22 a MaxViT-T call) of a CPU-bound call: there it stays in the softmax.
 REREAD = 4
+INLINE_GATHER = "inline_gather"  # node.meta key (pass inline_gathers): a load in its kernel however often it is read
+ON_CPU = False  # the tests: pass inline_gathers marks CPU gathers too
 
 
 def positions(node: fx.Node, index: list[ir.Affine]) -> tuple[fx.Node, list]:
@@ -110,7 +120,8 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
     docstring). ``low``: the :class:`~fusion.compiler.lowering.Lowering` building the kernel."""
     size, elements = node.meta["val"].numel(), math.prod(low.shape)
     floating = node.meta["val"].dtype.is_floating_point  # gathered ids (BERT's token types) index another table
-    if floating and size and elements >= REREAD * size:  # broadcast: the same few values gathered again and again
+    stored = floating and size and not node.meta.get(INLINE_GATHER, False)  # pass inline_gathers (GPU)
+    if stored and elements >= REREAD * size:  # broadcast: the same few values gathered again and again
         raise SplitRegion(
             f"{node.name} is read {elements // size} times an element in this kernel (broadcast): gathered once and "
             "stored, the kernel reads it as a plain input",
@@ -164,3 +175,36 @@ def gathered(low, node: fx.Node, index: list[ir.Affine]) -> tuple[str, torch.dty
         rest.append((k, atom))
     indirect = tuple((value, bound, coef[name]) for name, value, bound in checks)
     return low.load(src, ir.Affine(tuple(rest), flat.const), indirect)
+
+
+def mark_inline_gathers(gm: fx.GraphModule, note: Callable[..., None]) -> None:
+    """Pass ``inline_gathers``: on a GPU without CUDA graphs, mark every gather of floats to stay a load inside the
+    kernel that reads it however often that kernel reads each value (:func:`gathered`): a kernel of its own would be
+    a launch, and a launch costs more CPU than the gather's loads cost GPU time (the module's docstring). Under CUDA
+    graphs (a replayed launch costs no CPU) and on a CPU (a C kernel's call costs little) it marks nothing unless
+    ``options={"inline_gathers": True}`` asks (or ``ON_CPU``, the tests)."""
+    gathers = [n for n in gm.graph.nodes if is_gather(n) and _floats(n)]
+    if not gathers:
+        return
+    opts = current()
+    asked = opts is not None and "inline_gathers" in opts.explicit
+    where = gathers[0].meta["val"].device.type
+    why = "CUDA graphs: a replayed launch costs no CPU" if opts is not None and opts.cudagraphs else (
+        "a CPU: a C kernel's call costs little" if where == "cpu" and not ON_CPU else "")  # fmt: skip
+    if why and not asked:
+        note("inline gathers", [n.name for n in gathers[:4]], "skipped", f"{why}; stored where read {REREAD}+ times")
+        return
+    for n in gathers:
+        n.meta[INLINE_GATHER] = True
+    note("inline gathers", [n.name for n in gathers[:4]] + (["..."] if len(gathers) > 4 else []), "marked",
+         f"{len(gathers)} gathers of floats stay loads in the kernels that read them: no launch of their own")  # fmt: skip
+
+
+def _floats(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+INLINE_GATHERS = Pass("inline_gathers", noted(mark_inline_gathers), requires=("codegen",),
+                      doc="a gather read many times an element (a relative-position bias) kept inside the kernel that "
+                      "reads it, no launch of its own (a GPU without CUDA graphs)")  # fmt: skip
