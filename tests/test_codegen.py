@@ -1802,6 +1802,34 @@ def test_a_column_walk_takes_whole_sectors_a_program_on_a_gpu():
     assert rows_per_program(768, 64, least=16) == 16 and rows_per_program(768, 64) == 2
 
 
+def test_a_looped_column_walk_takes_the_swept_tiles():
+    """Columns longer than one block loop with COLUMN_LOOP_WARPS warps: a sum of a half input over a tile of
+    WIDE_COLUMN_LOOP_ELEMENTS (128 x 128 on a GPU), a float32 sum and a max of a half input over 64 x 64 (swept on an
+    H200); XBLOCK still halves to fill the GPU, never below COALESCED_ROWS; a row walk's budget is unchanged."""
+    from fusion.ir.plan import ELEMENTS_PER_PROGRAM, rows_per_program
+    from fusion.regions import build_fusion_regions, unique_regions
+
+    def plan_of(shape, dtype=torch.bfloat16, fold=lambda y: y.sum(0)):
+        gm = capture_aten(Fn(lambda x: fold(x.float() * 2.0)), [torch.zeros(shape, dtype=dtype)])
+        (plan,) = [codegen.generate_kernel(r) for r in unique_regions(build_fusion_regions(gm))]
+        return plan
+
+    gpu = torch.device("cuda")
+    wide, narrow = plan_of((300, 32768)), plan_of((300, 768))
+    for plan in (wide, narrow):
+        assert plan.constexprs["RBLOCK"] == kernel_rows.WIDE_COLUMN_LOOP_RBLOCK == 128, plan.constexprs
+        assert (
+            plan.elements == kernel_rows.WIDE_COLUMN_LOOP_ELEMENTS and plan.num_warps == kernel_rows.COLUMN_LOOP_WARPS
+        )
+    assert wide.launch_config(gpu) == (256, {"XBLOCK": 128, "RBLOCK": 128})  # 32768 columns, 128 a program
+    assert narrow.launch_config(gpu) == (48, {"XBLOCK": 16, "RBLOCK": 128})  # 768: halved to 16, no further
+    for plan in (plan_of((300, 32768), torch.float32), plan_of((300, 32768), fold=lambda y: y.amax(0))):
+        assert plan.constexprs["RBLOCK"] == kernel_rows.COLUMN_LOOP_RBLOCK == 64 and plan.elements == 0, plan
+        assert plan.num_warps == kernel_rows.COLUMN_LOOP_WARPS
+        assert plan.launch_config(gpu) == (512, {"XBLOCK": 64, "RBLOCK": 64})
+    assert rows_per_program(1 << 20, 1024) == ELEMENTS_PER_PROGRAM // 1024  # a row walk: the default budget
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_outer_reductions_on_each_device(dtype, device):

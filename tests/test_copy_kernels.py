@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from support import library_calls
 
 from fusion import backend
-from fusion.compiler import copy_kernels, driver
+from fusion.compiler import copy_kernels, driver, lone_kernels
 
 pytestmark = pytest.mark.phase9
 
@@ -64,6 +64,7 @@ def _copy_kernels(kernels) -> int:
 )
 @example(b=2, n=5, heads=2, d=3, special=float("nan"), strided=True)
 @example(b=1, n=1, heads=1, d=1, special=None, strided=False)
+@example(b=1, n=1, heads=2, d=3, special=None, strided=False)
 def test_each_lone_copy_of_an_attention_block_is_a_kernel_with_eagers_bits(renderer, b, n, heads, d, special, strided):
     monkeypatch = pytest.MonkeyPatch()
     try:
@@ -74,9 +75,12 @@ def test_each_lone_copy_of_an_attention_block_is_a_kernel_with_eagers_bits(rende
         x = x.transpose(0, 1) if strided else x.transpose(0, 1).contiguous()  # a non-contiguous input, or not
         if special is not None and x.numel():
             x[0, 0, 0] = special
-        _, aten_copies, _ = _compile(model, x, options={"copy_kernels": False})
+        want, aten_copies, _ = _compile(model, x, options={"copy_kernels": False})
         out, calls, kernels = _compile(model, x)
-        torch.testing.assert_close(out, model(x), rtol=0, atol=0, equal_nan=True)  # a copy moves bits: exactly
+        # a copy moves bits: the same GEMMs on the same layouts give aten's copies' bits exactly; eager's matmul of the
+        # strided views may take another BLAS path (an ulp apart in float64: b=1, n=1, heads=2, d=3)
+        torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(out, model(x), equal_nan=True)
         if b:  # each copy aten ran is a kernel now (an empty batch copies nothing: aten's copy stays)
             assert calls["clone"] == 0, calls
             assert _copy_kernels(kernels) == aten_copies["clone"], [k.ops for k in kernels]
@@ -166,7 +170,7 @@ def test_a_copy_s_kernel_takes_no_view_from_before_a_write(monkeypatch):
 
     gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(3, 3), torch.randn(3, 3))
     copy_kernels.mark_copy_kernels(gm, lambda *a: None)
-    regions = copy_kernels.lone_copy_regions(gm, [])
+    regions = lone_kernels.lone_kernel_regions(gm, [])
     assert [[n.target for n in r.nodes] for r in regions] == [
         [torch.ops.aten.clone.default],  # early's: its view comes before the write
         [torch.ops.aten.t.default, torch.ops.aten.clone.default],

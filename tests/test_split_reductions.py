@@ -161,8 +161,27 @@ def test_splits_follow_the_table(monkeypatch):
     assert sr.splits_for(1 << 20, 16, column=False) == 64
     assert sr.splits_for(65536, 64, column=True) == 64  # 1024 columns: 4096 groups of 16
     assert sr.splits_for(8192, 256, column=True) == 16  # chunks of 512: a looped column walk
+    assert sr.splits_for(8192, 256, column=True, target=sr.TARGET_WIDE_COLUMN_PROGRAMS) == 4  # a half sum's tile
     assert sr.splits_for(65537, 4, column=False) is None  # a prime extent: no view splits it
     assert sr.splits_for(3 * 65521, 1, column=False) == 3  # the only divisor in range
+
+
+def test_a_half_sum_takes_fewer_splits_for_its_wider_tile(small, monkeypatch):
+    """A column sum whose stage 1 reads 2-byte floats (a bf16 input, or one cast to float32 first: the issue's
+    ``x.float().sum(0)``) splits for TARGET_WIDE_COLUMN_PROGRAMS; a float32 input or an amax for TARGET_COLUMN_PROGRAMS
+    (the two tiles of rows.py, swept on an H200)."""
+    monkeypatch.setattr(sr, "TARGET_WIDE_COLUMN_PROGRAMS", 32)  # SMALL's 128 for the narrow tile: S = 4 against 16
+    x = torch.randn(256, 32)
+    half = x.to(torch.bfloat16)
+    splits = {}
+    for name, f, arg in [("bf16", lambda x: x.sum(0), half), ("float", lambda x: x.float().sum(0), half),
+                         ("view", lambda x: x.float().view(4, 64, 32).sum([0, 1]), half),
+                         ("fp32", lambda x: x.sum(0), x), ("amax", lambda x: x.amax(0), half)]:  # fmt: skip
+        gm, notes, count = split(f, arg)
+        assert count == 1, notes
+        view = next(n for n in gm.graph.nodes if n.target is aten.view.default and "split_reduction" in n.meta)
+        splits[name] = view.args[1][0]
+    assert splits == {"bf16": 16, "float": 16, "view": 16, "fp32": 64, "amax": 64}, splits
 
 
 def _refusal(f, *xs):
@@ -229,6 +248,22 @@ def test_a_lone_half_reduction_is_split_into_two_kernels(small, op):
     compiled = compile_graph(gm, aten_inputs(Fn(f), (x,)))
     assert count == 1 and compiled.num_kernels == 2 and compiled.library_calls == 0, compiled.report
     torch.testing.assert_close(compiled(x), f(x), rtol=1.6e-2, atol=1e-1)
+
+
+@pytest.mark.parametrize("op", ["sum", "amax", "mean"])
+@pytest.mark.parametrize("shape, dim", [((4096, 32), 0), ((3, 4096), -1)])
+def test_a_lone_float32_reductions_stages_are_kernels_of_their_own(small, op, shape, dim):
+    """``x.sum(0)`` of float32 with nothing before it: each stage is one op, which Phase 6 leaves to aten; the pass
+    marks both for a kernel of their own (``lone_kernels``), so no aten reduction runs, columns or rows."""
+    x = torch.randn(shape)
+
+    def f(x):
+        return getattr(torch, op)(x, [dim])
+
+    gm, _, count = split(f, x)
+    compiled = compile_graph(gm, aten_inputs(Fn(f), (x,)))
+    assert count == 1 and compiled.num_kernels == 2 and compiled.library_calls == 0, compiled.report
+    _close(compiled(x), f(x), op, torch.float32, shape[dim])
 
 
 def test_a_short_column_is_split_only_into_a_generated_kernel(small, monkeypatch):

@@ -10,9 +10,9 @@ view through its strides (the kernel IR's index algebra, as inside any region). 
 copies as aten calls: 851 us of an H200's time and ~24 us of CPU each, against 256 us for Inductor's generated
 copies of the same tensors (scripts/results/h200-2026-11-28-afternoon-prof/).
 
-The pass only marks each copy that qualifies (``node.meta["copy_kernel"]``); code generation then gives every marked
-copy a region of its own where no region holds it (:func:`lone_copy_regions`, from ``compile_graph``) and keeps a
-marked copy's piece where a region is cut (``partition``). A copy qualifies when its input is not already laid out as
+The pass only marks each copy that qualifies (``node.meta["own_kernel"]``, :mod:`fusion.compiler.lone_kernels`); code
+generation then gives every marked op a region of its own where no region holds it (``lone_kernel_regions``, from
+``compile_graph``) and keeps a marked op's piece where a region is cut (``partition``). A copy qualifies when its input is not already laid out as
 its output (a dense input in the output's strides is a memcpy: aten's vectorised copy is as fast) and it holds
 elements. CUDA only: on a CPU aten's copy loop is at memory speed and a C kernel adds a compile; ``ON_CPU`` (the
 tests) marks CPU copies too. Switch it off with ``options={"copy_kernels": False}``.
@@ -20,19 +20,16 @@ tests) marks CPU copies too. Switch it off with ``options={"copy_kernels": False
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node
-from fusion.compiler.graph_passes import writes_state
+from fusion.compiler.lone_kernels import OWN_KERNEL
 from fusion.compiler.passes import Pass, noted
-from fusion.ir.plan import Region
 
 aten = torch.ops.aten
 
-COPY_KERNEL = "copy_kernel"  # node.meta key: this copy runs as a generated kernel where no region holds it
 ON_CPU = False  # the tests: mark copies of CPU tensors too
 _FORMATS = (None, torch.contiguous_format, torch.preserve_format)
 
@@ -61,43 +58,11 @@ def mark_copy_kernels(gm: fx.GraphModule, note: Callable[..., None]) -> None:
     marked = []
     for node in gm.graph.find_nodes(op="call_function", target=aten.clone.default):
         if copy_refusal(node) is None:
-            node.meta[COPY_KERNEL] = True
+            node.meta[OWN_KERNEL] = True
             marked.append(node.name)
     if marked:
         note("copy kernels", marked[:4] + (["..."] if len(marked) > 4 else []), "marked",
              f"{len(marked)} layout copies of a strided view: a generated kernel where no region holds them")  # fmt: skip
-
-
-def is_copy_piece(nodes: Sequence[fx.Node]) -> bool:
-    """Is this piece of a region one marked copy and the views it reads (kept as a kernel, not left to aten)?"""
-    ops = [n for n in nodes if not is_view_node(n)]
-    return len(ops) == 1 and ops[0].meta.get(COPY_KERNEL, False)
-
-
-def lone_copy_regions(gm: fx.GraphModule, regions: Sequence[Region]) -> list[Region]:
-    """A region for each marked copy that no region holds: the copy and the views before it that only it reads
-    (none a member of another region, and no write between the view and the copy: the kernel's call sits where its
-    first member is, and reads its input there), in graph order."""
-    taken = {n for r in regions for n in r.nodes}
-    lone = [n for n in gm.graph.find_nodes(op="call_function", target=aten.clone.default)
-            if n.meta.get(COPY_KERNEL) and n not in taken]  # fmt: skip
-    if not lone:  # every graph passes through here: a walk of its nodes only where there is a copy to place
-        return []
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    writes = [order[n] for n in gm.graph.nodes if writes_state(n)]
-    out: list[Region] = []
-    for node in lone:
-        chain, x = [node], node.args[0]
-        while (
-            isinstance(x, fx.Node) and x.op == "call_function" and is_view_node(x, getitem=False)
-            and x not in taken and len(x.users) == 1 and len(x.all_input_nodes) == 1
-            and not any(order[x] < w < order[node] for w in writes)
-        ):  # fmt: skip
-            chain.insert(0, x)
-            x = x.args[0]
-        out.append(Region(chain, index=len(regions) + len(out)))
-        taken.update(chain)
-    return out
 
 
 COPY_KERNELS = Pass("copy_kernels", noted(mark_copy_kernels), requires=("codegen",),

@@ -28,7 +28,7 @@ from fusion.aten.capture import aten_inputs, capture_aten
 from fusion.aten.nodes import unique_regions
 from fusion.compiler import registry
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
-from fusion.compiler.copy_kernels import lone_copy_regions
+from fusion.compiler.lone_kernels import lone_kernel_regions
 from fusion.compiler.lower_reductions import REDUCTIONS
 from fusion.compiler.lower_windows import c_refusal
 from fusion.compiler.lowering import Lowering
@@ -80,7 +80,7 @@ def generate_kernel(region: Region) -> KernelPlan:
     outputs = region.external_outputs
     if launch.kind == "reduction":
         return KernelPlan(code, inputs, meta, stored, outputs, launch.numel, {"RBLOCK": launch.rblock},
-                          launch.num_warps, min_xblock=launch.min_xblock, ir=kernel)  # fmt: skip
+                          launch.num_warps, min_xblock=launch.min_xblock, ir=kernel, elements=launch.elements)  # fmt: skip
     return KernelPlan(code, inputs, meta, stored, outputs, 0, {}, launch.num_warps, launch.numel, launch.xblock,
                       ir=kernel)  # fmt: skip
 
@@ -91,7 +91,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) ->
     ``.library_calls``. A region with an op no rule takes is cut there (an aten call, its reason in the report)."""
     ensure_meta(gm, example_inputs)
     regions = unique_regions(registry.get("build_fusion_regions")(gm))  # Phase 6's regions, built once
-    work = Worklist(gm, [*regions, *lone_copy_regions(gm, regions)])  # and pass copy_kernels' lone copies
+    work = Worklist(gm, [*regions, *lone_kernel_regions(gm, regions)])  # and the lone ops passes marked
     for region in work:
         try:
             work.done(generate_kernel(region))

@@ -43,7 +43,7 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
         kernel.name, kernel.source, kernel.kind, tuple(kernel.ops), inputs, stored,
         tuple(recipe(n, where) for n in plan.outputs), min(devices) if devices else "",
         plan.grid, tuple(plan.constexprs.items()), plan.num_warps, plan.xnumel, plan.xblock, plan.min_xblock,
-        plan.ir,
+        plan.ir, plan.elements,
     )  # fmt: skip
 
 

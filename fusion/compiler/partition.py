@@ -37,8 +37,8 @@ import torch.fx as fx
 from fusion.aten.nodes import reduced_dims
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
-from fusion.compiler.copy_kernels import is_copy_piece
 from fusion.compiler.launch_plans import launch_plan
+from fusion.compiler.lone_kernels import is_lone_kernel_piece
 from fusion.compiler.lower_reductions import REDUCTIONS
 from fusion.compiler.pass_base import run_stage
 from fusion.compiler.wrapper_passes import WRAPPER_PASSES, map_prims
@@ -169,9 +169,10 @@ def split_region(region: Region, bad: fx.Node, keep: bool = False) -> list[Regio
 
 def _kernel_pieces(region: Region, spans: Sequence[list[fx.Node]]) -> list[Region]:
     """The connected pieces of each span, siblings merged (:func:`merge_siblings`), with at least two non-view
-    nodes (or one copy pass ``copy_kernels`` marked, with its views), as regions of ``region``'s kind."""
+    nodes (or one op a pass marked for a kernel of its own, with its views: ``lone_kernels``), as regions of
+    ``region``'s kind."""
     pieces = [region.piece(nodes) for span in spans for nodes in merge_siblings(span, connected_pieces(span))]
-    return [p for p in pieces if p.non_view_count >= 2 or is_copy_piece(p.nodes)]
+    return [p for p in pieces if p.non_view_count >= 2 or is_lone_kernel_piece(p.nodes)]
 
 
 def merge_siblings(span: list[fx.Node], pieces: list[list[fx.Node]]) -> list[list[fx.Node]]:

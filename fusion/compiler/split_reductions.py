@@ -13,8 +13,11 @@ reduction runs. Split, the reduced extent ``L`` is viewed as ``(S, L / S)``::
 
 Stage 1 is an ordinary reduction over a view, so Phase 6's region takes the pointwise ops before it, the view and
 the reduction: one kernel, as before the split (tests/test_split_reductions.py counts them). Stage 2 reads S small
-partials and writes the result, its cast and mean's division in the same kernel (alone, a float32 sum's stage 2 is
-aten's reduction of S x outputs: a few microseconds). No atomics: every partial has one
+partials and writes the result, its cast and mean's division in the same kernel. Each stage is marked for a kernel of
+its own where no region takes it (:mod:`fusion.compiler.lone_kernels`): a float32 input's stage 1 and a float32
+sum's stage 2 are otherwise one op each, which Phase 6 leaves to aten (on an H200, 2026-11-28: 64 float32 rows of
+262,144 summed by two aten reductions took 24.8 us, Inductor's two generated kernels 19.6, limit 17.2; a bf16 input
+summed in float32, aten's stage 2: 13.6 against 12.7 us with a generated one). No atomics: every partial has one
 writer and the result one order of summation, the same on every call (deterministic).
 
 Numerics: a sum (and mean) of float16/bfloat16/float32 accumulates in float32 partials and is rounded to the result
@@ -54,6 +57,7 @@ import torch
 import torch.fx as fx
 
 from fusion.aten.nodes import is_view_node
+from fusion.compiler.lone_kernels import OWN_KERNEL
 from fusion.compiler.passes import Pass, noted
 from fusion.fxutils.finish import relint
 from fusion.fxutils.meta import call_with_meta
@@ -79,6 +83,8 @@ FEW_COLUMN_PROGRAMS = 1024  # a column walk of fewer programs (of COALESCED_ROWS
 # through its upcast, or a pointwise producer: a BERT bias gradient (4096, 768) of bf16, 23.2 us -> 14.6, a LayerNorm
 # weight gradient (g * x).sum([0, 1]), 20.7 -> 15.9 (bf16), 25.4 -> 21.6 (fp32); a lone float32 sum, two aten
 # reductions, 14.3 -> 23.4: not split; H100, scripts/results/h100-2026-11-27-reductions-short-columns.json).
+# (Both stages are now kernels even alone, lone_kernels; the two column thresholds stay as measured then: a float32
+# column of 4096-8192 rows split into two generated kernels is not measured.)
 LONG_EXTENT = 16384
 LONG_COLUMN_EXTENT = 8192
 FUSED_COLUMN_EXTENT = 4096
@@ -89,11 +95,15 @@ FUSED_COLUMN_EXTENT = 4096
 # past L2; limit = half a copy of the input): 64 x 262,144 rows: S = 2: 30 us, S = 8-1024: 13.6-14.6, limit 11.7
 # (S = 16: 1024 stage-1 rows); 16 x 1M: S = 8: 31, S = 32-1024: 13.7-13.9 (S = 64). Columns (65536, 1024): S = 16: 74
 # us, S = 64: 50, S = 256: 64-71, S = 1024: 100, limit 44.7; (8192, 4096): S = 4: 38, S = 8-16: 29, S = 32: 34, S = 256:
-# 83, limit 22.7. A column walk is fastest looped (chunks over COLUMN_RBLOCK = 256: the generator then takes 64
-# columns a program, 128 bytes of bf16 a row) with ~1024 such programs: 4096 groups of 16 columns. Stage 2 of a
+# 83, limit 22.7. A column walk is fastest looped (chunks over COLUMN_RBLOCK = 256), then with the 64-column tile of
+# that day ~1024 programs (4096 groups of 16 columns); with today's larger tile, fewer splits (below). Stage 2 of a
 # column walk reads at most COLUMN_RBLOCK partials in one block (more would be refused as too few programs).
 TARGET_PROGRAMS = 1024
 TARGET_COLUMN_PROGRAMS = 4096
+# A sum of a half input walks its columns with a wider tile (rows.WIDE_COLUMN_LOOP_ELEMENTS), which wants fewer
+# splits: swept on an H200 (2026-11-28), x.sum(0) of (8192, 4096) bf16 at 1.30x the limit with S = 4 (1.46x with the
+# narrow tile at S = 16), (65536, 1024) at 1.14x with S = 16; float32 sums and amax stay best with 4096 groups.
+TARGET_WIDE_COLUMN_PROGRAMS = 1024
 MIN_CHUNK = 1024
 MIN_COLUMN_CHUNK = 2 * COLUMN_RBLOCK
 MAX_ROW_SPLITS = 1024
@@ -163,6 +173,20 @@ def _generated(x: fx.Node) -> bool:
     return pointwise
 
 
+def _reads_half(x: fx.Node) -> bool:
+    """Is ``x`` a half tensor, or one cast up from one through views (``x.float().sum(0)``: stage 1 then reads the
+    half input through the cast, the kernel the wide tile of ``rows.WIDE_COLUMN_LOOP_ELEMENTS`` is for)?"""
+    while True:
+        if x.meta["val"].dtype in HALF:
+            return True
+        upcast = x.op == "call_function" and x.target in (prims.convert_element_type.default, aten._to_copy.default)
+        if not (upcast or (x.op == "call_function" and is_view_node(x, getitem=False))):
+            return False
+        if not isinstance(x.args[0], fx.Node) or "val" not in x.args[0].meta:
+            return False
+        x = x.args[0]
+
+
 def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
     """A :class:`Split` for reduction ``node``, a reason it is not split (a string: noted), or None (no candidate:
     enough outputs, or a short extent; nothing to say)."""
@@ -207,7 +231,8 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         return f"on {xv.device.type}: the C renderer walks a row on one thread at memory speed; a split adds a pass"
     if node.target not in ANYS and not (xv.dtype.is_floating_point and out.dtype.is_floating_point):
         return f"a reduction of {xv.dtype} to {out.dtype}: the generator reduces floats only (and any)"
-    splits = splits_for(extent, programs, column, target)
+    wide = column and node.target in SUMS | MEANS and _reads_half(x)  # stage 1 walks the wide tile
+    splits = splits_for(extent, programs, column, target or (TARGET_WIDE_COLUMN_PROGRAMS if wide else None))
     if splits is None:
         cap, chunk = (MAX_COLUMN_SPLITS, MIN_COLUMN_CHUNK) if column else (MAX_ROW_SPLITS, MIN_CHUNK)
         return f"an extent of {extent}: no divisor S in [2, {cap}] with chunks of >= {chunk}"
@@ -235,13 +260,13 @@ def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
             read = call_with_meta(graph, prims.convert_element_type.default, (view, acc))  # reduction a region
         if node.target in EXTREMA:
             p = call_with_meta(graph, node.target, (read, inner))
-            value = call_with_meta(graph, node.target, (p, outer))
+            value = stage2 = call_with_meta(graph, node.target, (p, outer))
         elif node.target in ANYS:
             p = call_with_meta(graph, aten.any.dim, (read, inner[0]))
-            value = call_with_meta(graph, aten.any.dim, (p, outer[0]))
+            value = stage2 = call_with_meta(graph, aten.any.dim, (p, outer[0]))
         else:  # sum, mean: float32 (float64) partials, one rounding to the result at the end
             p = call_with_meta(graph, aten.sum.dim_IntList, (read, inner))
-            value = call_with_meta(graph, aten.sum.dim_IntList, (p, outer))
+            value = stage2 = call_with_meta(graph, aten.sum.dim_IntList, (p, outer))
             if node.target in MEANS:
                 value = call_with_meta(graph, aten.div.Tensor, (value, split.extent))
         if value.meta["val"].dtype != out.dtype:  # the result's rounding, once (amax/amin: exact)
@@ -250,6 +275,8 @@ def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
             value = call_with_meta(graph, aten.view.default, (value, list(out.shape)))
     for n in (view, read, p, value):
         n.meta["split_reduction"] = node.name
+    for n in (p, stage2):  # each stage a generated kernel even alone (a float32 input's stage 1, a bare stage 2)
+        n.meta[OWN_KERNEL] = True
     node.replace_all_uses_with(value)
     graph.erase_node(node)
     return value

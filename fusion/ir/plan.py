@@ -112,13 +112,15 @@ GeneratedKernel = Kernel  # the name Phase 8's text and older code use
 
 
 class LaunchGeometry:
-    """The launch grid of a plan with ``grid``, ``constexprs``, ``xnumel``, ``xblock`` and ``min_xblock`` (both plans)."""
+    """The launch grid of a plan with ``grid``, ``constexprs``, ``xnumel``, ``xblock``, ``min_xblock`` and
+    ``elements`` (both plans)."""
 
     grid: int
     constexprs: dict[str, int]
     xnumel: int
     xblock: int
     min_xblock: int
+    elements: int
 
     def launch_config(self, device: torch.device) -> tuple[int, dict[str, int]]:
         """(programs, constexprs): a pointwise kernel takes ``xblock`` (1024) elements per program on a GPU, and many
@@ -126,7 +128,7 @@ class LaunchGeometry:
         rows (:func:`rows_per_program`)."""
         rblock = 0 if self.xnumel else dict(self.constexprs).get("RBLOCK", 0)
         cuda = device.type == "cuda"
-        return launch_grid(self.xnumel or self.grid, rblock, cuda, self.xblock, self.min_xblock)
+        return launch_grid(self.xnumel or self.grid, rblock, cuda, self.xblock, self.min_xblock, self.elements)
 
 
 @dataclass
@@ -147,6 +149,9 @@ class KernelPlan(LaunchGeometry):
     min_xblock: int = 1  # a reduction's fewest rows a program on a GPU (a column walk's: whole sectors a warp)
     ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR the source was rendered from (C renders it again)
     launch: LaunchPlan | None = None  # the run-time plan, once the partition has made it
+    elements: int = (
+        0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: ELEMENTS_PER_PROGRAM; a looped column walk's)
+    )
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class LaunchPlan(LaunchGeometry):
     xblock: int = 1024
     min_xblock: int = 1
     ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR (the C renderer's input)
+    elements: int = 0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: ELEMENTS_PER_PROGRAM)
 
 
 # A reduction kernel's block of XBLOCK rows x RBLOCK lanes, as a table (Inductor autotunes over a few such configs):
@@ -203,26 +209,30 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def rows_per_program(rows: int, rblock: int, cuda: bool = True, least: int = 1) -> int:
+def rows_per_program(rows: int, rblock: int, cuda: bool = True, least: int = 1, elements: int = 0) -> int:
     """XBLOCK, a power of two: 1 for rows of 4096+ lanes, 32 for ConvNeXt's rows of 96 channels (RBLOCK 128); never
-    below ``least`` to fill the GPU (a column walk's rows are neighbouring addresses: a warp must read whole sectors)."""
-    xblock = min(next_power_of_2(rows), max(1, (ELEMENTS_PER_PROGRAM if cuda else INTERPRETER_ELEMENTS) // rblock))
+    below ``least`` to fill the GPU (a column walk's rows are neighbouring addresses: a warp must read whole sectors).
+    ``elements``: the block's XBLOCK x RBLOCK on a GPU where not :data:`ELEMENTS_PER_PROGRAM` (a looped column walk's)."""
+    budget = (elements or ELEMENTS_PER_PROGRAM) if cuda else INTERPRETER_ELEMENTS
+    xblock = min(next_power_of_2(rows), max(1, budget // rblock))
     while cuda and xblock > least and -(-rows // xblock) < FILL_PROGRAMS:
         xblock //= 2
     return xblock
 
 
-def launch_grid(numel: int, rblock: int, cuda: bool, xblock: int = 1024, least: int = 1) -> tuple[int, dict[str, int]]:
+def launch_grid(
+    numel: int, rblock: int, cuda: bool, xblock: int = 1024, least: int = 1, elements: int = 0
+) -> tuple[int, dict[str, int]]:
     """(programs, constexprs) of a launch over ``numel`` elements (a pointwise kernel, ``rblock`` 0: ``xblock`` a
     program on a GPU, :data:`INTERPRETER_BLOCK` in the interpreter) or ``numel`` rows of ``rblock`` lanes (a
     reduction: :func:`rows_per_program` rows a program, never fewer than ``least`` on a GPU)."""
     if rblock:
-        rows = rows_per_program(numel, rblock, cuda, least)
+        rows = rows_per_program(numel, rblock, cuda, least, elements)
         return -(-numel // rows), {"XBLOCK": rows, "RBLOCK": rblock}
     block = min(xblock if cuda else INTERPRETER_BLOCK, next_power_of_2(numel))
     return -(-numel // block), {"XBLOCK": block}
 
 
-def row_warps(rows: int, rblock: int, least: int = 1) -> int:
+def row_warps(rows: int, rblock: int, least: int = 1, elements: int = 0) -> int:
     """Warps for a reduction kernel on a GPU: one per 512 elements of its block, 2 to 8."""
-    return min(8, max(2, rows_per_program(rows, rblock, True, least) * rblock // 512))
+    return min(8, max(2, rows_per_program(rows, rblock, True, least, elements) * rblock // 512))

@@ -63,12 +63,19 @@ COALESCED_ROWS = 16  # rows a program must take to read a reduction over non-inn
 LOOPED_MIN_ROWS = 128
 # A column walk (the rows are what is contiguous: ``x.sum(0)``, a bias gradient) takes XBLOCK >= COALESCED_ROWS
 # neighbouring rows a program, so its block of a row is short: a row of up to COLUMN_RBLOCK elements in one block
-# (16 x 256 = 4096 elements, the table's ELEMENTS_PER_PROGRAM), a longer one in steps of COLUMN_LOOP_RBLOCK (Inductor's
-# OUTER reductions step 8 at a time with XBLOCK 64; 64 here, a tile of 16-64 rows x 64 steps). A table, not yet timed on
-# a GPU. Few long columns leave SMs idle: a looped column walk needs LOOPED_MIN_ROWS programs (2048 kept elements),
-# else aten's reduction, which splits them (on an H200, 2026-11-26: x.sum(0) of (65536, 1024) bf16 in 64 programs took
-# 1015 us against aten's 290; a BERT bias gradient, 48 programs, 27 against 24 us; scripts/gpu_outer_sums.py).
-COLUMN_RBLOCK, COLUMN_LOOP_RBLOCK = 256, 64
+# (16 x 256 = 4096 elements, the table's ELEMENTS_PER_PROGRAM), a longer one in a loop: steps of COLUMN_LOOP_RBLOCK,
+# a tile of 64 columns x 64 steps (XBLOCK halved to fill the GPU, never below 16), COLUMN_LOOP_WARPS warps; a sum of
+# a half input (every load 2 bytes, every fold a sum) a tile of WIDE_COLUMN_LOOP_ELEMENTS, 128 x 128. Swept on an
+# H200 (2026-11-28, scripts/gpu_column_sweep.py, scripts/results/h200-2026-11-28-1610-sweeps/: tiles of 32-256 x
+# 16-256, 4-16 warps, 2-64 splits; times as multiples of the bandwidth limit): x.sum(0) of (8192, 4096) bf16 1.46
+# with the 64 x 64 tile, 1.30 with 128 x 128 (Inductor 1.32), (65536, 1024) 1.22 -> 1.14; but a float32 sum or an amax
+# over the 128 x 128 tile slowed to 1.33 and 2.15 (its float32 tile in registers), where 64 x 64 holds them at 1.13-
+# 1.25. Warps: the rule below gave a halved 16 x 64 tile (a BERT bias gradient's) 2 warps, 13.6 us; 8 warps, 7.4
+# (Inductor 7.7). Few long columns leave SMs idle: a looped column walk needs LOOPED_MIN_ROWS programs (2048 kept
+# elements), else aten's reduction (on an H200, 2026-11-26: x.sum(0) of (65536, 1024) bf16 in 64 programs took 1015
+# us against aten's 290; scripts/gpu_outer_sums.py); pass split_reductions splits such columns first.
+COLUMN_RBLOCK, COLUMN_LOOP_RBLOCK, COLUMN_LOOP_WARPS = 256, 64, 8
+WIDE_COLUMN_LOOP_RBLOCK, WIDE_COLUMN_LOOP_ELEMENTS = 128, 16384
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
   neighbouring addresses: XBLOCK >= 16 of them a program, short blocks of a row.
 * Block sizes and warps from a table: a pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on
   a GPU and 4 warps (512 for a depthwise window's many loads); a reduction's RBLOCK is the row's power of two up to
-  :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4 or
-  ``rows.COLUMN_LOOP_RBLOCK``), XBLOCK ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the
+  :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a
+  longer column walk over the tile ``rows`` sets: wider for a sum of a half input, 8 warps), XBLOCK
+  ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the
   interpreter takes larger blocks (each program costs it ~1 ms of Python); ``ir.plan.launch_grid`` makes the grid
   (the runtime's plan and :class:`Launch` alike).
 * Offsets are int32 unless some index can reach 2**31 (then the flat index is int64, so every product is).
@@ -37,7 +38,14 @@ from dataclasses import dataclass
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
 from fusion.kernels.ir_loops import coalesce
-from fusion.kernels.rows import COALESCED_ROWS, COLUMN_LOOP_RBLOCK, COLUMN_RBLOCK
+from fusion.kernels.rows import (
+    COALESCED_ROWS,
+    COLUMN_LOOP_RBLOCK,
+    COLUMN_LOOP_WARPS,
+    COLUMN_RBLOCK,
+    WIDE_COLUMN_LOOP_ELEMENTS,
+    WIDE_COLUMN_LOOP_RBLOCK,
+)
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES, WINDOW_BLOCK
 
 MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
@@ -199,12 +207,12 @@ class Launch:
     xblock: int = POINTWISE_BLOCK
     min_xblock: int = 1
     num_warps: int = 4
+    elements: int = 0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: plan.ELEMENTS_PER_PROGRAM)
 
     def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
         """(programs, constexprs) on a GPU (``cuda``) or in the interpreter (see the module's docstring)."""
-        return launch_grid(
-            self.numel, self.rblock if self.kind == "reduction" else 0, cuda, self.xblock, self.min_xblock
-        )
+        rblock = self.rblock if self.kind == "reduction" else 0
+        return launch_grid(self.numel, rblock, cuda, self.xblock, self.min_xblock, self.elements)
 
 
 def _column(k: ir.Kernel) -> bool:
@@ -226,6 +234,15 @@ def _column(k: ir.Kernel) -> bool:
     return rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
 
 
+def _half_sum(k: ir.Kernel) -> bool:
+    """Does every fold of ``k`` sum, and every tensor it reads hold 2-byte floats (a bf16 column sum, a bias
+    gradient of a half GEMM's output)?"""
+    folds = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Reduce)]
+    read = {t.buffer for t in k.statements() if isinstance(t, ir.Load)}
+    dtypes = {b.dtype for b in k.buffers if b.name in read}
+    return bool(folds and read) and all(f.op == "sum" for f in folds) and dtypes <= {"float16", "bfloat16"}
+
+
 def launch_facts(k: ir.Kernel) -> Launch:
     """The block sizes and warps of the table in the module's docstring for kernel ``k``."""
     numel = math.prod(lp.size for lp in k.loops)
@@ -234,12 +251,17 @@ def launch_facts(k: ir.Kernel) -> Launch:
         return Launch(k.name, "pointwise", numel, xblock=WINDOW_BLOCK if window else POINTWISE_BLOCK)
     rnumel, column = math.prod(lp.size for lp in k.reduce_loops), _column(k)
     rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, MAX_RBLOCK) if column else MAX_RBLOCK
-    looped = rblock > block
-    if looped:
-        rblock = max(min(COLUMN_LOOP_RBLOCK, MAX_RBLOCK // 4) if column else MAX_RBLOCK // 4, 1)
+    looped, elements = rblock > block, 0
+    if looped and column:  # the swept tiles of rows.py: 128 x 128 for a sum of a half input, else 64 x 64
+        wide = _half_sum(k)
+        rblock = WIDE_COLUMN_LOOP_RBLOCK if wide else COLUMN_LOOP_RBLOCK
+        elements = WIDE_COLUMN_LOOP_ELEMENTS if wide else 0
+    elif looped:
+        rblock = max(MAX_RBLOCK // 4, 1)
     least = COALESCED_ROWS if column else 1
-    warps = row_warps(numel, rblock, least)
-    return Launch(k.name, "reduction", numel, rnumel, rblock, looped, column, min_xblock=least, num_warps=warps)
+    warps = COLUMN_LOOP_WARPS if column and looped else row_warps(numel, rblock, least)
+    return Launch(k.name, "reduction", numel, rnumel, rblock, looped, column, min_xblock=least, num_warps=warps,
+                  elements=elements)  # fmt: skip
 
 
 def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
