@@ -859,16 +859,17 @@ def test_fuzz_backend_gradients_equal_eager(case):
 @given(programs(float_only=True, max_steps=5))
 def test_fuzz_backend_with_the_gpu_only_passes_equals_eager(case):
     """The backend with its CUDA-only passes rewriting these CPU graphs too (each pass's ``ON_CPU``): lone layout
-    copies as kernels (``copy_kernels``), casts combined (``combo_casts``), split reductions, index_put sums; forward,
-    and gradients where every input is float32 or float64."""
+    copies as kernels (``copy_kernels``), casts combined (``combo_casts``), split reductions, index_put sums,
+    gathers kept inside the kernels that read them (``inline_gathers``); forward, and gradients where every input is
+    float32 or float64."""
     from unittest import mock
 
-    from fusion.compiler import combo_casts, copy_kernels, scatter_passes, split_reductions
+    from fusion.compiler import combo_casts, copy_kernels, lower_gathers, scatter_passes, split_reductions
 
     program, inputs = case
     grads = all(t.dtype in (torch.float32, torch.float64) for t in inputs)
     with contextlib.ExitStack() as stack:
-        for module in (copy_kernels, combo_casts, scatter_passes, split_reductions):
+        for module in (copy_kernels, combo_casts, scatter_passes, split_reductions, lower_gathers):
             stack.enter_context(mock.patch.object(module, "ON_CPU", True))
         check_backend(program, inputs, grads=grads)
 
