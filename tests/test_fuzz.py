@@ -604,6 +604,25 @@ def test_fuzz_found_a_gradient_at_a_nan_input_is_not_compared(outside_hypothesis
 
 
 @pytest.mark.phase9
+def test_fuzz_found_an_outside_op_between_a_group_and_the_kernel_it_waits_for(outside_hypothesis):
+    """Found by the long run (2026-11-28, the code of that morning fails it too): in a backward, a kernel
+    (``div, mul, add_1``) reads another kernel's output (``mul_1``) computed after ``sum(mul)``, an aten reduction that
+    reads a member: the call sat after ``mul_1`` and ``sum`` read ``mul`` before it existed. And in a second backward
+    every member of a kernel came before the kernel it reads, so no member could hold the call. The partition now
+    orders the graph by its dependencies with each kernel as one unit (``partition.order_by_dependencies``)."""
+    first = {"steps": [("unary", "abs", (0,), None), ("unary", "abs", (2,), None), ("binary", "add", (1, 0), None),
+                       ("reduce", "amax_keep", (4,), None), ("view", "expand", (5,), None)], "outputs": [2, 6]}  # fmt: skip
+    check_backend(first, (torch.tensor([[[1.5410]]]), torch.tensor(1.5410)), grads=True)
+    x = torch.empty(1, 1, 14)[:, :, ::2]  # strided, as drawn
+    x.copy_(torch.tensor([-1.2063e-04, 2.6563e-04, 4.0133e-04, 1.7145e-03, -7.2870e-04, -8.7862e-05, 1.6872e-04]))
+    y = torch.tensor([[float("nan"), float("nan"), -0.0006, -0.0003, -0.0018, 0.0004, 0.0016]], dtype=torch.float64)
+    second = {"steps": [("binary", "div", (1, 0), None), ("view", "cat_twice", (2,), None),
+                        ("binary", "div", (1, 0), None), ("reduce", "amax_keep", (4,), None),
+                        ("reduce", "amax_keep", (5,), None)], "outputs": [2, 6]}  # fmt: skip
+    check_backend(second, (x, y), grads=True)
+
+
+@pytest.mark.phase9
 def test_fuzz_found_a_float64_value_rounded_to_float32_is_compared_rounded(outside_hypothesis):
     """Found by the long run (2026-11-28): ``x.abs().to(torch.float32) == x`` for a float64 x gave True where
     float32 cannot hold x: gcc 12.2 (AVX-512VL) folded the round trip away in the C kernel; the compiler's probe now

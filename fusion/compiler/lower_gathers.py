@@ -50,14 +50,15 @@ from fusion.kernels.rows import is_gather
 
 aten = torch.ops.aten
 INDEX_DTYPES = (torch.int64, torch.int32)
-# A gather whose values the kernel reads this many times each or more (Swin's relative-position
-# bias, (heads, 49, 49), added to the scores of every window) is stored once instead: each read of a gathered element
-# is two dependent loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs,
-# 2026-11-27) Swin-T ran 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153
-# and 3.161 ms); with the stored bias a kernel of its own (gathered and laid out contiguous, no aten index) 3.110 ->
-# 3.005 ms, MaxViT-T 6.778 -> 6.671 ms (docs/measurements.md). On a CPU (the C renderer, the CPU suite's sizes) the
-# gather inside Swin-T's softmax kernels made a call 1.56x slower (212.8 against 136.2 ms). On a GPU without CUDA
-# graphs the kernel it adds is a launch (22 a MaxViT-T call) of a CPU-bound call: there it stays in the softmax.
+# A gather whose values the kernel reads this many times each or more (Swin's relative-position bias, (heads, 49, 49),
+# added to the scores of every window) is stored once instead: each read of a gathered element is two dependent
+# loads (the index, then the table) where a stored one is one. On an H200 (bf16, CUDA graphs, 2026-11-27) Swin-T ran
+# 3.29 ms a call without this rule and 3.23 ms with it (two hosts whose earlier tree ran 3.153 and 3.161 ms); with the
+# stored bias a kernel of its own (gathered and laid out contiguous, no aten index) 3.110 -> 3.005 ms, MaxViT-T
+# 6.778 -> 6.671 ms (docs/measurements.md); on 2026-11-28 MaxViT-T 6.373 ms stored against 6.579 gathered inside the
+# softmax. On a CPU (the C renderer, the CPU suite's sizes) the gather inside Swin-T's softmax kernels made a call
+# 1.56x slower (212.8 against 136.2 ms). On a GPU without CUDA graphs the kernel it adds is a launch (22 a MaxViT-T
+# call) of a CPU-bound call: there pass inline_gathers keeps it in the softmax (MaxViT-T 1-2 %, Swin-T 4 % faster).
 REREAD = 4
 INLINE_GATHER = "inline_gather"  # node.meta key (pass inline_gathers): a load in its kernel however often it is read
 ON_CPU = False  # the tests: pass inline_gathers marks CPU gathers too

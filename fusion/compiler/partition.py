@@ -218,6 +218,56 @@ def hoist_constant_inputs(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
                 position = {n: i for i, n in enumerate(gm.graph.nodes)}
 
 
+def order_by_dependencies(gm: fx.GraphModule, groups: Sequence[Group]) -> bool:
+    """Put ``gm``'s nodes in an order where each group's members are contiguous and follow everything the group reads,
+    and every outside node follows what it reads: a topological sort of the graph with each group as one unit, ties
+    broken by the original position (so a graph the groups fit already keeps its order). Needed where a group reads
+    another group's output and an outside op reads one of its members in between (fuzzer's finds: a backward whose
+    ``sum(mul)`` sat between ``mul``'s group and the group it waits for), or where every member precedes that
+    producer. Returns False, leaving the graph alone, where an op writes state or is impure (order then carries
+    meaning the data flow does not show) or the groups form a cycle."""
+    import heapq
+
+    from fusion.compiler.graph_passes import writes_state
+
+    nodes = list(gm.graph.nodes)
+    if any(n.op not in ("placeholder", "output", "get_attr") and writes_state(n) for n in nodes):
+        return False
+    position = {n: i for i, n in enumerate(nodes)}
+    group_of = {n: g for g in groups for n in g.nodes}
+    unit_of = {n: group_of.get(n, n) for n in nodes}
+    first = {u: position[u.nodes[0]] if isinstance(u, Group) else position[u] for u in unit_of.values()}
+    units = {first[u]: u for u in unit_of.values()}
+    deps: dict[int, set[int]] = {k: set() for k in units}
+    for n in nodes:
+        k = first[unit_of[n]]
+        deps[k] |= {first[unit_of[i]] for i in n.all_input_nodes} - {k}
+    users: dict[int, list[int]] = {k: [] for k in units}
+    for k, ds in deps.items():
+        for d in ds:
+            users[d].append(k)
+    waiting = {k: len(ds) for k, ds in deps.items()}
+    ready = [k for k, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[fx.Node] = []
+    while ready:
+        k = heapq.heappop(ready)
+        unit = units[k]
+        order.extend(unit.nodes if isinstance(unit, Group) else [unit])
+        for u in users[k]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):  # a cycle through groups: the caller's check names it
+        return False
+    if order != nodes:
+        for prev, node in zip(order, order[1:], strict=False):
+            prev.append(node)
+    for g in groups:
+        g.at = None  # contiguous now: the call sits at the first member
+    return True
+
+
 def place_after_producers(gm: fx.GraphModule, groups: Sequence[Group]) -> None:
     """Set ``group.at`` where a group reads another group's output (the two sides of a :class:`SplitRegion`, their
     members interleaved in the graph): its call sits at its first member after the producer's call. Every other
@@ -259,7 +309,8 @@ def build_compiled_graph(gm: fx.GraphModule, plans: Sequence[KernelPlan]) -> fx.
     kernels = {name: rt.RegionKernel(p.launch or launch_plan(p)) for name, p in zip(names, plans, strict=True)}
     groups = [Group(name, p.kernel.region.nodes, p.inputs, p.outputs) for name, p in zip(names, plans, strict=True)]
     hoist_constant_inputs(gm, groups)
-    place_after_producers(gm, groups)
+    if not order_by_dependencies(gm, groups):
+        place_after_producers(gm, groups)
 
     def launch(graph: fx.Graph, group: Group, args: tuple[fx.Node, ...]) -> fx.Node:
         call = graph.call_function(kernels[group.name].launch, args)
