@@ -623,17 +623,14 @@ def test_fuzz_found_an_outside_op_between_a_group_and_the_kernel_it_waits_for(ou
 
 
 @pytest.mark.phase9
-@pytest.mark.xfail(
-    strict=True, reason="open wrong answer (2026-11-28): erf in a kernel vs aten's erf under an equality"
-)
 def test_fuzz_found_amax_gradient_through_erf_recomputed_by_another_implementation(outside_hypothesis):
     """Found by the long run (2026-11-28 evening; the code of that morning gives it too): the gradient of
     ``erf(x.abs().permute(...)).amax(-1)`` is NaN everywhere. AOTAutograd's backward of amax is
     ``grad * (amax == y) / (amax == y).sum()``, and the min-cut partitioner recomputes ``y = erf(...)`` in the backward.
     The forward's erf + amax ran as aten (the generator refused that reduction), the backward's erf in a generated
     kernel (the C renderer's ``fusion_erff``, within 1.5e-7 of eager's but not its bits): the equality is false for
-    every element, the count 0, the gradient 0/0. An op's value must not depend on which implementation the forward
-    and the backward happen to get wherever an equality reads it; not fixed yet (kept as a strict xfail)."""
+    every element, the count 0, the gradient 0/0. A forward value an equality reads is now saved, never recomputed
+    (``aot.save_compared_values``: the min-cut partitioner's MUST_SAVE), so both sides come from the forward."""
     program = {"steps": [("unary", "abs", (0,), None), ("view", "permute", (2,), None), ("unary", "erf", (3,), None),
                          ("reduce", "amax_keep", (4,), None)], "outputs": [2, 5]}  # fmt: skip
     x = torch.tensor([[[[1.5410, -0.2934], [-2.1788, 0.5684], [-1.0845, -1.3986]]]])

@@ -82,7 +82,42 @@ def partitioner(options: object) -> dict:
         return {}
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    return {"partition_fn": min_cut_rematerialization_partition}
+    def partition(joint: fx.GraphModule, *args, **kwargs):
+        save_compared_values(joint)
+        return min_cut_rematerialization_partition(joint, *args, **kwargs)
+
+    return {"partition_fn": partition}
+
+
+def save_compared_values(joint: fx.GraphModule) -> int:
+    """Mark each forward value that an equality reads (``eq``/``ne`` of two tensors: amax's and max's backward
+    ``grad * (result == x) / count``) as saved, never recomputed by the backward (``CheckpointPolicy.MUST_SAVE``,
+    which the min-cut partitioner honours). Recomputed, ``x`` may come from another implementation than the one the
+    forward's result came from (eager's erf in a refused region against a kernel's ``fusion_erff``, a bit apart): the
+    equality is then false everywhere and the gradient 0/0 (a fuzzer's find, tests/test_fuzz.py). Returns how many
+    were marked."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from fusion.aten.nodes import is_view_node
+
+    aten = torch.ops.aten
+    backward: set[fx.Node] = set()  # what depends on a tangent: the backward's own values, nothing to save
+    for node in joint.graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+            i in backward for i in node.all_input_nodes
+        ):
+            backward.add(node)
+    marked = 0
+    for node in joint.graph.nodes:
+        if node.op != "call_function" or node.target not in (aten.eq.Tensor, aten.ne.Tensor):
+            continue
+        for value in node.args[:2]:
+            while isinstance(value, fx.Node) and value.op == "call_function" and is_view_node(value, getitem=False):
+                value = value.args[0]
+            if isinstance(value, fx.Node) and value.op == "call_function" and value not in backward:
+                value.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+                marked += 1
+    return marked
 
 
 def placeholders(gm: fx.GraphModule) -> list[fx.Node]:
