@@ -56,7 +56,8 @@ from fusion.ir.plan import GeneratedKernel, Unsupported
 from fusion.kernels import timing
 from fusion.kernels import triton_demo as demo
 from fusion.kernels import triton_runtime as rt
-from fusion.kernels.triton_render import MAX_RBLOCK, tanh
+from fusion.kernels.triton_launch import MAX_RBLOCK
+from fusion.kernels.triton_render import tanh
 from fusion.regions import build_fusion_regions
 
 __all__ = ["triton_expr", "split_index", "compile_graph", "compile_regions", "generate_kernel", "generated_sources",

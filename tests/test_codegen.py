@@ -28,7 +28,7 @@ from fusion.codegen import compile_graph, compile_regions, split_index, triton_e
 from fusion.compiler import generate
 from fusion.ir import kernel_ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels import c_runtime, triton_render
+from fusion.kernels import c_runtime, triton_launch, triton_render
 from fusion.kernels import rows as kernel_rows
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels import triton_runtime as rt
@@ -665,7 +665,7 @@ def short_blocks(max_rblock=16, min_rows=1):
     """Rows longer than ``max_rblock`` are looped (RBLOCK max_rblock // 4), however few: small tensors take the loop."""
     with (
         mock.patch.object(generate, "MAX_RBLOCK", max_rblock),  # the rows' check
-        mock.patch.object(triton_render, "MAX_RBLOCK", max_rblock),  # the Triton kernel's blocks
+        mock.patch.object(triton_launch, "MAX_RBLOCK", max_rblock),  # the Triton kernel's blocks
         mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", min_rows),
     ):
         yield

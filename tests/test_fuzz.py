@@ -683,14 +683,14 @@ def test_every_sum_of_a_row_of_negative_zeros_is_positive_zero(name, n, looped):
 
     from fusion.compiler import generate
     from fusion.kernels import rows as kernel_rows
-    from fusion.kernels import triton_render
+    from fusion.kernels import triton_launch
 
     program = {"steps": [("reduce", name, (0,), None), ("unary", "reciprocal", (1,), None)], "outputs": [2]}
     inputs = (torch.full((3, n), -0.0),)
-    block = 4 if looped else triton_render.MAX_RBLOCK
+    block = 4 if looped else triton_launch.MAX_RBLOCK
     with (
         mock.patch.object(generate, "MAX_RBLOCK", block),  # the rows code generation checks
-        mock.patch.object(triton_render, "MAX_RBLOCK", block),  # the Triton renderer's blocks
+        mock.patch.object(triton_launch, "MAX_RBLOCK", block),  # the Triton renderer's blocks
         mock.patch.object(kernel_rows, "LOOPED_MIN_ROWS", 1),
     ):
         got, compiled = run_compiled(program, inputs)

@@ -19,7 +19,7 @@ from support import Fn
 from fusion import backend
 from fusion.codegen import compile_regions
 from fusion.compiler import generate
-from fusion.kernels import c_runtime, triton_render
+from fusion.kernels import c_runtime, triton_launch
 from fusion.kernels import triton_runtime as rt
 
 pytestmark = pytest.mark.phase8
@@ -151,7 +151,7 @@ def test_a_row_sum_of_a_viewed_gradient_stores_the_flat_cast(renderer):
 def test_a_looped_row_stores_its_reshaped_member_in_the_last_loop(renderer, monkeypatch):
     """Rows longer than one block (MAX_RBLOCK lowered to 16): the reshaped member is stored block by block."""
     monkeypatch.setattr(generate, "MAX_RBLOCK", 16)  # the rows code generation checks
-    monkeypatch.setattr(triton_render, "MAX_RBLOCK", 16)  # the Triton renderer's blocks
+    monkeypatch.setattr(triton_launch, "MAX_RBLOCK", 16)  # the Triton renderer's blocks
     x, w, b = _rand((4, 32, 40), 0), _rand(40, 1), _rand(40, 2)
 
     def f(x, w, b):

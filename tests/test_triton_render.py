@@ -16,7 +16,7 @@ from fusion.codegen import compile_regions, generate_kernel, split_index, triton
 from fusion.compiler import random_ops
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
-from fusion.kernels import c_runtime, triton_render
+from fusion.kernels import c_runtime, triton_launch, triton_render
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -40,7 +40,7 @@ def _values(gm: fx.GraphModule, args) -> dict[fx.Node, object]:
     return env
 
 
-def render(kernel: ir.Kernel) -> tuple[str, triton_render.Launch]:
+def render(kernel: ir.Kernel) -> tuple[str, triton_launch.Launch]:
     """The Triton source of ``kernel`` and its launch facts, the ops spelled by Phase 8's ``triton_expr``."""
     return triton_render.render(kernel, triton_expr, split_index)
 
@@ -193,7 +193,7 @@ def test_row_reductions_in_one_block():
 def test_looped_rows_fold_blocks_and_compute_again():
     x = _r(3, 17000)
     ((kernel, k, _),) = rendered(lambda x: torch.softmax(x, -1), x)
-    assert k.launch.looped and k.launch.rblock == triton_render.MAX_RBLOCK // 4
+    assert k.launch.looped and k.launch.rblock == triton_launch.MAX_RBLOCK // 4
     assert k.source.count("for roffset in range(0, 17000, RBLOCK):") == 3, k.source  # max, sum, the stores
     rendered(lambda x: (x * x).sum(-1) + x.amax(-1), x)
 
@@ -279,11 +279,11 @@ def test_fma_rounds_once():
 )
 def test_the_plans_launch_facts_are_the_renderers(fn, x):
     """The block sizes, grid and warps a generated kernel launches with (``KernelPlan.launch_config``) are those the
-    Triton renderer read off its kernel IR (``triton_render.launch_facts``), on a GPU and in the interpreter."""
+    Triton renderer read off its kernel IR (``triton_launch.launch_facts``), on a GPU and in the interpreter."""
     (region,) = unique_regions(build_fusion_regions(capture_aten(Fn(fn), (x,))))
     plan = generate_kernel(region)
     assert plan.ir is not None and plan.ir.name == plan.kernel.name
-    launch = triton_render.launch_facts(plan.ir)
+    launch = triton_launch.launch_facts(plan.ir)
     for device in (torch.device("cuda"), torch.device("cpu")):
         assert launch.launch_config(device.type == "cuda") == plan.launch_config(device), device
     assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise") == bool(plan.xnumel)
@@ -311,7 +311,7 @@ def test_offsets_past_two_to_the_31_are_int64():
     assert "tl.program_id(0).to(tl.int64)" in source
     small, _ = render(rendered(lambda x: x * 2 + 1, _r(5))[0][0])
     assert "tl.program_id(0).to(tl.int64)" not in small
-    empty = triton_render.Launch("k_empty", "pointwise", 0)  # an empty output: no program is launched
+    empty = triton_launch.Launch("k_empty", "pointwise", 0)  # an empty output: no program is launched
     assert empty.launch_config(True)[0] == empty.launch_config(False)[0] == 0
 
 

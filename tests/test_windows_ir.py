@@ -20,7 +20,7 @@ from fusion.compiler import lower_windows
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import Unsupported
-from fusion.kernels import c_runtime, triton_render
+from fusion.kernels import c_runtime, triton_launch
 from fusion.kernels import triton_runtime as rt
 from fusion.kernels.c_render import render
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
@@ -324,7 +324,7 @@ def test_no_tap_reads_outside_its_input(case):
             assert lo is None or (0 <= lo and hi <= top), (load, lo, hi, top)
     masked = [s for s in kernel.statements() if isinstance(s, ir.Load) and s.mask]
     assert masked and all(len(s.offset.terms) >= 2 for s in masked), kernel.describe()  # the input's taps only
-    xblock = triton_render.launch_facts(kernel).xblock  # a GPU program's elements: 512 for a depthwise window's taps
+    xblock = triton_launch.launch_facts(kernel).xblock  # a GPU program's elements: 512 for a depthwise window's taps
     assert xblock == (512 if case == "depthwise" else 1024), xblock
     if case == "depthwise":  # the weights and the per-channel values: unmasked, each element loaded once
         params = [s for s in kernel.statements() if isinstance(s, ir.Load) and len(s.offset.terms) < 2]

@@ -37,7 +37,8 @@ from fusion.ir.plan import GeneratedKernel, KernelPlan, Region
 from fusion.kernels import c_runtime, row_splits
 from fusion.kernels import rows as krows
 from fusion.kernels import triton_lang as tlang
-from fusion.kernels.triton_render import MAX_RBLOCK, render
+from fusion.kernels.triton_launch import MAX_RBLOCK
+from fusion.kernels.triton_render import render
 
 LESSON_PARTS = ("build_fusion_regions", "triton_expr", "split_index")  # what code generation asks the lessons for
 

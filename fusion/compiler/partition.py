@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import heapq
 import operator
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,7 @@ import torch.fx as fx
 from fusion.aten.nodes import reduced_dims
 from fusion.common import FusionReport, fallback_reason
 from fusion.compiler.compiled import CompiledGraph, CompiledModel
+from fusion.compiler.graph_passes import writes_state
 from fusion.compiler.launch_plans import launch_plan
 from fusion.compiler.lone_kernels import is_lone_kernel_piece
 from fusion.compiler.lower_reductions import REDUCTIONS
@@ -226,10 +228,6 @@ def order_by_dependencies(gm: fx.GraphModule, groups: Sequence[Group]) -> bool:
     ``sum(mul)`` sat between ``mul``'s group and the group it waits for), or where every member precedes that
     producer. Returns False, leaving the graph alone, where an op writes state or is impure (order then carries
     meaning the data flow does not show) or the groups form a cycle."""
-    import heapq
-
-    from fusion.compiler.graph_passes import writes_state
-
     nodes = list(gm.graph.nodes)
     if any(n.op not in ("placeholder", "output", "get_attr") and writes_state(n) for n in nodes):
         return False
@@ -260,11 +258,9 @@ def order_by_dependencies(gm: fx.GraphModule, groups: Sequence[Group]) -> bool:
                 heapq.heappush(ready, u)
     if len(order) != len(nodes):  # a cycle through groups: the caller's check names it
         return False
-    if order != nodes:
+    if order != nodes:  # each group contiguous now: its call sits at its first member (Group.at stays None)
         for prev, node in zip(order, order[1:], strict=False):
             prev.append(node)
-    for g in groups:
-        g.at = None  # contiguous now: the call sits at the first member
     return True
 
 

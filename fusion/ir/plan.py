@@ -149,9 +149,7 @@ class KernelPlan(LaunchGeometry):
     min_xblock: int = 1  # a reduction's fewest rows a program on a GPU (a column walk's: whole sectors a warp)
     ir: kernel_ir.Kernel | None = None  # the pure-data kernel IR the source was rendered from (C renders it again)
     launch: LaunchPlan | None = None  # the run-time plan, once the partition has made it
-    elements: int = (
-        0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: ELEMENTS_PER_PROGRAM; a looped column walk's)
-    )
+    elements: int = 0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: ELEMENTS_PER_PROGRAM)
 
 
 @dataclass(frozen=True)

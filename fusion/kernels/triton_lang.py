@@ -121,13 +121,13 @@ _named: dict[tuple[str, str], str] = {}  # (prefix, code without comments) -> th
 
 def kernel_name(region, launch, draft: str) -> tuple[str, str]:
     """(name, source) for a kernel whose ``draft`` source calls it :data:`UNNAMED`, rendered with ``launch``
-    (``triton_render.Launch``: its kind, and whether its rows loop). Inductor's naming:
+    (``triton_launch.Launch``: its kind, and whether its rows loop). Inductor's naming:
     triton_poi_fused_<ops>_<n> for pointwise, triton_per_fused_… for a persistent reduction (a row in one block),
     triton_red_fused_… for a looped one. A kernel whose code is an earlier kernel's, comments aside (a transformer's
     layers, ResNet's repeated blocks), gets that kernel's name: the runtime loads one module for both, and Triton
     compiles it once (Inductor's ``src_to_kernel`` does the same). Its source keeps the comments of its own region."""
     ops = sorted({n.target.overloadpacket.__name__.strip("_") for n in region.nodes if hasattr(n.target, "overloadpacket") and not is_view_node(n, getitem=False)})  # fmt: skip
-    kind = "poi" if launch.kind == "pointwise" else "red" if launch.looped else "per"  # triton_render.Launch
+    kind = "poi" if launch.kind == "pointwise" else "red" if launch.looped else "per"  # triton_launch.Launch
     prefix = f"triton_{kind}_fused_{'_'.join(ops[:8])}"
     key = (prefix, code_only(draft))
     if key not in _named:

@@ -1,5 +1,5 @@
 """The Triton renderer: a kernel IR record (``fusion.ir.kernel_ir``) -> one ``@triton.jit`` kernel and the facts its
-launch needs (:class:`Launch`), the renderer of GPU kernels beside ``fusion.kernels.c_render`` (CPU kernels). The
+launch needs (``triton_launch.Launch``), the renderer of GPU kernels beside ``fusion.kernels.c_render`` (CPU kernels). The
 runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
 
 * The ops: Phase 8's learner spells :data:`LESSON_OPS` (``fusion/codegen.py``'s ``triton_expr``, handed to
@@ -18,13 +18,7 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
   NaN), then one ``tl.reduce``; what a row needs after a fold is computed again in the next loop (the IR says so).
   A column walk (``x.sum(0)``: the innermost kept loop contiguous in memory) is the same tile with the rows as the
   neighbouring addresses: XBLOCK >= 16 of them a program, short blocks of a row.
-* Block sizes and warps from a table: a pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on
-  a GPU and 4 warps (512 for a depthwise window's many loads); a reduction's RBLOCK is the row's power of two up to
-  :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a
-  longer column walk over the tile ``rows`` sets: wider for a sum of a half input, 8 warps), XBLOCK
-  ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the
-  interpreter takes larger blocks (each program costs it ~1 ms of Python); ``ir.plan.launch_grid`` makes the grid
-  (the runtime's plan and :class:`Launch` alike).
+* Block sizes and warps: :func:`~fusion.kernels.triton_launch.launch_facts` (the table of ``triton_launch``).
 * Offsets are int32 unless some index can reach 2**31 (then the flat index is int64, so every product is).
 """
 
@@ -33,22 +27,11 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
-from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
 from fusion.kernels.ir_loops import coalesce
-from fusion.kernels.rows import (
-    COALESCED_ROWS,
-    COLUMN_LOOP_RBLOCK,
-    COLUMN_LOOP_WARPS,
-    COLUMN_RBLOCK,
-    WIDE_COLUMN_LOOP_ELEMENTS,
-    WIDE_COLUMN_LOOP_RBLOCK,
-)
-from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, POINTWISE_BLOCK, RAND_FUNCTION, TANH_SERIES, WINDOW_BLOCK
-
-MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
+from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, RAND_FUNCTION, TANH_SERIES
+from fusion.kernels.triton_launch import Launch, launch_facts
 
 TL = {"bool": "tl.int1", "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
       "int64": "tl.int64", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
@@ -188,80 +171,6 @@ def _top(e: ir.Affine, sizes: dict[str, int]) -> int:
         out += k * (sizes[a.name] - 1 if isinstance(a, ir.Var) else _top(a.of, sizes) // a.by if
                     isinstance(a, ir.FloorDiv) else min(a.by - 1, _top(a.of, sizes)))  # fmt: skip
     return out
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What a launch of the rendered kernel needs besides its tensors (the IR's buffers, in call order): the
-    elements (``numel``, pointwise) or rows (``numel``, reduction) the grid covers, a row's ``rnumel`` lanes in
-    blocks of ``rblock`` (``looped``: a loop over blocks), a pointwise program's ``xblock`` elements on a GPU, the
-    fewest rows a reduction program takes (``min_xblock``: a column walk's), and ``num_warps``."""
-
-    name: str
-    kind: str
-    numel: int
-    rnumel: int = 1
-    rblock: int = 0
-    looped: bool = False
-    column: bool = False
-    xblock: int = POINTWISE_BLOCK
-    min_xblock: int = 1
-    num_warps: int = 4
-    elements: int = 0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: plan.ELEMENTS_PER_PROGRAM)
-
-    def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
-        """(programs, constexprs) on a GPU (``cuda``) or in the interpreter (see the module's docstring)."""
-        rblock = self.rblock if self.kind == "reduction" else 0
-        return launch_grid(self.numel, rblock, cuda, self.xblock, self.min_xblock, self.elements)
-
-
-def _column(k: ir.Kernel) -> bool:
-    """``rows.Rows.of``'s column walk read off the IR: a row's elements scattered (a reduce loop's stride above a
-    kept loop's, the reduced dims not trailing or not contiguous) while the innermost kept loop is contiguous and at
-    least :data:`~fusion.kernels.rows.COALESCED_ROWS` long. The strides are the first load that walks the row."""
-    loads = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Load)]
-    red = {lp.var for lp in k.reduce_loops}
-    load = next((t for t in loads if t.offset.variables() & red), None)
-    if load is None or not k.loops:
-        return False
-    coef = {a.name: c for c, a in load.offset.terms if isinstance(a, ir.Var)}
-    rows_st = [(coef.get(lp.var, 0), lp.size) for lp in k.loops]
-    lanes_st = [coef.get(lp.var, 0) for lp in k.reduce_loops]
-    dims = [int(v[1:]) if v[1:].isdigit() else -1 for v in (lp.var for lp in (*k.loops, *k.reduce_loops))]
-    trailing = max(dims[: len(k.loops)]) < min(dims[len(k.loops) :]) if k.reduce_loops else True
-    if not (lanes_st and max(lanes_st) > min(st for st, _ in rows_st) and (trailing or lanes_st[-1] != 1)):
-        return False
-    return rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
-
-
-def _half_sum(k: ir.Kernel) -> bool:
-    """Does every fold of ``k`` sum, and every tensor it reads hold 2-byte floats (a bf16 column sum, a bias
-    gradient of a half GEMM's output)?"""
-    folds = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Reduce)]
-    read = {t.buffer for t in k.statements() if isinstance(t, ir.Load)}
-    dtypes = {b.dtype for b in k.buffers if b.name in read}
-    return bool(folds and read) and all(f.op == "sum" for f in folds) and dtypes <= {"float16", "bfloat16"}
-
-
-def launch_facts(k: ir.Kernel) -> Launch:
-    """The block sizes and warps of the table in the module's docstring for kernel ``k``."""
-    numel = math.prod(lp.size for lp in k.loops)
-    if k.kind != "reduction":  # a depthwise window's many loads: 512 a program (triton_lang.pointwise_block)
-        window = any(op.endswith("depthwise_conv2d.default") for op in k.ops)
-        return Launch(k.name, "pointwise", numel, xblock=WINDOW_BLOCK if window else POINTWISE_BLOCK)
-    rnumel, column = math.prod(lp.size for lp in k.reduce_loops), _column(k)
-    rblock, block = next_power_of_2(rnumel), min(COLUMN_RBLOCK, MAX_RBLOCK) if column else MAX_RBLOCK
-    looped, elements = rblock > block, 0
-    if looped and column:  # the swept tiles of rows.py: 128 x 128 for a sum of a half input, else 64 x 64
-        wide = _half_sum(k)
-        rblock = WIDE_COLUMN_LOOP_RBLOCK if wide else COLUMN_LOOP_RBLOCK
-        elements = WIDE_COLUMN_LOOP_ELEMENTS if wide else 0
-    elif looped:
-        rblock = max(MAX_RBLOCK // 4, 1)
-    least = COALESCED_ROWS if column else 1
-    warps = COLUMN_LOOP_WARPS if column and looped else row_warps(numel, rblock, least)
-    return Launch(k.name, "reduction", numel, rnumel, rblock, looped, column, min_xblock=least, num_warps=warps,
-                  elements=elements)  # fmt: skip
 
 
 def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
