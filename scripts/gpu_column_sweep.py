@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     from fusion.compiler import split_reductions as sr
 
     if args.dry_run:
-        sr.ON_CPU, sr.MIN_COLUMN_CHUNK, sr.LONG_COLUMN_EXTENT, sr.FUSED_COLUMN_EXTENT = True, 8, 64, 64
+        sr.ON_CPU, sr.MIN_COLUMN_CHUNK, sr.LONG_COLUMN_EXTENT = True, 8, 64
     t0 = time.time()
     default = [(None, None, None, None)]
     if args.dry_run:

@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
 
     if dry:  # tiny shapes: thresholds scaled down so the rewrite happens, on CPU
         sr.ON_CPU, sr.LONG_EXTENT, sr.MIN_CHUNK, sr.MIN_COLUMN_CHUNK = True, 256, 8, 8
-        sr.LONG_COLUMN_EXTENT = sr.FUSED_COLUMN_EXTENT = 256
+        sr.LONG_COLUMN_EXTENT = 256
     targets = [int(t) for t in args.targets.split(",") if t] or [None]
     rows, t0 = [], time.time()
     for name in args.cases.split(","):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.phase9
 aten = torch.ops.aten
 
 
-SMALL = dict(ON_CPU=True, LONG_EXTENT=64, LONG_COLUMN_EXTENT=64, FUSED_COLUMN_EXTENT=64, MIN_CHUNK=4, MIN_COLUMN_CHUNK=4,
+SMALL = dict(ON_CPU=True, LONG_EXTENT=64, LONG_COLUMN_EXTENT=64, MIN_CHUNK=4, MIN_COLUMN_CHUNK=4,
              TARGET_PROGRAMS=128, TARGET_COLUMN_PROGRAMS=128)  # stage 1 >= LOOPED_MIN_ROWS programs  # fmt: skip
 
 
@@ -266,21 +266,20 @@ def test_a_lone_float32_reductions_stages_are_kernels_of_their_own(small, op, sh
     _close(compiled(x), f(x), op, torch.float32, shape[dim])
 
 
-def test_a_short_column_is_split_only_into_a_generated_kernel(small, monkeypatch):
-    """Columns between FUSED_COLUMN_EXTENT and LONG_COLUMN_EXTENT are split only where stage 1 becomes a generated
-    kernel: a half input (read through its upcast) or a pointwise producer; a lone float32 sum would be two aten
-    reductions (measured slower than one)."""
-    monkeypatch.setattr(sr, "LONG_COLUMN_EXTENT", 256)
+def test_a_column_of_long_column_extent_is_split_whatever_produces_it(small, monkeypatch):
+    """Columns of LONG_COLUMN_EXTENT rows or more are split, a lone float32 sum too: both stages are kernels of
+    their own (``lone_kernels``), never aten reductions; shorter columns are left whole."""
+    monkeypatch.setattr(sr, "LONG_COLUMN_EXTENT", 128)
     x = torch.randn(128, 32)
-    assert split(lambda x: x.sum(0), x)[2] == 0  # float32, nothing before it
+    assert split(lambda x: x.sum(0), x)[2] == 1  # float32, nothing before it
     assert split(lambda x: (x * 2).sum(0), x)[2] == 1  # a pointwise producer
     assert split(lambda x: x.sum(0), x.to(torch.bfloat16))[2] == 1  # a half input
-    assert split(lambda x: x.sum(0), torch.randn(256, 32))[2] == 1  # long enough whatever runs it
-    # GPT-2's LayerNorm bias gradient: a GEMM's output cast to float32, viewed (b, s, d) and summed over (b, s); a
-    # view between them keeps the producer in stage 1's region, so it is a generated kernel too
-    assert split(lambda x: x.float().view(4, 32, 32).sum([0, 1]), x.to(torch.bfloat16))[2] == 1
-    assert split(lambda x: (x * 2).view(4, 32, 32).sum([0, 1]), x)[2] == 1
-    assert split(lambda x: x.view(4, 32, 32).sum([0, 1]), x)[2] == 0  # a view of an input: nothing to fuse
+    assert split(lambda x: x.view(4, 32, 32).sum([0, 1]), x)[2] == 1  # a view of an input
+    assert split(lambda x: x.sum(0), torch.randn(96, 32))[2] == 0  # short: left whole
+    gm, _, _ = split(lambda x: x.sum(0), x)
+    compiled = compile_graph(gm, aten_inputs(Fn(lambda x: x.sum(0)), (x,)))
+    assert compiled.num_kernels == 2 and compiled.library_calls == 0, compiled.report
+    torch.testing.assert_close(compiled(x), x.sum(0), rtol=1e-5, atol=1e-5)
 
 
 def test_a_training_step_keeps_eagers_gradients(small, monkeypatch):

@@ -41,7 +41,7 @@ propagates through both stages. ``any`` is an or of ors. Not split:
 
 Where it pays (CUDA only, constants below, measured): a row walk of fewer than :data:`FEW_PROGRAMS` programs over
 at least :data:`LONG_EXTENT` elements, or a column walk of fewer than :data:`FEW_COLUMN_PROGRAMS` over at least
-:data:`LONG_COLUMN_EXTENT` (:data:`FUSED_COLUMN_EXTENT` where stage 1 is a generated kernel). On a CPU never (unless :data:`ON_CPU`, which the tests set): the C renderer runs a
+:data:`LONG_COLUMN_EXTENT`. On a CPU never (unless :data:`ON_CPU`, which the tests set): the C renderer runs a
 kernel on one thread, where a row is walked at memory speed already and a split adds a pass and a kernel (not
 measured to help; nothing suggests it would). scripts/gpu_reductions.py measures the pass on a GPU (H100,
 2026-11-27: scripts/results/h100-2026-11-27-reductions.json).
@@ -78,16 +78,14 @@ FEW_PROGRAMS = 256  # a row walk (reduced dim innermost in memory) of fewer rows
 # unsplit, 512 looped programs: 14.0 us, split S = 2: 17.2, limit 12.8; H100, scripts/results/h100-2026-11-27-reductions.json)
 FEW_COLUMN_PROGRAMS = 1024  # a column walk of fewer programs (of COALESCED_ROWS columns each) than this: split
 # ...and only over at least this many elements: a row up to 16384 is one block of the generator's (MAX_RBLOCK), read
-# by one program in a few microseconds, where a second kernel costs as much as it saves; columns of 8192 gain
-# whatever runs the stages (above), columns of 4096 only where stage 1 is a generated kernel (a half input read
-# through its upcast, or a pointwise producer: a BERT bias gradient (4096, 768) of bf16, 23.2 us -> 14.6, a LayerNorm
-# weight gradient (g * x).sum([0, 1]), 20.7 -> 15.9 (bf16), 25.4 -> 21.6 (fp32); a lone float32 sum, two aten
-# reductions, 14.3 -> 23.4: not split; H100, scripts/results/h100-2026-11-27-reductions-short-columns.json).
-# (Both stages are now kernels even alone, lone_kernels; the two column thresholds stay as measured then: a float32
-# column of 4096-8192 rows split into two generated kernels is not measured.)
+# by one program in a few microseconds, where a second kernel costs as much as it saves; columns of 4096 gain (a BERT
+# bias gradient (4096, 768) of bf16, 23.2 us -> 14.6, a LayerNorm weight gradient (g * x).sum([0, 1]), 20.7 -> 15.9
+# (bf16), 25.4 -> 21.6 (fp32); H100, scripts/results/h100-2026-11-27-reductions-short-columns.json). A lone float32
+# sum of 4096 rows was left whole then (its stages two aten reductions: 14.3 -> 23.4); with both stages kernels of
+# their own (lone_kernels) it is split too: (4096, 768).sum(0) of float32, aten 13.2 us, split 8.4, Inductor 8.7
+# (H200, 2026-11-28, scripts/results/h200-2026-11-28-1840-rows/reductions_short_columns.json).
 LONG_EXTENT = 16384
-LONG_COLUMN_EXTENT = 8192
-FUSED_COLUMN_EXTENT = 4096
+LONG_COLUMN_EXTENT = 4096
 # S, the number of splits: the smallest divisor of L that gives stage 1 at least TARGET_PROGRAMS rows (a row walk)
 # or TARGET_COLUMN_PROGRAMS groups of 16 columns (a column walk), in chunks of at least MIN_CHUNK (MIN_COLUMN_CHUNK)
 # elements, with at most MAX_ROW_SPLITS (MAX_COLUMN_SPLITS) partials per output; without such a divisor the largest
@@ -158,21 +156,6 @@ def splits_for(extent: int, programs: int, column: bool, target: int | None = No
     return next((s for s in fits if s >= want), fits[-1])
 
 
-def _generated(x: fx.Node) -> bool:
-    """Will stage 1 be a generated kernel? A half input is read through its upcast (two ops: a region); a float32 one
-    only where a pointwise op produces it (Phase 6 leaves a lone reduction to aten), seen through the views between
-    (GPT-2's LayerNorm bias gradient sums a GEMM's output cast to float32 and viewed as (b, s, d))."""
-    if x.meta["val"].dtype in HALF:
-        return True
-    while x.op == "call_function" and is_view_node(x, getitem=False) and isinstance(x.args[0], fx.Node):
-        x = x.args[0]
-    target = x.target if x.op == "call_function" else None
-    pointwise = target is prims.convert_element_type.default or (
-        isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
-    )
-    return pointwise
-
-
 def _reads_half(x: fx.Node) -> bool:
     """Is ``x`` a half tensor, or one cast up from one through views (``x.float().sum(0)``: stage 1 then reads the
     half input through the cast, the kernel the wide tile of ``rows.WIDE_COLUMN_LOOP_ELEMENTS`` is for)?"""
@@ -197,7 +180,7 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
     dims = _dims(node, xv.dim())
     shape = tuple(xv.shape)
     extent, outputs = math.prod(shape[d] for d in dims), max(out.numel(), 1)
-    if extent < min(LONG_EXTENT, FUSED_COLUMN_EXTENT) or outputs >= max(
+    if extent < min(LONG_EXTENT, LONG_COLUMN_EXTENT) or outputs >= max(
         FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS
     ):
         return None  # short rows or plenty of outputs: the unsplit kernel fills the GPU
@@ -222,7 +205,7 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         return f"dims {dims} of {shape} at strides {tuple(xv.stride())}: the generator would read them scattered"
     if programs >= (FEW_COLUMN_PROGRAMS if column else FEW_PROGRAMS):
         return None
-    if extent < (LONG_EXTENT if not column else LONG_COLUMN_EXTENT if not _generated(x) else FUSED_COLUMN_EXTENT):
+    if extent < (LONG_COLUMN_EXTENT if column else LONG_EXTENT):
         return None
     # a candidate: too few programs over a long extent. Reasons not to split it after all:
     if node.target in REFUSED:
