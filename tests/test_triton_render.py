@@ -198,6 +198,27 @@ def test_looped_rows_fold_blocks_and_compute_again():
     rendered(lambda x: (x * x).sum(-1) + x.amax(-1), x)
 
 
+def test_streaming_loads_leave_l2_first():
+    """In a reduction kernel, a load each program reads its own elements of, once, is ``evict_first`` (Inductor's
+    rule); a weight every row reads again, or a row a looped kernel reads in each of its loops, keeps the default."""
+
+    def loads(source: str, buffer: str) -> list[str]:
+        return [ln for ln in source.splitlines() if f"tl.load({buffer} +" in ln]
+
+    ((kernel, k, _),) = rendered(lambda x: (x * 2).sum(-1), _r(8, 33))
+    assert all("evict_first" in ln for ln in loads(k.source, "in0")), k.source
+    ((_, k, _),) = rendered(lambda x: (x * 2).sum(0), _r(64, 48))  # a column walk: its own columns, once
+    assert all("evict_first" in ln for ln in loads(k.source, "in0")), k.source
+    x, w = _r(8, 33), _r(33, seed=1)
+    ((kernel, k, _),) = rendered(lambda x, w: torch.nn.functional.layer_norm(x, (33,), w), x, w)
+    weight = kernel.buffers[1].name
+    assert loads(k.source, weight) and not any("evict" in ln for ln in loads(k.source, weight)), k.source
+    ((_, k, _),) = rendered(lambda x: torch.softmax(x, -1), _r(3, 17000))  # read again in each of three loops
+    assert "evict" not in k.source, k.source
+    ((_, k, _),) = rendered(lambda x: (x * 2).exp(), _r(8, 33))  # a pointwise kernel: the default everywhere
+    assert "evict" not in k.source, k.source
+
+
 def test_column_reductions_walk_neighbouring_rows():
     for fn, x in ((lambda x: (x * 2).sum(0), _r(64, 48)), (lambda x: x.sum([0, 1]) * 3, _r(2, 6, 24))):
         ((kernel, k, _),) = rendered(fn, x)
