@@ -16,7 +16,7 @@ from fusion.codegen import compile_regions, generate_kernel, split_index, triton
 from fusion.compiler import random_ops
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
-from fusion.kernels import c_runtime, triton_launch, triton_render
+from fusion.kernels import c_runtime, ir_loops, triton_launch, triton_render
 from fusion.kernels import triton_runtime as rt
 from fusion.regions import aten_inputs, build_fusion_regions, capture_aten, unique_regions
 
@@ -284,6 +284,55 @@ def test_fma_rounds_once():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Transposed walks
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    m=st.sampled_from([1, 5, 15, 16, 17, 40, 64, 65, 96, 130]),
+    n=st.sampled_from([1, 5, 15, 16, 17, 40, 64, 65, 128, 192]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    scaled=st.booleans(),
+)
+def test_a_transposed_copy_is_walked_in_tiles(b, m, n, dtype, scaled):
+    """``x.transpose(1, 2).contiguous()`` (T5's key before its batched GEMM): walked in the output's order, each lane
+    of a warp would read its own sector, so the walk is tiles of rows (along which the input is contiguous) by lanes
+    (along which the output is), the innermost loop split into TILE_LANES blocks where it is longer. Where both
+    loops are TILE_MIN long or more (the lanes at most TILE_LANES or a multiple) it is tiled; either way every value
+    is eager's and the C renderer's of the same IR, bit for bit (a copy and a multiply round the same)."""
+    x, w = _r(b, m, n, dtype=dtype), _r(m, seed=1, dtype=dtype)
+
+    def fn(x, w):
+        t = x.transpose(1, 2).contiguous()
+        return t * w if scaled else t * 2
+
+    kernels = rendered(fn, x, w, exact_c=True)
+    if not kernels:  # a transpose of a size-1 dim is a view: one multiply, which Phase 6 leaves to aten
+        assert min(m, n) == 1
+        return
+    ((kernel, k, _),) = kernels
+    lanes_ok = m <= ir_loops.TILE_LANES or m % ir_loops.TILE_LANES == 0
+    assert k.launch.tiled == (min(m, n) >= ir_loops.TILE_MIN and lanes_ok), (k.launch, kernel.describe())
+    if k.launch.tiled:
+        assert k.launch.rblock <= ir_loops.TILE_LANES and "[:, None]" in k.source, k.source
+
+
+def test_tiles_keep_a_broadcast_operand_and_refuse_a_gathered_walk():
+    """A tiled walk reads a lane-wise operand (a bias along the output's rows) at its lanes only; a walk whose input
+    is already contiguous along the output's lanes is the plain one; a pointwise kernel with a gathered load is
+    never tiled (its index is computed per element)."""
+    x, bias = _r(2, 128, 80), _r(128, seed=1)
+    ((_, k, _),) = rendered(lambda x, bias: x.transpose(1, 2).contiguous() + bias, x, bias)
+    assert k.launch.tiled and k.launch.rnumel == ir_loops.TILE_LANES, k.source
+    ((_, k, _),) = rendered(lambda x: (x * 2).exp(), x)  # read in its own order: the plain walk
+    assert not k.launch.tiled
+    table, idx = _r(64, 80), torch.randint(0, 64, (2, 96))
+    for _, k, _ in rendered(lambda t, i: t[i].transpose(1, 2).contiguous() * 2, table, idx):
+        assert not k.launch.tiled
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Launch facts, wide offsets, the runtime's choice
 
 
@@ -296,6 +345,8 @@ def test_fma_rounds_once():
         (lambda x: (x * 2).sum(0), _r(64, 48)),
         (lambda x: (x * 2).sum(0), torch.empty(300, 2048)),
         (lambda x: (x * 2).mean((2, 3)), torch.empty(4, 64, 7, 7).to(memory_format=torch.channels_last)),
+        (lambda x: x.transpose(1, 2).contiguous() * 2, torch.empty(3, 200, 96)),  # a transposed walk: tiles
+        (lambda x: x.mT.contiguous() * 2, torch.empty(5000, 40)),
     ],
 )
 def test_the_plans_launch_facts_are_the_renderers(fn, x):
@@ -307,8 +358,8 @@ def test_the_plans_launch_facts_are_the_renderers(fn, x):
     launch = triton_launch.launch_facts(plan.ir)
     for device in (torch.device("cuda"), torch.device("cpu")):
         assert launch.launch_config(device.type == "cuda") == plan.launch_config(device), device
-    assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise") == bool(plan.xnumel)
-    if launch.kind == "reduction":
+    assert launch.num_warps == plan.num_warps and (launch.kind == "pointwise" and not launch.tiled) == bool(plan.xnumel)
+    if launch.kind == "reduction" or launch.tiled:
         assert (launch.rblock, launch.min_xblock) == (plan.constexprs["RBLOCK"], plan.min_xblock)
 
 

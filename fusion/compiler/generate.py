@@ -79,7 +79,7 @@ def generate_kernel(region: Region) -> KernelPlan:
     inputs = lowering.inputs
     meta = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].dtype) for n in inputs]
     outputs = region.external_outputs
-    if launch.kind == "reduction":
+    if launch.rblock:  # rows by lanes: a reduction, or a transposed pointwise walk
         return KernelPlan(code, inputs, meta, stored, outputs, launch.numel, {"RBLOCK": launch.rblock},
                           launch.num_warps, min_xblock=launch.min_xblock, ir=kernel, elements=launch.elements)  # fmt: skip
     return KernelPlan(code, inputs, meta, stored, outputs, 0, {}, launch.num_warps, launch.numel, launch.xblock,

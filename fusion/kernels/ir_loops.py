@@ -14,6 +14,9 @@ renderer (``fusion.kernels.c_render``) applies both.
   after :func:`one_walk` the stored ``silu(bn(x))`` and the one folded into its mean are the same expression.
 * :func:`prologue` — what varies along the innermost loop only (a channels-last image's per-channel scale) computed
   once per value of that loop, before the loops, into small arrays the body reads.
+* :func:`transposed` / :func:`tile` — a pointwise walk that reads an input across its layout (a copy of ``k.mT``)
+  as tiles: the innermost loop split into blocks of lanes, its block index moved outside the loop its loads walk
+  contiguously (the Triton renderer's transposed walk).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import dataclasses
 from fusion.ir import kernel_ir as ir
 
 PROLOGUE_MAX = 16384  # elements of a prologue's arrays (64 KiB of float32 on the stack)
+TILE_LANES = 64  # a transposed walk's lanes a program: what its stores write contiguously
+TILE_MIN = 16  # the shortest loops a transposed walk tiles (a warp's loads: whole 32-byte sectors of half floats)
 
 
 def _affines(s) -> list[ir.Affine]:
@@ -255,3 +260,51 @@ def prologue(body, loops: tuple[ir.Loop, ...], limit: int = PROLOGUE_MAX) -> tup
     reads = [ir.Load(s.out, f"{s.out}_a", walk, getattr(s, "dtype", "int64")) for s in arrays]
     moved = {id(s) for s in varying}
     return pre, arrays, [*reads, *(s for s in body if id(s) not in moved)]
+
+
+def transposed(k: ir.Kernel) -> bool:
+    """Is pointwise ``k`` (its loops coalesced) a transposed walk: a load whose elements lie contiguously along the
+    second-innermost loop ``y`` and scattered along the innermost ``x``, the loop every store walks contiguously
+    (a copy of ``k.mT``: walked in the output's order, each lane of a warp reads its own sector)? Both loops at least
+    :data:`TILE_MIN` long, ``x`` at most :data:`TILE_LANES` or a multiple of it, no gathered load, and neither loop
+    under a ``//`` or ``%`` (:func:`tile` substitutes plain variables only)."""
+    if k.kind != "pointwise" or len(k.loops) < 2 or k.checks_indices():
+        return False
+    y, x = k.loops[-2], k.loops[-1]
+    if min(y.size, x.size) < TILE_MIN or (x.size > TILE_LANES and x.size % TILE_LANES):
+        return False
+    exprs = [e for s in k.statements() for e in _affines(s)]
+    if any(not isinstance(a, ir.Var) and {x.var, y.var} & a.of.variables() for e in exprs for _, a in e.terms):
+        return False
+    loads = [s for s in k.statements() if isinstance(s, ir.Load)]
+    return any(_coef(s.offset, y.var) == 1 and _coef(s.offset, x.var) > 1 for s in loads)
+
+
+def tile(k: ir.Kernel) -> ir.Kernel:
+    """Transposed walk ``k`` with its innermost loop ``x`` split as ``x = TILE_LANES * xb + xi`` and ``xb`` moved
+    outside ``y``: loops ``(..., xb, y, xi)``. Walked as rows ``(..., xb, y)`` by lanes ``xi``, neighbouring rows are
+    neighbouring ``y`` (the transposed load reads them contiguously) and a row's lanes neighbouring ``x`` (the stores
+    write them contiguously). Every element is computed once, by the same expression: only the loops' shape
+    changes. An ``x`` of at most TILE_LANES is one block already: ``k`` itself."""
+    *outer, y, x = k.loops
+    if x.size <= TILE_LANES:
+        return k
+    used = [int(lp.var[1:]) for lp in (*k.loops, *k.reduce_loops) if lp.var[1:].isdigit()]
+    n = max(used, default=0) + 1
+    xb, xi = f"x{n}", f"x{n + 1}"
+
+    def split(e: ir.Affine) -> ir.Affine:
+        terms: list = []
+        for c, a in e.terms:
+            terms += [(c * TILE_LANES, ir.Var(xb)), (c, ir.Var(xi))] if a == ir.Var(x.var) else [(c, a)]
+        return ir.Affine(tuple(terms), e.const)
+
+    def rewrite(s):
+        if isinstance(s, (ir.Load, ir.Store)):
+            return dataclasses.replace(s, offset=split(s.offset))
+        if isinstance(s, ir.Index):
+            return dataclasses.replace(s, expr=split(s.expr))
+        return s
+
+    loops = (*outer, ir.Loop(xb, x.size // TILE_LANES), y, ir.Loop(xi, TILE_LANES))
+    return dataclasses.replace(k, loops=loops, body=tuple(rewrite(s) for s in k.body))

@@ -2,7 +2,8 @@
 and warps from a table, read off the IR alone.
 
 A pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on a GPU and 4 warps (512 for a depthwise
-window's many loads); a reduction's RBLOCK is the row's power of two up to :data:`MAX_RBLOCK` (a column walk's up to
+window's many loads); a transposed walk (``ir_loops.transposed``: a copy of ``k.mT``) tiles of XBLOCK rows by
+``ir_loops.TILE_LANES`` lanes, placed as a reduction's rows are; a reduction's RBLOCK is the row's power of two up to :data:`MAX_RBLOCK` (a column walk's up to
 ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a longer column walk over the tile ``rows``
 sets: wider for a sum of a half input, 8 warps), XBLOCK ``ir.plan.rows_per_program`` and the warps
 ``ir.plan.row_warps``; the interpreter takes larger blocks (each program costs it ~1 ms of Python);
@@ -12,10 +13,12 @@ sets: wider for a sum of a half input, 8 warps), XBLOCK ``ir.plan.rows_per_progr
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
+from fusion.kernels.ir_loops import TILE_MIN, coalesce, tile, transposed
 from fusion.kernels.rows import (
     COALESCED_ROWS,
     COLUMN_LOOP_RBLOCK,
@@ -27,6 +30,8 @@ from fusion.kernels.rows import (
 from fusion.kernels.triton_lang import POINTWISE_BLOCK, WINDOW_BLOCK
 
 MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
+# Transposed walks as tiles (ir_loops.transposed); $FUSION_TILE_TRANSPOSES=0 walks them flat (the A/B on a GPU)
+TILE_TRANSPOSES = os.environ.get("FUSION_TILE_TRANSPOSES", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,8 @@ class Launch:
     """What a launch of the rendered kernel needs besides its tensors (the IR's buffers, in call order): the
     elements (``numel``, pointwise) or rows (``numel``, reduction) the grid covers, a row's ``rnumel`` lanes in
     blocks of ``rblock`` (``looped``: a loop over blocks), a pointwise program's ``xblock`` elements on a GPU, the
-    fewest rows a reduction program takes (``min_xblock``: a column walk's), and ``num_warps``."""
+    fewest rows a reduction program takes (``min_xblock``: a column walk's), and ``num_warps``. A ``tiled``
+    pointwise kernel (a transposed walk) is launched as a reduction's rows are: ``numel`` rows of ``rnumel`` lanes."""
 
     name: str
     kind: str
@@ -47,11 +53,11 @@ class Launch:
     min_xblock: int = 1
     num_warps: int = 4
     elements: int = 0  # a reduction program's XBLOCK x RBLOCK on a GPU (0: plan.ELEMENTS_PER_PROGRAM)
+    tiled: bool = False  # a transposed pointwise walk: rows by lanes (ir_loops.tile)
 
     def launch_config(self, cuda: bool) -> tuple[int, dict[str, int]]:
         """(programs, constexprs) on a GPU (``cuda``) or in the interpreter (see the module's docstring)."""
-        rblock = self.rblock if self.kind == "reduction" else 0
-        return launch_grid(self.numel, rblock, cuda, self.xblock, self.min_xblock, self.elements)
+        return launch_grid(self.numel, self.rblock, cuda, self.xblock, self.min_xblock, self.elements)
 
 
 def _column(k: ir.Kernel) -> bool:
@@ -85,6 +91,12 @@ def _half_sum(k: ir.Kernel) -> bool:
 def launch_facts(k: ir.Kernel) -> Launch:
     """The block sizes and warps of the table in the module's docstring for kernel ``k``."""
     numel = math.prod(lp.size for lp in k.loops)
+    if k.kind != "reduction" and TILE_TRANSPOSES and transposed(walk := coalesce(k)):  # tiles of rows (neighbouring loads) by lanes
+        walk = tile(walk)
+        rows, lanes = math.prod(lp.size for lp in walk.loops[:-1]), walk.loops[-1].size
+        rblock = next_power_of_2(lanes)
+        warps = row_warps(rows, rblock, TILE_MIN)
+        return Launch(k.name, "pointwise", rows, lanes, rblock, min_xblock=TILE_MIN, num_warps=warps, tiled=True)
     if k.kind != "reduction":  # a depthwise window's many loads: 512 a program (triton_lang.pointwise_block)
         window = any(op.endswith("depthwise_conv2d.default") for op in k.ops)
         return Launch(k.name, "pointwise", numel, xblock=WINDOW_BLOCK if window else POINTWISE_BLOCK)

@@ -11,7 +11,12 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
   ``triton_lang.RAND_FUNCTION`` (bit for bit ``tl.rand``), ``fma`` as ``tl.fma``.
 * A pointwise kernel: XBLOCK lanes of a flat index over the kernel's loops (already in the output's memory order,
   the innermost contiguous), split into the loop variables with ``//`` and ``%`` (Phase 8's ``split_index``),
-  masked by ``xindex < numel``; an offset that is the walk itself is ``xindex``.
+  masked by ``xindex < numel``; an offset that is the walk itself is ``xindex``. A transposed walk (a copy of
+  ``k.mT``: ``ir_loops.transposed``) is a tile instead: XBLOCK rows (``xindex``) along which its load reads
+  neighbouring addresses by RBLOCK lanes (``rindex``, at most ``ir_loops.TILE_LANES``) along which the stores write
+  them, the innermost loop split into blocks of lanes by ``ir_loops.tile``; Triton moves the tile between the two
+  layouts through shared memory (Inductor tiles such copies the same way). Loaded in the output's order, each
+  lane of a warp read its own sector: T5's key transposes took 20 us alone on an H200, its other copies 9.
 * A reduction kernel: XBLOCK rows a program (``xindex``, a column) by RBLOCK lanes of a row (``rindex``). A row that
   fits one block is reduced in registers (one ``tl.reduce``); a longer one in a loop over blocks per
   :class:`~fusion.ir.kernel_ir.ReduceLoop`, folding XBLOCK x RBLOCK partials (sum from +0.0, max/min propagating
@@ -30,7 +35,7 @@ import os
 import re
 
 from fusion.ir import kernel_ir as ir
-from fusion.kernels.ir_loops import coalesce
+from fusion.kernels.ir_loops import coalesce, tile
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, RAND_FUNCTION, TANH_SERIES
 from fusion.kernels.triton_launch import Launch, launch_facts
 
@@ -204,8 +209,10 @@ class _Writer:
     def __init__(self, k: ir.Kernel, launch: Launch, expr, split) -> None:
         self.k, self.launch, self.expr, self.split = k, launch, expr, split
         self.buffers = {b.name: b for b in k.buffers}
-        self.kept, self.red = {lp.var for lp in k.loops}, {lp.var for lp in k.reduce_loops}
-        self.reduction = k.kind == "reduction"
+        self.reduction, self.tiled = k.kind == "reduction", launch.tiled
+        rows, lanes = (k.loops[:-1], k.loops[-1:]) if self.tiled else (k.loops, k.reduce_loops)
+        self.rows, self.lanes = rows, lanes  # the loops a program's rows (x) and lanes (r) walk
+        self.kept, self.red = {lp.var for lp in rows}, {lp.var for lp in lanes}
         self.dtypes: dict[str, str] = {}
         self.level: dict[str, frozenset[str]] = {}  # value -> the axes it varies along: "x" (rows/lanes), "r"
         self.alias: dict[str, str] = {}  # a value computed again -> the value it repeats (one load, one op)
@@ -213,7 +220,7 @@ class _Writer:
         self.lines: list[str] = []
         self.split_lines: dict[int, str] = {}  # line number -> the loop variable it defines
         # the flat indices themselves: an offset that walks the loops at their own contiguous strides is xindex
-        self.flats = {walked(k.loops): "xindex", walked(k.reduce_loops): "rindex"}
+        self.flats = {walked(rows): "xindex", walked(lanes): "rindex"}
         self.flats.pop(frozenset(), None)
         self.loads = _loads(k.body)  # buffer -> how many loads of it the kernel has
 
@@ -279,7 +286,7 @@ class _Writer:
             load = f"tl.load({ptr}, mask={mask}{', other=0' if guard else ''}{self.eviction(s)})"
             if TL[b.dtype] != TL[s.dtype]:
                 load += f".to({TL[s.dtype]})"
-            level = (need or frozenset("x")) if self.reduction else frozenset("x")
+            level = (need or frozenset("x")) if self.reduction or self.tiled else frozenset("x")
             key = ("load", s.buffer, s.offset, s.dtype, guard, tuple(at))
             self.define(s, s.out, s.dtype, load, level, key, depth)
         elif isinstance(s, ir.Index):
@@ -370,9 +377,15 @@ class _Writer:
         exprs += [s.expr for s in k.statements() if isinstance(s, ir.Index)]
         wide = max([launch.numel * launch.rnumel, *(_top(e, sizes) for e in exprs)]) >= 2**31 - 1
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-        params = [b.name for b in k.buffers] + ["XBLOCK: tl.constexpr"] + ["RBLOCK: tl.constexpr"] * self.reduction
+        two_d = self.reduction or self.tiled
+        params = [b.name for b in k.buffers] + ["XBLOCK: tl.constexpr"] + ["RBLOCK: tl.constexpr"] * two_d
         self.emit(f"def {k.name}({', '.join(params)}):", 0)
-        if not self.reduction:
+        if self.tiled:
+            n = launch.numel * launch.rnumel
+            self.emit(f"# a transposed walk of {n} elements: XBLOCK rows of {launch.numel} (loads along them) by", 1)
+            self.emit(f"# RBLOCK lanes of {launch.rnumel} (stores along them)", 1)
+            self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
+        elif not self.reduction:
             self.emit(f"# pointwise over {[lp.size for lp in k.loops]}: {launch.numel} elements", 1)
             self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)", 1)
         else:
@@ -380,11 +393,11 @@ class _Writer:
             self.emit(f"# XBLOCK rows per program: {walk}" + (", RBLOCK lanes at a time" if launch.looped else ""), 1)
             self.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
         self.emit(f"xmask = xindex < {launch.numel}", 1)
-        self.splits("xindex", k.loops, 1)
-        if self.reduction and not launch.looped:
+        self.splits("xindex", self.rows, 1)
+        if two_d and not launch.looped:
             self.emit("rindex = tl.arange(0, RBLOCK)[None, :]", 1)
             self.emit(f"rmask = rindex < {launch.rnumel}", 1)
-            self.splits("rindex", k.reduce_loops, 1)
+            self.splits("rindex", self.lanes, 1)
         for s in k.body:
             self.statement(s, 1)
         head = ["import triton", "import triton.language as tl", "", ""]
@@ -400,4 +413,5 @@ def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:
     and ``split_index``, handed in by the compiler). Neighbouring loops every index walks as one range are merged
     first (``ir_loops.coalesce``: fewer ``//`` and ``%``); the launch facts are read before."""
     launch = launch_facts(kernel)
-    return _Writer(coalesce(kernel), launch, expr, split).source(), launch
+    walk = tile(coalesce(kernel)) if launch.tiled else coalesce(kernel)
+    return _Writer(walk, launch, expr, split).source(), launch
