@@ -92,3 +92,24 @@ def test_a_recipe_refers_to_buffers_by_position_and_resolves_ops_by_name():
     out = views.runner(r)([torch.empty(0), t])
     torch.testing.assert_close(out, t.view(torch.int32)[1:3])
     assert views.resolve("getitem")((5, 6), 1) == 6
+
+
+def test_a_view_of_a_stored_buffer_with_its_own_layout_is_the_buffer():
+    """A region's output that is a view of what the kernel stores with the stored tensor's own sizes, strides and
+    offset (a reshape to the shape it has) is returned as the stored buffer (``Take``): no tensor made per call, and
+    the launch's outputs are its stored tensors (``Launcher._plain``, what the CPU memory plan reuses). A view of an
+    input, or one with another layout, stays a view."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(torch.ops.aten.relu.default, (x,))
+    same = g.call_function(torch.ops.aten.view.default, (y, [4, 2]))
+    flat = g.call_function(torch.ops.aten.view.default, (y, [8]))
+    of_input = g.call_function(torch.ops.aten.view.default, (x, [4, 2]))
+    t = torch.empty(4, 2)
+    for n, val in ((x, t), (y, t), (same, t), (flat, t.view(8)), (of_input, t)):
+        n.meta["val"] = val
+    where = {x: 0, y: 1}
+    assert recipe(same, where, 1) == views.Take(1)
+    assert recipe(flat, where, 1) == views.ViewOf(1, (8,), (1,), 0)
+    assert recipe(of_input, where, 1) == views.ViewOf(0, (4, 2), (2, 1), 0)
+    assert recipe(same, where) == views.ViewOf(1, (4, 2), (2, 1), 0)  # without knowing which buffers are stored

@@ -41,7 +41,7 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
     kernel = plan.kernel
     return LaunchPlan(
         kernel.name, kernel.source, kernel.kind, tuple(kernel.ops), inputs, stored,
-        tuple(recipe(n, where) for n in plan.outputs), min(devices) if devices else "",
+        tuple(recipe(n, where, len(plan.inputs)) for n in plan.outputs), min(devices) if devices else "",
         plan.grid, tuple(plan.constexprs.items()), plan.num_warps, plan.xnumel, plan.xblock, plan.min_xblock,
         plan.ir, plan.elements,
     )  # fmt: skip
@@ -51,14 +51,21 @@ def _meta(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dt
     return tuple(val.shape), tuple(val.stride()), val.dtype
 
 
-def recipe(node: fx.Node, where: dict[fx.Node, int]) -> Recipe:
-    """How the launch returns ``node``, given the buffer index of every node it has a tensor for (``where``)."""
+def recipe(node: fx.Node, where: dict[fx.Node, int], first_stored: int | None = None) -> Recipe:
+    """How the launch returns ``node``, given the buffer index of every node it has a tensor for (``where``; buffers
+    from ``first_stored`` on are the kernel's stored outputs). A view of a stored buffer with the buffer's own sizes
+    and strides (a region's output reshaped to the shape it has) is the buffer itself: one tensor fewer a call, and
+    an output the memory plan sees as the kernel's (``Launcher._plain``)."""
     if node in where:
         return Take(where[node])
     base = node
     while base not in where and base.op == "call_function" and is_view_node(base) and _source(base) is not None:
         base = _source(base)
     if base in where and (view := strided_view(node, base)) is not None:
+        root = base.meta["val"]
+        own = (tuple(root.shape), tuple(root.stride()), 0)
+        if first_stored is not None and where[base] >= first_stored and view == own:
+            return Take(where[base])
         return ViewOf(where[base], *view)
     steps: list[Step] = []
     done: dict[fx.Node, int] = {}
