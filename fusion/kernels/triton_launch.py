@@ -91,7 +91,8 @@ def _half_sum(k: ir.Kernel) -> bool:
 def launch_facts(k: ir.Kernel) -> Launch:
     """The block sizes and warps of the table in the module's docstring for kernel ``k``."""
     numel = math.prod(lp.size for lp in k.loops)
-    if k.kind != "reduction" and TILE_TRANSPOSES and transposed(walk := coalesce(k)):  # tiles of rows (neighbouring loads) by lanes
+    # a transposed walk: tiles of rows (along which its load reads neighbouring addresses) by lanes
+    if k.kind != "reduction" and TILE_TRANSPOSES and transposed(walk := coalesce(k)):
         walk = tile(walk)
         rows, lanes = math.prod(lp.size for lp in walk.loops[:-1]), walk.loops[-1].size
         rblock = next_power_of_2(lanes)

@@ -48,7 +48,9 @@ for name, ks in launchers.items():
     print("=====", name, "launchers:", len(ks), "direct:", k.kind)
     print(k.owner.plan.source.split("@triton.jit")[-1])
     for args in seen.get(name, []):
-        print("  inputs:", [(tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.data_ptr() % 128) for a in args])
+        print(
+            "  inputs:", [(tuple(a.shape), a.stride(), a.dtype, a.storage_offset(), a.data_ptr() % 128) for a in args]
+        )
         for _ in range(10):
             k(*args)
         torch.cuda.synchronize()
