@@ -28,6 +28,8 @@ if "--dry-run" in sys.argv:  # before Triton is imported (by the backend): the h
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import fusion.backend  # noqa: F401 - registers backend="fusion"
 
@@ -37,42 +39,43 @@ from gpu_reductions import copies, gpu_us  # noqa: E402
 CASES = {"64x262144": (64, 262144), "16x1M": (16, 1 << 20)}
 
 
-def kernels():
-    import triton
-    import triton.language as tl
+@triton.jit
+def chunk_sum(x, part, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    """Program ``pid`` sums its chunk of L / S elements of row pid // S into ``part[pid]``; returns the row."""
+    pid = tl.program_id(0)
+    row, split = pid // S, pid % S
+    base = x + row.to(tl.int64) * L + split * (L // S)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for off in range(0, L // S, BLOCK):
+        acc += tl.load(base + off + tl.arange(0, BLOCK), eviction_policy=EVICT).to(tl.float32)
+    tl.store(part + pid, tl.sum(acc, 0))
+    return row
 
-    @triton.jit
-    def stage1(x, part, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
-        pid = tl.program_id(0)
-        row, split = pid // S, pid % S
-        base = x + row.to(tl.int64) * L + split * (L // S)
-        acc = tl.zeros([BLOCK], tl.float32)
-        for off in range(0, L // S, BLOCK):
-            acc += tl.load(base + off + tl.arange(0, BLOCK), eviction_policy=EVICT).to(tl.float32)
-        tl.store(part + pid, tl.sum(acc, 0))
 
-    @triton.jit
-    def stage2(part, out, S: tl.constexpr):
-        row = tl.program_id(0)
-        p = tl.load(part + row * S + tl.arange(0, S))
+@triton.jit
+def stage1(x, part, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    chunk_sum(x, part, L, S, BLOCK, EVICT)
+
+
+@triton.jit
+def stage2(part, out, S: tl.constexpr):
+    row = tl.program_id(0)
+    p = tl.load(part + row * S + tl.arange(0, S))
+    tl.store(out + row, tl.sum(p, 0).to(out.dtype.element_ty))
+
+
+@triton.jit
+def last_program(x, part, count, out, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    row = chunk_sum(x, part, L, S, BLOCK, EVICT)
+    tl.debug_barrier()  # every thread's store before the release
+    done = tl.atomic_add(count + row, 1, sem="acq_rel")
+    if done == S - 1:  # the row's last program: every partial is written
+        p = tl.load(part + row * S + tl.arange(0, S), volatile=True)
         tl.store(out + row, tl.sum(p, 0).to(out.dtype.element_ty))
+        tl.atomic_xchg(count + row, 0)
 
-    @triton.jit
-    def last_program(x, part, count, out, L: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
-        pid = tl.program_id(0)
-        row, split = pid // S, pid % S
-        base = x + row.to(tl.int64) * L + split * (L // S)
-        acc = tl.zeros([BLOCK], tl.float32)
-        for off in range(0, L // S, BLOCK):
-            acc += tl.load(base + off + tl.arange(0, BLOCK), eviction_policy=EVICT).to(tl.float32)
-        tl.store(part + pid, tl.sum(acc, 0))
-        tl.debug_barrier()  # every thread's store before the release
-        done = tl.atomic_add(count + row, 1, sem="acq_rel")
-        if done == S - 1:  # the row's last program: every partial is written
-            p = tl.load(part + row * S + tl.arange(0, S), volatile=True)
-            tl.store(out + row, tl.sum(p, 0).to(out.dtype.element_ty))
-            tl.atomic_xchg(count + row, 0)
 
+def kernels():
     return stage1, stage2, last_program
 
 
@@ -133,9 +136,8 @@ def graph_us(fn, sets, calls: int = 30, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def trace_facts(fn, sets, path: str, calls: int = 10) -> dict:
-    """From a chrome trace of ``calls`` queued calls: each kernel's grid, block, registers, shared memory, and the
-    median gap before it (from the end of the kernel before)."""
+def profiled(fn, sets, calls: int):
+    """torch.profiler (CPU and CUDA) over ``calls`` calls queued behind a sleep, so the GPU runs them back to back."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -146,6 +148,13 @@ def trace_facts(fn, sets, path: str, calls: int = 10) -> dict:
             for i in range(calls):
                 fn(*sets[i % len(sets)])
             torch.cuda.synchronize()
+    return prof
+
+
+def trace_facts(fn, sets, path: str, calls: int = 10) -> dict:
+    """From a chrome trace of ``calls`` queued calls: each kernel's grid, block, registers, shared memory, and the
+    median gap before it (from the end of the kernel before)."""
+    prof = profiled(fn, sets, calls)
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = json.load(f)["traceEvents"]
@@ -170,16 +179,7 @@ def trace_facts(fn, sets, path: str, calls: int = 10) -> dict:
 
 def kernel_profile(fn, sets, calls: int = 30) -> dict:
     """Mean CUDA time per call of each kernel name, and the per-call span not covered by any kernel."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.no_grad():
-        fn(*sets[0])
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            torch.cuda._sleep(20_000_000)
-            for i in range(calls):
-                fn(*sets[i % len(sets)])
-            torch.cuda.synchronize()
+    prof = profiled(fn, sets, calls)
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in e.name]
     names: dict[str, list[float]] = {}
     for e in evs:

@@ -2,12 +2,12 @@
 and warps from a table, read off the IR alone.
 
 A pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on a GPU and 4 warps (512 for a depthwise
-window's many loads); a transposed walk (``ir_loops.transposed``: a copy of ``k.mT``) tiles of XBLOCK rows by
-``ir_loops.TILE_LANES`` lanes, placed as a reduction's rows are; a reduction's RBLOCK is the row's power of two up to :data:`MAX_RBLOCK` (a column walk's up to
-``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a longer column walk over the tile ``rows``
-sets: wider for a sum of a half input, 8 warps), XBLOCK ``ir.plan.rows_per_program`` and the warps
-``ir.plan.row_warps``; the interpreter takes larger blocks (each program costs it ~1 ms of Python);
-``ir.plan.launch_grid`` makes the grid (the runtime's plan and :class:`Launch` alike).
+window's many loads); a transposed walk (``ir_loops.transposed``: a copy of ``k.mT``) takes tiles of XBLOCK rows by
+``ir_loops.TILE_LANES`` lanes, placed as a reduction's rows are. A reduction's RBLOCK is the row's power of two up to
+:data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a
+longer column walk over the tile ``rows`` sets: wider for a sum of a half input, 8 warps), XBLOCK
+``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the interpreter takes larger blocks (each program
+costs it ~1 ms of Python); ``ir.plan.launch_grid`` makes the grid (the runtime's plan and :class:`Launch` alike).
 """
 
 from __future__ import annotations
