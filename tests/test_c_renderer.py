@@ -677,7 +677,8 @@ def test_what_a_loop_computes_the_same_at_every_step_is_computed_once_before_it(
 def test_exp_of_float32_is_within_one_ulp_and_sigmoid_tanh_within_eager_s_reach():
     """fusion_expf's polynomial runs in fused multiply-adds where the CPU has them (``__FMA__``), two roundings a
     step elsewhere: either way exp stays within 1 ulp of the float64 value over its whole finite range, sigmoid and
-    tanh (which call it) within 2.5 ulp (eager's sigmoid is 2.35 ulp off here); erf within 3.2e-7 of it."""
+    tanh (which call it) within 2.5 ulp (eager's sigmoid is 2.35 ulp off here); erf within 1.5 ulp (eager's within 1),
+    dense where ``1 + erf(x)`` is small (GELU's cancellation: an error of erf near -1 is a large one of GELU)."""
     assert "__builtin_fmaf" in render(lowered(lambda a: a.exp() * 2, torch.randn(4))[0][1])
     x = torch.cat([torch.linspace(-104, 89, 1 << 20), torch.randn(1 << 16) * 5])
     for fn, most in ((torch.exp, 1.0), (torch.sigmoid, 2.5), (torch.tanh, 2.5)):
@@ -687,9 +688,12 @@ def test_exp_of_float32_is_within_one_ulp_and_sigmoid_tanh_within_eager_s_reach(
         spacing = (torch.nextafter(want.float(), torch.tensor(float("inf"))) - want.float()).double()
         ulps = ((got - want).abs() / spacing)[ok]
         assert ulps.max() <= most, (fn.__name__, ulps.max().item())
-    x = torch.cat([torch.linspace(-6, 6, 1 << 20), torch.randn(1 << 16) * 2])  # erf: within 3.2e-7 (A&S 7.1.26)
+    x = torch.cat([torch.linspace(-6, 6, 1 << 20), torch.linspace(-4, -0.9, 1 << 18), torch.randn(1 << 16) * 2])
     got = compiled_in_c(lambda a: torch.erf(a) * 1.0, x, kernels=1).double()
-    assert (got - torch.erf(x.double())).abs().max() <= 3.2e-7
+    want = torch.erf(x.double())
+    spacing = (torch.nextafter(want.abs().float(), torch.tensor(float("inf"))) - want.abs().float()).double()
+    ulps = ((got - want).abs() / spacing)[want.abs() > 1e-30]
+    assert ulps.max() <= 1.5, ulps.max().item()
 
 
 @needs_cc

@@ -581,11 +581,21 @@ def test_fuzz_found_a_0d_float32_operand_is_rounded_to_the_float16_op():
 def test_fuzz_found_gelu_of_a_negative_input_keeps_erf_s_digits(outside_hypothesis):
     """Found by the long run (2026-11-27): GELU at -2.18 is x * (1 + erf(x / sqrt 2)) / 2 with 1 + erf about 0.03: an
     ulp of erf is a relative error of 2e-6 in GELU. Eager's own float32 GELU is 8e-6 off the float64 value here, ours
-    4e-6 (the C erf, A&S 7.1.26, is 5 ulp off near 1): ours is the closer, but the judge compared it with eager's
+    was 4e-6 (the C erf then, A&S 7.1.26, was 5 ulp off near 1): ours is the closer, but the judge compared it with eager's
     because the program's no-op cast to float32 made its float64 reference run GELU in float32 (``in_float64``)."""
     program = {"steps": [("cast", "to", (1,), torch.float32), ("unary", "gelu", (2,), None), ("pow", "pow", (3,), -2)],
                "outputs": [4]}  # fmt: skip
     check_backend(program, (torch.tensor([1.5410]), torch.tensor([1.5410, -0.2934, -2.1788])), grads=True)
+
+
+@pytest.mark.phase8
+def test_fuzz_found_the_reciprocal_of_gelu_at_minus_3_needs_erf_to_an_ulp(outside_hypothesis):
+    """Found by the long run (2026-11-28): 1 / gelu(-3) of an int32 input. GELU there is x (1 + erf(x / sqrt 2)) / 2
+    with 1 + erf = 0.0027, so an ulp of erf near -1 is 2e-5 of GELU, and the reciprocal keeps it: the C erf of
+    Abramowitz & Stegun 7.1.26 (5 ulp off near 1) gave -246.9217 against eager's -246.9326 (float64: -246.9322).
+    The C erf is now within 1.5 ulp (erfc's exp(-a^2) without the square's rounding) and gives eager's value."""
+    program = {"steps": [("unary", "gelu", (0,), None), ("unary", "reciprocal", (1,), None)], "outputs": [2]}
+    check_compile_regions(program, (torch.tensor([-3], dtype=torch.int32),))
 
 
 @pytest.mark.phase9

@@ -87,31 +87,43 @@ static inline float fusion_expf(float x) {
     fusion_bits s1 = {.u = (uint32_t)(n1 + 127) << 23}, s2 = {.u = (uint32_t)(n2 + 127) << 23};
     return x < -104.0f ? 0.0f : y * s1.f * s2.f;
 }
-/* erf for float32, vectorizable: its Taylor series below 0.5, Abramowitz & Stegun 7.1.26 above (|error| < 1.5e-7 in
-   exact arithmetic, 3.1e-7 of the float64 value as computed here: 5 ulp near 1, where eager's is within 1 ulp); the
-   polynomials' steps fused multiply-adds where the CPU has them (GELU's kernel 13 % faster). */
+/* erf for float32, vectorizable, within 1.5 ulp of the float64 value (eager's is within 1). Below |x| = 1:
+   x + x * q(x^2), q a least-squares fit of erf(x) / x - 1 (relative error 1.2e-9). Above: 1 - erfc(a), a = |x|, with
+   erfc(a) = exp(-a^2) t g(t), t = 1 / (1 + a / 2), g a fit of degree 6 (relative error 6.3e-9; both fits:
+   scripts/fit_erf.py). exp(-a^2) is exp(-s) (1 - r) where the CPU has fused multiply-adds (s = a * a rounded, r its
+   rounding error, exact by one fma), else exp(-h^2) exp(-l (a + h)) with h = a rounded down to 1/1024 (h^2 exact in
+   float32), l = a - h, the small second factor a cubic: the square's rounding does not become exp's error, which
+   1 - erfc would keep as an error of erf near 1 (GELU at -3 is x (1 + erf) / 2 with 1 + erf = 0.0027: A&S 7.1.26, used before, was
+   5 ulp off there, 4e-5 of GELU). Past |x| = 4 it computes at 4, where erf rounds to +-1 (no subnormal exp). NaN
+   passes; the polynomials' steps are fused multiply-adds where the CPU has them. */
 static inline float fusion_erff(float x) {
     float a = fabsf(x), z = x * x;
-    float s = -1.0f / 75600.0f;
-    s = FUSION_HORNER(s, z, 1.0f / 9360.0f);
-    s = FUSION_HORNER(s, z, -1.0f / 1320.0f);
-    s = FUSION_HORNER(s, z, 1.0f / 216.0f);
-    s = FUSION_HORNER(s, z, -1.0f / 42.0f);
-    s = FUSION_HORNER(s, z, 1.0f / 10.0f);
-    s = FUSION_HORNER(s, z, -1.0f / 3.0f);
-    s = FUSION_HORNER(s, z, 1.0f);
-    float small = 1.1283791670955126f * x * s;
-    float t = 1.0f / (1.0f + 0.3275911f * a);
-    float p = 1.061405429f;
-    p = FUSION_HORNER(p, t, -1.453152027f);
-    p = FUSION_HORNER(p, t, 1.421413741f);
-    p = FUSION_HORNER(p, t, -0.284496736f);
-    p = FUSION_HORNER(p, t, 0.254829592f);
-    /* Past |x| = 4 erf rounds to +-1 and this term to below half an ulp of 1, so exp's argument stops at -16: past
-       |x| = 9.4 exp(-x^2) is subnormal, an assist per lane (GELU over activations of std 8 ran 6x slower). NaN passes. */
-    float big = 1.0f - p * t * fusion_expf(-(z > 16.0f ? 16.0f : z));
+    float q = 7.847262424e-05f;
+    q = FUSION_HORNER(q, z, -8.008193334e-04f);
+    q = FUSION_HORNER(q, z, 5.188099769e-03f);
+    q = FUSION_HORNER(q, z, -2.685369186e-02f);
+    q = FUSION_HORNER(q, z, 1.128358228e-01f);
+    q = FUSION_HORNER(q, z, -3.761262557e-01f);
+    q = FUSION_HORNER(q, z, 1.283791657e-01f);
+    float small = FUSION_HORNER(x, q, x);  /* -0 stays -0 */
+    float b = a > 4.0f ? 4.0f : a;
+#ifdef __FMA__
+    float bb = b * b, e = fusion_expf(-bb) * (1.0f - __builtin_fmaf(b, b, -bb));  /* b * b's rounding, exactly */
+#else
+    float h = floorf(b * 1024.0f) * (1.0f / 1024.0f), d = (b - h) * (b + h);
+    float e = fusion_expf(-(h * h)) * (1.0f - d * (1.0f - d * (0.5f - d * (1.0f / 6.0f))));
+#endif
+    float t = 1.0f / FUSION_HORNER(0.5f, b, 1.0f);
+    float g = 9.255158917e-02f;
+    g = FUSION_HORNER(g, t, -3.787587290e-01f);
+    g = FUSION_HORNER(g, t, 4.278956801e-01f);
+    g = FUSION_HORNER(g, t, 5.460418868e-03f);
+    g = FUSION_HORNER(g, t, 2.955901296e-01f);
+    g = FUSION_HORNER(g, t, 2.745361988e-01f);
+    g = FUSION_HORNER(g, t, 2.825897817e-01f);
+    float big = 1.0f - e * (t * g);
     big = x < 0 ? -big : big;
-    return a < 0.5f ? small : big;
+    return a < 1.0f ? small : big;
 }
 /* tanh for float32, vectorizable: 1 - 2e / (1 + e) with e = exp(-2|x|), and below 0.55 its Taylor series. Not
    (1 - e) / (1 + e): near saturation 1 - e rounds to 1 and the quotient is 1.0 where tanh is 1 - 2e, one ulp below
