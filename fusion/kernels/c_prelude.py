@@ -88,14 +88,15 @@ static inline float fusion_expf(float x) {
     return x < -104.0f ? 0.0f : y * s1.f * s2.f;
 }
 /* erf for float32, vectorizable, within 1.5 ulp of the float64 value (eager's is within 1). Below |x| = 1:
-   x + x * q(x^2), q a least-squares fit of erf(x) / x - 1 (relative error 1.2e-9). Above: 1 - erfc(a), a = |x|, with
-   erfc(a) = exp(-a^2) t g(t), t = 1 / (1 + a / 2), g a fit of degree 6 (relative error 6.3e-9; both fits:
-   scripts/fit_erf.py). exp(-a^2) is exp(-s) (1 - r) where the CPU has fused multiply-adds (s = a * a rounded, r its
-   rounding error, exact by one fma), else exp(-h^2) exp(-l (a + h)) with h = a rounded down to 1/1024 (h^2 exact in
-   float32), l = a - h, the small second factor a cubic: the square's rounding does not become exp's error, which
-   1 - erfc would keep as an error of erf near 1 (GELU at -3 is x (1 + erf) / 2 with 1 + erf = 0.0027: A&S 7.1.26, used before, was
-   5 ulp off there, 4e-5 of GELU). Past |x| = 4 it computes at 4, where erf rounds to +-1 (no subnormal exp). NaN
-   passes; the polynomials' steps are fused multiply-adds where the CPU has them. */
+   x + x * q(x^2), q a least-squares fit of erf(x) / x - 1 (relative error 1.2e-9). Above: 1 - erfc(a), a = |x|,
+   with erfc(a) = exp(-a^2) t g(t), t = 1 / (1 + a / 2), g a fit of degree 6 (relative error 6.3e-9; both fits:
+   scripts/fit_erf.py). exp(-a^2) is exp(-s) (1 - r) where the CPU has fused multiply-adds (s = a * a rounded, r
+   its rounding error, exact by one fma), else exp(-h^2) exp(-l (a + h)) with h = a rounded down to 1/1024 (h^2
+   exact in float32), l = a - h, the small second factor a cubic. So the square's rounding does not become exp's
+   error, which 1 - erfc would keep as an error of erf near 1: GELU at -3 is x (1 + erf) / 2 with 1 + erf = 0.0027,
+   and A&S 7.1.26, used before, was 5 ulp off there (4e-5 of GELU). Past |x| = 4 it computes at 4, where erf
+   rounds to +-1 (no subnormal exp). NaN passes; the polynomials' steps are fused multiply-adds where the CPU has
+   them. */
 static inline float fusion_erff(float x) {
     float a = fabsf(x), z = x * x;
     float q = 7.847262424e-05f;
