@@ -258,6 +258,27 @@ def test_reuse_off_and_small_buffers():
     assert memory_plan.REUSE_MIN == 128 * 1024
 
 
+def test_a_softmax_writes_its_probabilities_over_its_scores():
+    """An attention's softmax reads its scores (a GEMM's output, dead after it) only at the elements it writes: the
+    plan writes the probabilities over them. The region's output is a view of the stored tensor with its own layout,
+    which the launch returns as the tensor itself (``launch_plans.recipe``), so the launch is one the plan takes."""
+
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            p = torch.softmax(q @ k.transpose(-1, -2) + 1.0, -1)  # (4, 128, 128) float32: 256 KiB
+            return (p @ v) * 2.0
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 128, 32) for _ in range(3))
+    backend.reset()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(Attention(), backend="fusion")(q, k, v)
+        torch.testing.assert_close(out, Attention()(q, k, v), rtol=1e-5, atol=1e-4)
+    softmax = [lch for lch in backend.reports[-1].parts[0].graph.launchers if "exp" in lch.__name__]
+    assert softmax and all(lch.owner.plan.ir.in_place for lch in softmax), [lch.__name__ for lch in softmax]
+
+
 def test_writable_over_needs_every_read_at_the_written_element_before_the_write():
     from fusion.ir import kernel_ir as ir
 
