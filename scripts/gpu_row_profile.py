@@ -75,13 +75,8 @@ def last_program(x, part, count, out, L: tl.constexpr, S: tl.constexpr, BLOCK: t
         tl.atomic_xchg(count + row, 0)
 
 
-def kernels():
-    return stage1, stage2, last_program
-
-
 def hand_written(rows: int, length: int, s: int, block: int, warps: int, interpret: bool, evict: str = ""):
     """``f(x) -> x.sum(-1)`` for each hand-written form at split ``s``, ``block`` elements a step."""
-    stage1, stage2, last_program = kernels()
     forms = {}
     part = {}
     counts = {}

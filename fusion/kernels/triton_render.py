@@ -33,6 +33,7 @@ import functools
 import math
 import os
 import re
+from collections import Counter
 
 from fusion.ir import kernel_ir as ir
 from fusion.kernels.ir_loops import coalesce, tile
@@ -193,18 +194,6 @@ def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
 EVICT_FIRST = os.environ.get("FUSION_EVICT_FIRST", "1") != "0"
 
 
-def _loads(body) -> dict[str, int]:
-    """How many loads of each buffer ``body`` has, in its looped reductions' bodies too."""
-    counts: dict[str, int] = {}
-    for s in body:
-        if isinstance(s, ir.Load):
-            counts[s.buffer] = counts.get(s.buffer, 0) + 1
-        elif isinstance(s, ir.ReduceLoop):
-            for name, n in _loads(s.body).items():
-                counts[name] = counts.get(name, 0) + n
-    return counts
-
-
 class _Writer:
     def __init__(self, k: ir.Kernel, launch: Launch, expr, split) -> None:
         self.k, self.launch, self.expr, self.split = k, launch, expr, split
@@ -222,7 +211,7 @@ class _Writer:
         # the flat indices themselves: an offset that walks the loops at their own contiguous strides is xindex
         self.flats = {walked(rows): "xindex", walked(lanes): "rindex"}
         self.flats.pop(frozenset(), None)
-        self.loads = _loads(k.body)  # buffer -> how many loads of it the kernel has
+        self.loads = Counter(s.buffer for s in k.statements() if isinstance(s, ir.Load))  # buffer -> its loads
 
     def index(self, e: ir.Affine) -> str:
         """``e`` in Triton: ``xindex`` (``rindex``) where it is the walk's own flat position, else its terms."""
