@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusion import backend
+from fusion.codegen import compile_regions
 from fusion.compiler import layout, memory_plan
 from fusion.kernels import c_runtime
 
@@ -216,6 +217,27 @@ def test_reuse_never_in_place_where_the_kernel_reads_another_element():
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     assert not reuse(part)[1]
+
+
+def test_a_buffer_written_over_in_place_is_never_free_while_its_new_tenant_lives():
+    """The memory an output took in place belongs to that output: it is free when the output dies, not when the
+    input it was written over dies. Here the GEMM's output a dies at the ReLU kernel, which writes r over it; the
+    roll kernel reads r a row away from where it writes, so it cannot go in place over r, and must not be handed
+    a's memory either (it is r's). The plan runs from the second call on (the first allocates fresh outputs)."""
+
+    class Rolled(nn.Module):
+        def forward(self, x, w, v, y):
+            r = torch.relu(x @ w) + 1.0  # in place over the GEMM's output
+            s = r @ v  # a library call between the two kernels: r is read again after it
+            return (y + r.roll(1, 0) * s,)  # reads r one row up: not in place over r
+
+    torch.manual_seed(0)
+    args = torch.randn(256, 256), torch.randn(256, 256), torch.randn(256, 1), torch.randn(256, 256)  # 256 KiB
+    fn = compile_regions(Rolled(), list(args))
+    for call in range(3):
+        torch.testing.assert_close(fn(*args)[0], Rolled()(*args)[0], rtol=1e-5, atol=1e-5, msg=f"call {call}")
+    launchers = fn.compiled.launchers
+    assert fn.compiled.graph_module.meta.get("reuse_buffers") and any(lch.owner.plan.ir.in_place for lch in launchers)
 
 
 def test_reuse_keeps_returned_and_viewed_buffers():

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from support import Fn
 
 from fusion.codegen import compile_regions
+from fusion.compiler import memory_plan
 from fusion.kernels import c_runtime
 from fusion.kernels import triton_runtime as rt
 
@@ -772,11 +773,22 @@ def test_several_rows_per_program_write_nothing_past_a_partial_last_block(monkey
 
 def run_compiled(program: dict, inputs):
     """``program`` through ``compile_regions``, its outputs inside guard zones (an out-of-bounds write fails), no
-    region refused for an internal error, every kernel run by the renderer chosen: (outputs, the compiled module)."""
-    compiled = compile_regions(Program(program), inputs)
+    region refused for an internal error, every kernel run by the renderer chosen: (outputs, the compiled module).
+
+    Every buffer goes through the CPU memory plan (``REUSE_MIN`` 0, not only those of 128 KiB), and the module is
+    called twice: the first call compiles and writes fresh outputs, the second writes where the plan says (buffers
+    the graph is done with, outputs over their inputs), so its outputs must equal the first call's, bit for bit."""
+    reuse_min, memory_plan.REUSE_MIN = memory_plan.REUSE_MIN, 0
+    try:
+        compiled = compile_regions(Program(program), inputs)
+    finally:
+        memory_plan.REUSE_MIN = reuse_min
+    first = [t.clone() for t in compiled(*inputs)]
     with guarded_outputs() as allocated:
         got = compiled(*inputs)
     check_guards(allocated)
+    for a, b in zip(first, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True, msg="the second call differs from the first")
     for d in compiled.report.skipped:
         assert "internal error" not in d.reason, d.reason
     assert_ran(compiled)

@@ -1,4 +1,4 @@
-"""Wrapper pass ``reuse_buffers``: a kernel's output written into a buffer the graph has finished with (CPU).
+"""Wrapper pass ``reuse_buffers``: a kernel's output written into a buffer the graph has finished with.
 
 On a CPU every tensor a compiled graph allocates is a ``malloc``; a large one (past glibc's mmap threshold, or once
 the heap is trimmed) is fresh memory from the kernel, and the first write to each of its 4 KiB pages is a page fault
@@ -15,11 +15,13 @@ Inductor's ~120, and with the faults away (glibc told never to return memory) th
   the same dtype and exactly its bytes, the most recently freed first, or, in place, an input that dies at that
   kernel and that the kernel reads only at the element it writes, before writing it. The
   launch then writes into it (``Launcher.donated``: the buffer is passed after the inputs and viewed with the output's
-  strides); the buffer lives on as that output and can be reused again once it dies.
+  strides); the buffer lives on as that output and can be reused again once it dies (not when the input written
+  over dies: the memory is the output's from then on).
 
-On CUDA the caching allocator already hands a freed block back without the driver, so the pass leaves CUDA graphs as
-they are. The values computed are the same; the peak memory is at most the same (a buffer held a little longer
-replaces an allocation).
+On CUDA the caching allocator already hands a freed block back without the driver, so only the in-place half runs
+there (:data:`IN_PLACE_DEVICES`): an output written over its dying input is never alive beside it, which lowers the
+peak where the caching allocator cannot. The values computed are the same; the peak memory is at most the same (a
+buffer held a little longer replaces an allocation).
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ REUSE_MIN = int(os.environ.get("FUSION_REUSE_MIN", 128 * 1024))
 # bindings pass python_bindings calls them through
 FRESH_OPS = (aten.convolution.default, aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 FRESH_LIBRARY = frozenset({*FRESH_OPS, *(BINDINGS[op] for op in FRESH_OPS if op in BINDINGS)})
-DEVICES = ("cpu",)  # where the plan runs (scripts/gpu_ab_reuse_cuda.py measures it on CUDA too)
+DEVICES = ("cpu",)  # where the whole plan runs (scripts/gpu_ab_reuse_cuda.py measures it on CUDA too)
+# Where only its in-place half runs: on CUDA the caching allocator already hands a freed block back, but an output
+# written over its dying input lowers the peak (the two are never alive at once). FUSION_IN_PLACE=cpu,cuda turns it on
+# on CUDA (the GPU A/B of scripts/gpu_memory_peak.py)
+IN_PLACE_DEVICES = tuple(os.environ.get("FUSION_IN_PLACE", "cpu").split(","))
 
 
 def _launcher(node: fx.Node) -> rt.Launcher | None:
@@ -112,11 +118,12 @@ def writable_over(k: ir.Kernel, source: str, target: str) -> bool:
 
 
 def reuse_buffers(gm: fx.GraphModule) -> int:
-    """The plan above on the compiled graph ``gm`` (CPU), in place; returns how many outputs reuse a buffer."""
+    """The plan above on the compiled graph ``gm``, in place; returns how many outputs reuse a buffer."""
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     vals = [n.meta.get("val") for n in nodes if _root(n)]
-    if not vals or any(not isinstance(v, torch.Tensor) or v.device.type not in DEVICES for v in vals):
+    where = (*DEVICES, *IN_PLACE_DEVICES)
+    if not vals or any(not isinstance(v, torch.Tensor) or v.device.type not in where for v in vals):
         return 0
     death: dict[fx.Node, int] = {}  # buffer root -> position of the last use of it or of any alias of it
     aliases: dict[fx.Node, set[fx.Node]] = {}  # buffer root -> the nodes that may alias it (itself included)
@@ -140,12 +147,11 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
         while pending and death[pending[0]] < pos[node]:
             free.append(pending.pop(0))
         launcher = _launcher(node)
-        if (
-            launcher is None
-            or not launcher._plain
-            or launcher.donated
-            or launcher.owner.plan.device.split(":")[0] not in DEVICES
-        ):
+        if launcher is None or not launcher._plain or launcher.donated:
+            continue
+        device = launcher.owner.plan.device.split(":")[0]
+        reuse = device in DEVICES  # a dead buffer of the same size, as well as a dying input
+        if not reuse and device not in IN_PLACE_DEVICES:
             continue
         outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
         given: list[tuple[int, fx.Node]] = []  # (stored output, the buffer it is written into)
@@ -158,12 +164,13 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
             here = [
                 (a, r) for a in node.args if (r := owner.get(a)) is not None and death[r] == pos[node] and a not in used
             ]
-            pair = next(((a, p) for a, r in here if (p := _in_place(launcher, node, i, v, a, aliases[r]))), None)
+            pair = next(((a, r, p) for a, r in here if (p := _in_place(launcher, node, i, v, a, aliases[r]))), None)
             if pair is not None:  # an input that dies here, read only where output i is written: in place
                 given.append((i, pair[0]))
-                pairs.append(pair[1])
+                pairs.append(pair[2])
+                pending.remove(pair[1])  # its memory is output i's now: free when that output dies, not before
                 continue
-            match = next((b for b in reversed(free) if _fits(b, v)), None)
+            match = next((b for b in reversed(free) if _fits(b, v)), None) if reuse else None
             if match is not None:
                 free.remove(match)
                 given.append((i, match))
