@@ -771,6 +771,16 @@ def test_several_rows_per_program_write_nothing_past_a_partial_last_block(monkey
     assert compiled.num_kernels == 1 and launcher.owner.config(x.device) == (programs, {"RBLOCK": 16, "XBLOCK": 4})
 
 
+@contextlib.contextmanager
+def planned_everywhere():
+    """Compiles inside plan every buffer of the CPU memory plan, not only those of ``REUSE_MIN`` bytes or more."""
+    reuse_min, memory_plan.REUSE_MIN = memory_plan.REUSE_MIN, 0
+    try:
+        yield
+    finally:
+        memory_plan.REUSE_MIN = reuse_min
+
+
 def run_compiled(program: dict, inputs):
     """``program`` through ``compile_regions``, its outputs inside guard zones (an out-of-bounds write fails), no
     region refused for an internal error, every kernel run by the renderer chosen: (outputs, the compiled module).
@@ -778,11 +788,8 @@ def run_compiled(program: dict, inputs):
     Every buffer goes through the CPU memory plan (``REUSE_MIN`` 0, not only those of 128 KiB), and the module is
     called twice: the first call compiles and writes fresh outputs, the second writes where the plan says (buffers
     the graph is done with, outputs over their inputs), so its outputs must equal the first call's, bit for bit."""
-    reuse_min, memory_plan.REUSE_MIN = memory_plan.REUSE_MIN, 0
-    try:
+    with planned_everywhere():
         compiled = compile_regions(Program(program), inputs)
-    finally:
-        memory_plan.REUSE_MIN = reuse_min
     first = [t.clone() for t in compiled(*inputs)]
     with guarded_outputs() as allocated:
         got = compiled(*inputs)
@@ -820,6 +827,13 @@ def check_backend(program: dict, inputs, grads: bool) -> None:
     want = run_program(program, leaves)
     compiled = torch.compile(Program(program), backend="fusion", fullgraph=True, dynamic=False)
     mine = [t.detach().clone().requires_grad_(grads and t.dtype.is_floating_point) for t in inputs]
+    with planned_everywhere():  # a first call compiles (and its backward): fresh outputs; the checked call reuses
+        warm = compiled(
+            *[t.detach().clone().requires_grad_(m.requires_grad) for t, m in zip(inputs, mine, strict=True)]
+        )
+        warm = [w for w in warm if isinstance(w, torch.Tensor) and w.requires_grad]
+        if warm:
+            torch.autograd.backward([w.float().nan_to_num().sum() for w in warm], inputs=None)
     with guarded_outputs() as allocated:
         got = compiled(*mine)
     check_guards(allocated)

@@ -278,7 +278,7 @@ WRAPPER_PASSES = [
     Pass("python_bindings", _kept("python_bindings", python_bindings), stage="wrapper",
          doc="library calls through torch's Python bindings (torch.convolution): less CPU a call"),
     Pass("reuse_buffers", _kept("reuse_buffers", memory_plan.reuse_buffers), stage="wrapper",
-         doc="CPU: a kernel's output in a same-size buffer the graph is done with (no fresh pages to fault in)"),
+         doc="a kernel's output over its dying input (a lower peak), or on a CPU in a dead buffer of its size (no page faults)"),
 ]  # fmt: skip
 
 PRIMS_PASSES = ("prims_to_aten", "max_pool_as_aten")  # the wrapper passes that map prims ops to aten ops
