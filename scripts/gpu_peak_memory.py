@@ -1,133 +1,145 @@
-"""Where a model's peak memory goes under ``backend="fusion"``: the measured peak of each backend, and the compiled
-graph's tensors alive at its largest moment.
+"""What is alive at a call's peak: the caching allocator's event trace replayed, per backend (CUDA only).
 
-For each model (the suite's, at its sizes; one call of inference after warm-up): ``torch.cuda.max_memory_allocated``
-above the weights and inputs for eager, ``fusion`` and Inductor; then, for ``fusion``, a walk of each compiled graph
-in order with every tensor a node makes alive from its node to the last use of it or of any view of it (the fx
-code frees it there), which names the tensors alive at the walk's peak, largest first.
+    PYTHONPATH=. python3 scripts/gpu_peak_memory.py --models t5_encoder --backends fusion,inductor --out $OUT
 
-Run it:   PYTHONPATH=. python3 scripts/gpu_peak_memory.py --models t5_encoder [--sizes full] [--top 12]
-          (CPU: --device cpu --sizes tiny checks the script; its numbers are only the walk's)
+For each model and backend (built as the suite builds it: bf16 inference, or a training step with ``--train``) the
+script warms the call, records the allocator's history over one more call (``torch.cuda.memory._record_memory_history``
+with Python stacks), and replays its events: every allocation made during the call, freed when its free is requested.
+At the largest running total it lists the live blocks, each with the line of the compiled graph's code (fx's
+``<eval_with_key>`` or Inductor's output code) that allocated it. ``$OUT/<model>-<backend>.txt`` holds the report,
+with the compiled code it cites (``--top`` blocks); ``$OUT/memory_peak.json`` the totals.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import sys
+import linecache
+import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-import torch.fx as fx  # noqa: E402
-
-from fusion import backend  # noqa: E402  (a script may import a lesson: this one registers backend="fusion")
-from fusion.bench.suite_models import MODELS  # noqa: E402
+import fusion.backend  # noqa: F401 - registers backend="fusion" (Phase 9)
+from fusion.bench.suite import SuiteConfig, _runner, warm_compilers
+from fusion.bench.suite_models import MODELS
 
 
-def _tensors(node: fx.Node) -> list[torch.Tensor]:
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    return [v for v in vals if isinstance(v, torch.Tensor)]
+def _site(frames: list[dict]) -> tuple[str, int, str]:
+    """(file, line, function) of the innermost frame in compiled code: fx's generated forward or Inductor's."""
+    for f in frames:
+        name = f.get("filename", "")
+        if name.startswith("<eval_with_key>") or "torchinductor" in name:
+            return name, f.get("line", 0), f.get("name", "")
+    f = frames[0] if frames else {}
+    return f.get("filename", "?"), f.get("line", 0), f.get("name", "?")
 
 
-def live_walk(gm: fx.GraphModule, top: int) -> dict:
-    """The peak of the bytes alive, walking ``gm`` in order (placeholders excluded), and what is alive there."""
-    nodes = list(gm.graph.nodes)
-    pos = {n: i for i, n in enumerate(nodes)}
-    owner: dict[fx.Node, fx.Node] = {}  # a node -> the node whose memory it is (a view: its base's)
-    for n in nodes:
-        base = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-        same = base is not None and any(
-            t.untyped_storage()._cdata == b.untyped_storage()._cdata
-            for t in _tensors(n)
-            for b in _tensors(base)
-            if hasattr(t, "untyped_storage")
-        )
-        owner[n] = owner.get(base, base) if same else n
-    last: dict[fx.Node, int] = {}
-    for n in nodes:
-        for user in n.users:
-            o = owner[n]
-            last[o] = max(last.get(o, pos[n]), pos[user])
-    alive: dict[fx.Node, int] = {}
-    peak, at, where = 0, [], ""
-    for i, n in enumerate(nodes):
-        if n.op == "call_function" and owner[n] is n:
-            size = sum(t.untyped_storage().nbytes() for t in _tensors(n))
-            if size:
-                alive[n] = size
-        now = sum(alive.values())
-        if now > peak:
-            peak, where = now, n.name
-            at = sorted(alive.items(), key=lambda kv: -kv[1])[:top]
-        for o in [o for o in alive if last.get(o, pos[o]) <= i]:
-            del alive[o]
-    return {
-        "peak_mb": peak / 2**20,
-        "at": where,
-        "alive": [
-            {"node": o.name, "target": str(o.target)[:60], "mb": b / 2**20,
-             "shape": [list(t.shape) for t in _tensors(o)], "dtype": [str(t.dtype) for t in _tensors(o)]}
-            for o, b in at
-        ],
-    }  # fmt: skip
+def _source(file: str, line: int) -> str:
+    text = linecache.getline(file, line)
+    if not text and os.path.exists(file):
+        text = Path(file).read_text().splitlines()[line - 1] + "\n"
+    return text.strip()
 
 
-def peak(fn, device: str) -> float:
-    if device != "cuda":
-        fn()
-        return float("nan")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+def peak_report(trace: list[dict], top: int) -> tuple[int, list[tuple[int, str, int, str]]]:
+    """The replayed peak (bytes above the start) and the ``top`` largest blocks alive there: (bytes, file, line,
+    source)."""
+    live: dict[int, tuple[int, tuple]] = {}
+    total = best = 0
+    at_best: dict[int, tuple[int, tuple]] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _site(e.get("frames", [])))
+            total += e["size"]
+            if total > best:
+                best, at_best = total, dict(live)
+        elif e["action"] == "free_requested" and e["addr"] in live:
+            total -= live.pop(e["addr"])[0]
+    blocks = sorted(at_best.values(), key=lambda b: -b[0])[:top]
+    return best, [(size, file, line, _source(file, line)) for size, (file, line, _) in blocks]
+
+
+def _launches() -> list[str]:
+    """Each launch of the newest ``fusion`` compile: what the memory plan saw and decided."""
+    from fusion import backend as fusion_backend
+    from fusion.compiler.memory_plan import stored_of
+    from fusion.kernels.triton_runtime import Launcher
+
+    lines = []
+    for part in fusion_backend.reports[-1].parts if fusion_backend.reports else []:
+        for n in part.graph.graph_module.graph.nodes:
+            if isinstance(n.target, Launcher):
+                lc, plan = n.target, n.target.owner.plan
+                stored = [(s.shape, s.dtype) for s in plan.stored]
+                ir = plan.ir.in_place if plan.ir is not None else None
+                lines.append(f"{n.name}: {plan.results} {stored} {stored_of(lc)} {lc.donated} {ir}")
+    return lines
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="t5_encoder")
-    ap.add_argument("--sizes", default="full")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    dtype = getattr(torch, args.dtype) if args.device == "cuda" else torch.float32
-    out = {}
-    for name in args.models.split(","):
-        model, inputs = MODELS[name].build(args.sizes)
-        model = model.to(args.device, dtype).eval().requires_grad_(False)
-        inputs = tuple(
-            x.to(args.device) if x.is_floating_point() is False else x.to(args.device, dtype) for x in inputs
-        )
-        row = {}
-        for be in ("eager", "fusion", "inductor"):
-            backend.reset()
-            fn = model if be == "eager" else torch.compile(copy.deepcopy(model), backend=be)
-            with torch.no_grad():
-                fn(*inputs)
-                fn(*inputs)
-                row[be] = peak(lambda fn=fn, inputs=inputs: fn(*inputs), args.device)
-            if be == "fusion":
-                row["walks"] = [live_walk(p.graph.graph_module, args.top) for r in backend.reports for p in r.parts
-                                if p.graph is not None]  # fmt: skip
-        out[name] = row
-        print(
-            f"== {name}: peak MB above weights and inputs: eager {row['eager']:.1f}, fusion {row['fusion']:.1f}, "
-            f"Inductor {row['inductor']:.1f}"
-        )
-        for w in row["walks"]:
-            print(f"   fusion's graph walk: peak {w['peak_mb']:.1f} MB at {w['at']}; alive there:")
-            for a in w["alive"]:
-                print(f"      {a['mb']:8.1f} MB  {a['node']:<40} {a['target']:<60} {a['shape']} {a['dtype']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="t5_encoder")
+    p.add_argument("--backends", default="fusion,inductor")
+    p.add_argument("--train", action="store_true", help="a training step (the suite's training rows)")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = SuiteConfig(device="cuda", sizes="full", rounds=0)
+    backends = args.backends.split(",")
+    warm_compilers(backends, cfg)
+    totals: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    for model_name in args.models.split(","):
+        spec = MODELS[model_name]
+        if args.train:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, train=True)
+        model32, inputs32 = spec.build("full")
+        for backend in backends:
+            torch.manual_seed(0)
+            fn = _runner(spec, model32, inputs32, cfg, backend, cfg.dtype)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+            result = fn()
+            torch.cuda.synchronize()
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            peak = torch.cuda.max_memory_allocated() - base
+            del result
+            trace = snap["device_traces"][torch.cuda.current_device()]
+            replayed, blocks = peak_report(trace, args.top)
+            lines = [f"{model_name} {backend}: peak {peak / 2**20:.1f} MB above the call's start (replayed "
+                     f"{replayed / 2**20:.1f} MB); the {len(blocks)} largest blocks alive at the peak:"]  # fmt: skip
+            lines += [
+                f"{size / 2**20:9.2f} MB  {Path(file).name}:{line}  {src[:200]}" for size, file, line, src in blocks
+            ]
+            files = sorted({file for _, file, _, _ in blocks if file.startswith("<eval_with_key>")})
+            for file in files:
+                lines += [
+                    "",
+                    f"== {file}",
+                    *(f"{i + 1:5d} {t.rstrip()}" for i, t in enumerate(linecache.getlines(file))),
+                ]
+            if backend.startswith("fusion"):
+                lines += [
+                    "",
+                    "== launches: name, outputs (recipes), stored, fresh outputs, donated, in place",
+                    *_launches(),
+                ]
+            (out / f"{model_name}-{backend}.txt").write_text("\n".join(lines) + "\n")
+            print("\n".join(lines[: len(blocks) + 1]), flush=True)
+            totals["rows"].append({"model": model_name, "backend": backend, "train": args.train, "peak_bytes": peak,
+                                   "replayed_bytes": replayed})  # fmt: skip
+            del fn
+            torch.cuda.empty_cache()
+    (out / "memory_peak.json").write_text(json.dumps(totals, indent=1))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ FRESH_LIBRARY = frozenset({*FRESH_OPS, *(BINDINGS[op] for op in FRESH_OPS if op 
 DEVICES = ("cpu",)  # where the whole plan runs (scripts/gpu_ab_reuse_cuda.py measures it on CUDA too)
 # Where its in-place half runs: on CUDA the caching allocator already hands a freed block back, but an output written
 # over its dying input lowers the peak (the two are never alive at once). FUSION_IN_PLACE=cpu turns it off on CUDA
-# (the GPU A/B of scripts/gpu_memory_peak.py)
+# (the GPU A/B of scripts/gpu_peak_memory.py)
 IN_PLACE_DEVICES = tuple(os.environ.get("FUSION_IN_PLACE", "cpu,cuda").split(","))
 
 
