@@ -242,9 +242,10 @@ def test_a_buffer_written_over_in_place_is_never_free_while_its_new_tenant_lives
 
 def test_an_output_reshaped_from_what_the_kernel_stored_is_written_over_its_input():
     """ConvNeXt's MLP on a (batch, height, width, channels) input: the GEMM's output is (N, 4C), the GELU kernel
-    stores (batch, height, width, 4C) and the region returns it viewed as (N, 4C), the same bytes. That output is
-    the kernel's own memory, so it goes over the GEMM's output in place (ConvNeXt-T's peak on CUDA: 166 MB, and
-    111 MB in place, as Inductor's)."""
+    stores (batch, height, width, 4C) and the region returns it viewed as (N, 4C), the same bytes. The launch
+    allocates it as (N, 4C) and returns it as it is (launch_plans.allocated_as_returned), so the output is the
+    kernel's own memory and goes over the GEMM's output in place (ConvNeXt-T's peak on CUDA: 166 MB, and 111 MB in
+    place, as Inductor's)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()
     x = torch.randn(2, 16, 16, 64)  # the GEMM's output: 512 x 256 float32, 512 KiB
@@ -254,10 +255,13 @@ def test_an_output_reshaped_from_what_the_kernel_stored_is_written_over_its_inpu
         for call in range(3):
             torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5, msg=f"call {call}")
     launchers = backend.reports[-1].parts[0].graph.launchers
-    gelu = [lch for lch in launchers if "erf" in lch.owner.plan.ops.__str__()]
-    assert gelu and all(not lch._plain and lch.donated and lch.owner.plan.ir.in_place for lch in gelu), [
+    gelu = [lch for lch in launchers if "erf" in str(lch.owner.plan.ops)]
+    assert gelu and all(lch._plain and lch.donated and lch.owner.plan.ir.in_place for lch in gelu), [
         (lch.owner.plan.results, lch.donated) for lch in launchers
     ]
+    assert all(
+        lch.owner.plan.stored[0].shape == (512, 256) for lch in gelu
+    )  # the kernel's (2, 16, 16, 256), as returned
 
 
 def test_a_launch_that_also_returns_a_view_of_another_input_still_writes_over_its_dying_input():
@@ -454,3 +458,17 @@ def test_a_returned_fill_keeps_its_memory_and_a_scattered_one_its_values():
         assert o.stride() == r.stride()
     (note,) = notes(part, "broadcast_fulls")
     assert note[1].count("full") == 1, note  # only the one no output holds
+
+
+def test_the_plan_owns_an_output_only_where_no_other_output_reads_its_memory():
+    """memory_plan.stored_of: a stored tensor returned as it is, and read by no other output, is the kernel's own
+    memory (the plan may free and reuse it when it dies); one another output also reads (a view, or view ops such as
+    ``view.dtype``) is left alone, as is an output that is a view of an input."""
+    from types import SimpleNamespace
+
+    from fusion.ir import views
+
+    dtype_view = views.Steps((views.Step("aten.view.dtype", (views.Ref(1), views.TorchName("int32"))),))
+    results = (views.Take(1), dtype_view, views.Take(2), views.ViewOf(0, (4,), (1,), 0), views.Take(3))
+    plan = SimpleNamespace(inputs=("x",), results=(*results, views.ViewOf(3, (2,), (1,), 0)))
+    assert memory_plan.stored_of(SimpleNamespace(owner=SimpleNamespace(plan=plan))) == {2: 1}

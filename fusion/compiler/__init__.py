@@ -24,8 +24,9 @@
   aten, the max-pool as one aten call, library outputs checked against the traced layout, views as strides,
   library calls through torch's Python bindings (:mod:`fusion.compiler.bindings`).
 * :mod:`fusion.compiler.layout` — pass ``channels_last``: a CPU graph's convolutions read channels-last images (oneDNN's
-  layout) where their weights are light; :mod:`fusion.compiler.memory_plan` — wrapper pass ``reuse_buffers``: a CPU
-  kernel's output written into a buffer the graph is done with (in place where the kernel reads it only there).
+  layout) where their weights are light; :mod:`fusion.compiler.memory_plan` — wrapper pass ``reuse_buffers``: a
+  kernel's output written over an input that dies there, where the kernel reads it only at the element it writes
+  (CPU and CUDA: a lower peak), or on a CPU into a buffer the graph is done with.
 * :mod:`fusion.compiler.split_reductions` — pass ``split_reductions``: a reduction with few long rows (or columns) as
   two, the first filling the GPU.
 * :mod:`fusion.compiler.cast_views` — pass ``cast_views``: a cast after views as the views of a cast, so it joins

@@ -6,11 +6,14 @@
 * :func:`recipe` — one value: the buffer itself (:class:`~fusion.ir.views.Take`), a strided view of the first buffer
   its chain of views reaches (:class:`~fusion.ir.views.ViewOf`: one ``as_strided`` at run time, whatever the chain),
   else the chain's ops by name (:class:`~fusion.ir.views.Steps`: ``view.dtype`` reinterprets bytes, no strides do).
+* :func:`allocated_as_returned` — a stored tensor returned once, as a view over all its memory, is allocated in
+  that view's shape: the launch returns it as it is.
 """
 
 from __future__ import annotations
 
 import operator
+from collections import Counter
 
 import torch
 import torch.fx as fx
@@ -18,9 +21,9 @@ import torch.fx as fx
 from fusion.aten.nodes import is_view_node, strided_view
 from fusion.compiler.lower_reductions import dtype_name
 from fusion.ir.plan import InputSpec, KernelPlan, LaunchPlan, TensorSpec, Unsupported
-from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf
+from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf, reads
 
-__all__ = ["launch_plan", "recipe"]
+__all__ = ["allocated_as_returned", "launch_plan", "recipe"]
 
 
 def launch_plan(plan: KernelPlan) -> LaunchPlan:
@@ -37,14 +40,40 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
         for n, (shape, stride, dtype) in zip(plan.inputs, metas, strict=True)
     )
     stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], dtype_name(n.meta["val"].dtype)) for n in plan.stored)
+    results = tuple(recipe(n, where, len(plan.inputs)) for n in plan.outputs)
+    stored, results = allocated_as_returned(stored, results, len(plan.inputs))
     devices = {str(n.meta["val"].device) for n in (*plan.inputs, *plan.stored) if "val" in n.meta}
     kernel = plan.kernel
     return LaunchPlan(
         kernel.name, kernel.source, kernel.kind, tuple(kernel.ops), inputs, stored,
-        tuple(recipe(n, where, len(plan.inputs)) for n in plan.outputs), min(devices) if devices else "",
+        results, min(devices) if devices else "",
         plan.grid, tuple(plan.constexprs.items()), plan.num_warps, plan.xnumel, plan.xblock, plan.min_xblock,
         plan.ir, plan.elements,
     )  # fmt: skip
+
+
+def allocated_as_returned(
+    stored: tuple[TensorSpec, ...], results: tuple[Recipe, ...], first: int
+) -> tuple[tuple[TensorSpec, ...], tuple[Recipe, ...]]:
+    """A stored tensor the launch returns once, as a view of all of it from its start (a region's output reshaped
+    or permuted: the same memory), is allocated in that view's sizes and strides and returned as it is. The kernel
+    writes through a pointer, so only the memory matters, and each call rebuilds one view fewer (a ``reinterpret``,
+    ~1 µs of CPU). Not for a tensor a chain of view ops reads (those ops read its sizes and strides)."""
+    uses = Counter(i for r in results for i in reads(r))
+    stored, out = list(stored), []
+    for r in results:
+        j = r.index - first if isinstance(r, ViewOf) else -1
+        if j >= 0 and uses[r.index] == 1 and r.offset == 0 and 0 not in r.sizes:
+            spec = stored[j]
+            if 0 not in spec.shape and _extent(r.sizes, r.strides) == _extent(spec.shape, spec.stride):
+                stored[j] = TensorSpec(r.sizes, r.strides, spec.dtype)
+                r = Take(r.index)
+        out.append(r)
+    return tuple(stored), tuple(out)
+
+
+def _extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    return 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
 
 
 def _meta(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:

@@ -8,7 +8,8 @@ Inductor's ~120, and with the faults away (glibc told never to return memory) th
 (``allow_buffer_reuse``); this is that plan, done on the compiled graph's nodes:
 
 * A *buffer* is the storage of a fresh tensor: a convolution's or GEMM's output, or a launch's output that is a
-  tensor its kernel stored, whole (itself, or viewed from its start over all its bytes: :func:`stored_of`).
+  tensor its kernel stored, returned as it is and read by no other output (:func:`stored_of`; a region's output
+  reshaped is allocated in its returned shape, ``launch_plans.allocated_as_returned``).
   Every node that may alias it (views, ``reinterpret``, ``as_traced``, a launch's output whose recipe reads it, any
   op not known to return a fresh tensor) keeps it alive; it is *dead* after the last use of all of them. A buffer
   the graph returns (or an alias of one) is never reused, nor are the graph's inputs.
@@ -40,7 +41,7 @@ from fusion.aten.nodes import as_traced
 from fusion.compiler.bindings import BINDINGS
 from fusion.fxutils.finish import relint
 from fusion.ir import kernel_ir as ir
-from fusion.ir.views import Take, ViewOf
+from fusion.ir.views import Take, reads
 from fusion.kernels import triton_runtime as rt
 
 aten = torch.ops.aten
@@ -63,26 +64,18 @@ def _launcher(node: fx.Node) -> rt.Launcher | None:
 
 
 def stored_of(launcher: rt.Launcher) -> dict[int, int]:
-    """Output index -> stored tensor index, for each output of the launch that is the whole of one stored tensor of
-    its own: the tensor itself, or a view of it from its start over all its bytes (a region's output reshaped).
-    Those outputs are fresh memory, the kernel's. Left out: an output that is a view of an input, part of a stored
-    tensor, or one stored tensor that two outputs share."""
+    """Output index -> stored tensor index, for each output of the launch that is one stored tensor, whole, that no
+    other output reads (``launch_plans.allocated_as_returned`` allocates a tensor returned reshaped in the shape it
+    is returned in): fresh memory, the kernel's. Left out: an output that is a view of an input, a view of part of
+    a stored tensor, or a stored tensor another output also reads (as a view, or through a chain of view ops)."""
     plan = launcher.owner.plan
-    first, got = len(plan.inputs), {}
-    by_stored = Counter(r.index for r in plan.results if isinstance(r, (Take, ViewOf)))
-    for i, r in enumerate(plan.results):
-        if not isinstance(r, (Take, ViewOf)) or r.index < first or by_stored[r.index] > 1:
-            continue
-        if isinstance(r, ViewOf):
-            spec = plan.stored[r.index - first]
-            if r.offset or _extent(r.sizes, r.strides) != _extent(spec.shape, spec.stride):
-                continue
-        got[i] = r.index - first
-    return got
-
-
-def _extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
-    return 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+    first = len(plan.inputs)
+    uses = Counter(i for r in plan.results for i in reads(r))
+    return {
+        i: r.index - first
+        for i, r in enumerate(plan.results)
+        if isinstance(r, Take) and r.index >= first and uses[r.index] == 1
+    }
 
 
 def _fresh_output(node: fx.Node) -> bool:
@@ -111,7 +104,7 @@ def _root(node: fx.Node) -> bool:
 def _aliases_through(node: fx.Node, user: fx.Node) -> list[fx.Node]:
     """The nodes by which ``user`` (a user of ``node``) may hand ``node``'s memory on: none for a library call that
     returns a new tensor; for a launch, the outputs whose recipe reads the argument ``node`` (a view of it, or a
-    chain of ops that may reach any input); any other op itself (it may return a view)."""
+    chain of view ops over it); any other op itself (it may return a view)."""
     if user.op == "call_function" and user.target in FRESH_LIBRARY:
         return []
     launcher = _launcher(user)
@@ -122,8 +115,7 @@ def _aliases_through(node: fx.Node, user: fx.Node) -> list[fx.Node]:
     out = []
     for item in user.users:
         r = results[item.args[1]] if item.target is operator.getitem else None
-        reads = {r.index} if isinstance(r, (Take, ViewOf)) else set(range(first))
-        if r is None or reads & at:
+        if r is None or at.intersection(reads(r)):
             out.append(item)
     return out
 

@@ -83,6 +83,23 @@ class Steps:
 Recipe = Take | ViewOf | Steps
 
 
+def reads(recipe: Recipe) -> list[int]:
+    """The buffer indices ``recipe`` reads, once per reference (a chain of steps may read one buffer twice)."""
+    if isinstance(recipe, (Take, ViewOf)):
+        return [recipe.index]
+
+    def refs(a: Any) -> list[int]:
+        if isinstance(a, Ref):
+            return [a.index]
+        if isinstance(a, Step):
+            return refs(a.args) + refs(tuple(v for _, v in a.kwargs))
+        if isinstance(a, tuple):
+            return [i for x in a for i in refs(x)]
+        return []
+
+    return refs(recipe.steps)
+
+
 def resolve(op: str) -> Any:
     """The callable a step names: ``"aten.view.dtype"`` is ``torch.ops.aten.view.dtype``; ``"getitem"`` is
     ``operator.getitem`` (an element of a tuple-valued view, as ``split``'s)."""
