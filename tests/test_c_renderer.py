@@ -204,6 +204,34 @@ def test_the_chosen_flags_keep_a_float32_rounding():
 
 
 @needs_cc
+@pytest.mark.parametrize("k", [3, 5, 6, 7, 8])
+def test_a_clamp_backward_under_a_where_over_short_rows_selects_each_elements_own_gradient(k):
+    """gcc 12.2 with AVX sank a load into a select's branch, unrolled a loop of 3 to 7 steps and vectorized the rows
+    with the wrong lanes' masks: the gradient of ``clamp(where(m, x, 0) + 0.1, min=0.1)`` was 0 at 0.40 where eager
+    gives the upstream gradient (the fuzzer's long run, 2026-11-28). The compiler's probe
+    (``c_probes.SUNK_SELECT_PROBE``, run by ``c_runtime``) turns tree sinking off where it does so."""
+    g = torch.Generator().manual_seed(k)
+    mask, x, up = torch.ones(k, dtype=torch.bool), torch.randn(64, k, generator=g), torch.randn(64, k, generator=g)
+
+    def backward(m, x, up):  # what the kernel of clamp_min's and where's backward computes, as the trace has it
+        w = torch.where(m, x, torch.zeros_like(x)) + 0.1
+        return (torch.where(m, torch.where(w > 0.1, up, 0.0), 0.0),)
+
+    (got,) = compiled_in_c(backward, mask, x, up)
+    assert torch.equal(got, backward(mask, x, up)[0])
+
+
+@needs_cc
+def test_the_chosen_flags_select_by_each_elements_own_compare():
+    """The probe itself: the flags the renderer compiles with pass it (run, not read from a version)."""
+    import tempfile
+
+    cc, flags, _ = c_runtime.compiler()
+    with tempfile.TemporaryDirectory() as tmp:
+        assert c_runtime._sunk_select_kept(cc, list(flags), tmp), flags
+
+
+@needs_cc
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_values_round_once_to_nearest_even(dtype):
     # float32 values at and around the half-way points of the half dtype, subnormals, overflow and NaN

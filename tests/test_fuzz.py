@@ -605,6 +605,19 @@ def test_fuzz_found_the_reciprocal_of_gelu_at_minus_3_needs_erf_to_an_ulp(outsid
     check_compile_regions(program, (torch.tensor([-3], dtype=torch.int32),))
 
 
+@pytest.mark.phase9
+def test_fuzz_found_a_clamp_gradient_under_a_where_lost_to_a_miscompile(outside_hypothesis):
+    """Found by the long run (2026-11-28, night): the gradient of clamp(where(all-true, x, 0) + 0.1, min=0.1) over a
+    (1, 5, 3) input was 0 at x = 0.40 where eager gives the upstream gradient. The C backward kernel was right; gcc
+    12.2 with AVX sank a load into a select's branch and vectorized the rows of 3 with another row's masks. The
+    compiler's probe now turns tree sinking off where it does so (tests/test_c_renderer.py)."""
+    program = {"steps": [("pow", "pow", (1,), 1), ("view", "keep_where", (2,), None), ("scalar", "add_c", (3,), 0.1),
+                         ("scalar", "clamp_min", (4,), 0.1)], "outputs": [5]}  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(1, 1, 1, 1, generator=g), torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(0)))
+    check_backend(program, inputs, grads=True)
+
+
 @pytest.mark.phase8
 def test_fuzz_found_an_int_inputs_float64_reference_computes_in_float64(outside_hypothesis):
     """Found by the long run (2026-11-28, after the erf above): 1 / gelu of int32 [5, 2, -4]. At -4, 1 + erf is 6e-5:

@@ -8,6 +8,12 @@ flag must build (and load), and a miscompile that only running the code shows.
   few elements (a loop of 2 to 40, a long loop's tail): ``x.abs().to(torch.float32) == x`` gave True for a float64 x
   that float32 cannot hold (the fuzzer's long run, 2026-11-28). ``c_runtime`` turns that vectorizer off where the
   loaded probe loses the rounding.
+* :data:`SUNK_SELECT_PROBE` with :func:`sunk_select_kept` — a select of a loaded value by a compare of another, in a
+  loop nest whose inner loop has 3 to 7 steps, run: gcc 12.2 (``-march=native``, AVX or AVX-512) sinks the load
+  into the select's taken branch (tree-sink), unrolls the inner loop, vectorizes the outer one with the loads as one
+  interleaved group of masked loads, and picks the wrong lanes' masks (a gradient through ``clamp_min`` came out 0
+  where eager gives 0.40; the fuzzer's long run, 2026-11-28). ``c_runtime`` turns tree sinking off where the probe
+  gets a wrong value: the loads stay unconditional, and the select a blend.
 """
 
 from __future__ import annotations
@@ -42,5 +48,34 @@ def round_trip_kept(lib: ctypes.CDLL) -> bool:
         same, diff = (ctypes.c_uint8 * n)(*([7] * n)), (ctypes.c_double * n)(*([7.0] * n))
         getattr(lib, f"k{lanes}")(x, same, diff)
         if any(same[i] != 0 or diff[i] != -(2.0**-40) for i in range(lanes)):
+            return False
+    return True
+
+
+# s<k>: the kernel the fuzzer found (a where's mask m over the inner loop, a clamp's backward), 64 rows of k elements;
+# every load unconditional, as the renderer writes them
+SUNK_SELECT_PROBE = """#include <stdint.h>
+#define S(k) void s##k(const uint8_t *restrict m, const float *restrict a, const float *restrict c, \\
+                       const float *restrict z, float *restrict out) { \\
+    for (int64_t x1 = 0; x1 < 64; x1++) { const float t9 = z[0]; for (int64_t x2 = 0; x2 < k; x2++) { \\
+        const int32_t t0 = (m[x2] != 0); const float t2 = a[x2 + k*x1]; const float t4 = (t0 ? t2 : 0.0f); \\
+        const int32_t t7 = ((t4 + 0.1f) > 0.1f); const float t8 = c[x2 + k*x1]; const float t10 = (t7 ? t8 : t9); \\
+        out[x2 + k*x1] = (t0 ? t10 : t9); } } }
+S(3) S(5) S(6) S(7)
+"""
+SUNK_SELECT_STEPS = (3, 5, 6, 7)
+
+
+def sunk_select_kept(lib: ctypes.CDLL) -> bool:
+    """Does :data:`SUNK_SELECT_PROBE`, built and loaded as ``lib``, select the right value at every element, for
+    every inner loop length? Values of pseudo-random signs (a fixed sequence), so a lane that takes another
+    element's compare is wrong somewhere."""
+    for k in SUNK_SELECT_STEPS:
+        n = 64 * k
+        a = (ctypes.c_float * n)(*[((i * 2654435761) % 1000) / 1000.0 - 0.5 for i in range(n)])
+        c = (ctypes.c_float * n)(*[float(i + 1) for i in range(n)])
+        m, z, out = (ctypes.c_uint8 * k)(*([1] * k)), (ctypes.c_float * 1)(0.0), (ctypes.c_float * n)(*([7.0] * n))
+        getattr(lib, f"s{k}")(m, a, c, z, out)
+        if any(out[i] != (c[i] if a[i] + 0.1 > 0.1 else 0.0) for i in range(n)):
             return False
     return True

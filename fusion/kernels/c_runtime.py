@@ -175,6 +175,16 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
                     f"{cc} ({' '.join(flags)}) folds a float32 rounding away (a wrong answer). Fix: set CC to another "
                     "compiler, or run CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
                 )
+        # Another, checked the same way (c_probes.SUNK_SELECT_PROBE: gcc 12.2 with AVX sinks a load into a select's
+        # branch and vectorizes the loads as masked, interleaved, with the wrong lanes' masks). Not sunk, they stay
+        # plain loads and the select a blend.
+        if not _sunk_select_kept(cc, flags, tmp):
+            flags.append("-fno-tree-sink")
+            if not _sunk_select_kept(cc, flags, tmp):
+                raise CompilerMissing(
+                    f"{cc} ({' '.join(flags)}) selects a loaded value by another element's compare (a wrong answer). "
+                    "Fix: set CC to another compiler, or run CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
+                )
     return cc, tuple(flags), version
 
 
@@ -196,6 +206,17 @@ def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return True
     return lib is None or probes.round_trip_kept(lib)
+
+
+def _sunk_select_kept(cc: str, flags: list[str], tmp: str) -> bool:
+    """Does code from ``cc`` with ``flags`` select by the right element's compare in a short loop nest
+    (``c_probes.SUNK_SELECT_PROBE``, built and run)? True where the probe does not build or load."""
+    try:
+        out = _build_probe(cc, flags, probes.SUNK_SELECT_PROBE, tmp)
+        lib = ctypes.CDLL(str(out)) if out is not None else None
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return lib is None or probes.sunk_select_kept(lib)
 
 
 # glibc's vector math library (libmvec, x86-64 Linux): with the prelude's simd declarations (FUSION_LIBMVEC) gcc
