@@ -605,6 +605,17 @@ def test_fuzz_found_the_reciprocal_of_gelu_at_minus_3_needs_erf_to_an_ulp(outsid
     check_compile_regions(program, (torch.tensor([-3], dtype=torch.int32),))
 
 
+@pytest.mark.phase8
+def test_fuzz_found_a_strided_view_of_an_output_allocated_with_a_hole(outside_hypothesis):
+    """Found by the long run (2026-11-28, night), four times: abs(abs(x))[..., ::2] of a (1, 3) input. The region
+    stores (1, 3) and returns it viewed as (1, 2) with strides (3, 2): the same extent, not the same elements.
+    Allocated in the view's shape (launch_plans.allocated_as_returned), the kernel wrote the element between the two
+    (inside the storage, outside the tensor: the guard zone's catch). Only a dense view is allocated so now."""
+    program = {"steps": [("unary", "abs", (0,), None), ("unary", "abs", (1,), None), ("view", "step2", (2,), None)],
+               "outputs": [3]}  # fmt: skip
+    check_compile_regions(program, (torch.randn(1, 3, generator=torch.Generator().manual_seed(0)),))
+
+
 @pytest.mark.phase9
 def test_fuzz_found_a_clamp_gradient_under_a_where_lost_to_a_miscompile(outside_hypothesis):
     """Found by the long run (2026-11-28, night): the gradient of clamp(where(all-true, x, 0) + 0.1, min=0.1) over a

@@ -136,3 +136,6 @@ def test_a_stored_tensor_returned_once_as_all_of_it_is_allocated_as_returned():
     dtype_view = views.Steps((views.Step("aten.view.dtype", (views.Ref(1), views.TorchName("int32"))),))
     for results in ((part,), (shifted,), (of_input,), (whole, dtype_view), (whole, views.Take(1))):
         assert allocated_as_returned((spec,), results, first=1) == ((spec,), results), results
+    row = TensorSpec((1, 3), (3, 1), "float32")  # x[..., ::2] of it: the same extent, but a hole (the fuzzer's find)
+    holey = (views.ViewOf(1, (1, 2), (3, 2), 0),)
+    assert allocated_as_returned((row,), holey, first=1) == ((row,), holey)

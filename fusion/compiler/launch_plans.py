@@ -56,20 +56,34 @@ def allocated_as_returned(
     stored: tuple[TensorSpec, ...], results: tuple[Recipe, ...], first: int
 ) -> tuple[tuple[TensorSpec, ...], tuple[Recipe, ...]]:
     """A stored tensor the launch returns once, as a view of all of it from its start (a region's output reshaped
-    or permuted: the same memory), is allocated in that view's sizes and strides and returned as it is. The kernel
+    or permuted: the same elements at the same places, both dense), is allocated in that view's sizes and strides
+    and returned as it is. The kernel
     writes through a pointer, so only the memory matters, and each call rebuilds one view fewer (a ``reinterpret``,
     ~1 µs of CPU). Not for a tensor a chain of view ops reads (those ops read its sizes and strides)."""
     uses = Counter(i for r in results for i in reads(r))
     stored, out = list(stored), []
     for r in results:
         j = r.index - first if isinstance(r, ViewOf) else -1
-        if j >= 0 and uses[r.index] == 1 and r.offset == 0 and 0 not in r.sizes:
+        if j >= 0 and uses[r.index] == 1 and r.offset == 0 and _dense(r.sizes, r.strides):
             spec = stored[j]
-            if 0 not in spec.shape and _extent(r.sizes, r.strides) == _extent(spec.shape, spec.stride):
+            if _dense(spec.shape, spec.stride) and _extent(r.sizes, r.strides) == _extent(spec.shape, spec.stride):
                 stored[j] = TensorSpec(r.sizes, r.strides, spec.dtype)
                 r = Take(r.index)
         out.append(r)
     return tuple(stored), tuple(out)
+
+
+def _dense(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Do these sizes and strides reach every element of their extent once (no hole, no overlap, not empty)? In
+    stride order, each dimension's stride is the product of the sizes before it (dimensions of size 1 aside)."""
+    if 0 in sizes:
+        return False
+    expected = 1
+    for size, stride in sorted((d for d in zip(sizes, strides, strict=True) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
