@@ -166,25 +166,18 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
 
             if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + probes.VECTOR_PROBE, load=True):
                 flags += VECTOR_LIBM
-        # A miscompile, checked by running it (c_probes.ROUND_TRIP_PROBE: gcc 12.2 with AVX-512VL folds a float32
-        # round trip away where its SLP vectorizer packs a few elements). Without SLP vectorization the rounding stays.
-        if not _round_trip_kept(cc, flags, tmp):
-            flags.append("-fno-tree-slp-vectorize")
-            if not _round_trip_kept(cc, flags, tmp):
-                raise CompilerMissing(
-                    f"{cc} ({' '.join(flags)}) folds a float32 rounding away (a wrong answer). Fix: set CC to another "
-                    "compiler, or run CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
-                )
-        # Another, checked the same way (c_probes.SUNK_SELECT_PROBE: gcc 12.2 with AVX sinks a load into a select's
-        # branch and vectorizes the loads as masked, interleaved, with the wrong lanes' masks). Not sunk, they stay
-        # plain loads and the select a blend.
-        if not _sunk_select_kept(cc, flags, tmp):
-            flags.append("-fno-tree-sink")
-            if not _sunk_select_kept(cc, flags, tmp):
-                raise CompilerMissing(
-                    f"{cc} ({' '.join(flags)}) selects a loaded value by another element's compare (a wrong answer). "
-                    "Fix: set CC to another compiler, or run CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
-                )
+        # Miscompiles, each checked by running its probe (c_probes), each avoided by one flag: gcc 12.2 with AVX-512VL
+        # folds a float32 round trip away where its SLP vectorizer packs a few elements; with AVX it sinks a load into
+        # a select's branch and vectorizes the loads as masked, interleaved, with the wrong lanes' masks (not sunk,
+        # they stay plain loads and the select a blend).
+        for kept, flag, what in MISCOMPILES:
+            if not kept(cc, flags, tmp):
+                flags.append(flag)
+                if not kept(cc, flags, tmp):
+                    raise CompilerMissing(
+                        f"{cc} ({' '.join(flags)}) {what} (a wrong answer). Fix: set CC to another compiler, or run "
+                        "CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
+                    )
     return cc, tuple(flags), version
 
 
@@ -197,26 +190,34 @@ def _build_probe(cc: str, flags: list[str], source: str, tmp: str) -> Path | Non
     return out if subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0 else None
 
 
-def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
-    """Does code from ``cc`` with ``flags`` keep a float32 round trip's rounding (``c_probes``, built and run)? True
+def _probe_kept(source: str, check, cc: str, flags: list[str], tmp: str) -> bool:
+    """Does ``source`` built by ``cc`` with ``flags`` pass ``check(library)`` (``c_probes``, built and run)? True
     where the probe does not build or load: no sign of the miscompile (the first kernel's build says what is wrong)."""
     try:
-        out = _build_probe(cc, flags, probes.ROUND_TRIP_PROBE, tmp)
+        out = _build_probe(cc, flags, source, tmp)
         lib = ctypes.CDLL(str(out)) if out is not None else None
     except (OSError, subprocess.SubprocessError):
         return True
-    return lib is None or probes.round_trip_kept(lib)
+    return lib is None or check(lib)
+
+
+def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
+    """Does code from ``cc`` with ``flags`` keep a float32 round trip's rounding (``c_probes.ROUND_TRIP_PROBE``)?"""
+    return _probe_kept(probes.ROUND_TRIP_PROBE, probes.round_trip_kept, cc, flags, tmp)
 
 
 def _sunk_select_kept(cc: str, flags: list[str], tmp: str) -> bool:
-    """Does code from ``cc`` with ``flags`` select by the right element's compare in a short loop nest
-    (``c_probes.SUNK_SELECT_PROBE``, built and run)? True where the probe does not build or load."""
-    try:
-        out = _build_probe(cc, flags, probes.SUNK_SELECT_PROBE, tmp)
-        lib = ctypes.CDLL(str(out)) if out is not None else None
-    except (OSError, subprocess.SubprocessError):
-        return True
-    return lib is None or probes.sunk_select_kept(lib)
+    """Does code from ``cc`` with ``flags`` select by each element's own compare in a short loop nest
+    (``c_probes.SUNK_SELECT_PROBE``)?"""
+    return _probe_kept(probes.SUNK_SELECT_PROBE, probes.sunk_select_kept, cc, flags, tmp)
+
+
+# (probe passes?, the flag that avoids the miscompile, what goes wrong), checked in order when the compiler is set up;
+# looked up at the call, so a test may replace a probe
+MISCOMPILES = (
+    (lambda *a: _round_trip_kept(*a), "-fno-tree-slp-vectorize", "folds a float32 rounding away"),
+    (lambda *a: _sunk_select_kept(*a), "-fno-tree-sink", "selects a loaded value by another element's compare"),
+)
 
 
 # glibc's vector math library (libmvec, x86-64 Linux): with the prelude's simd declarations (FUSION_LIBMVEC) gcc
