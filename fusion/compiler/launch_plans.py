@@ -57,9 +57,9 @@ def allocated_as_returned(
 ) -> tuple[tuple[TensorSpec, ...], tuple[Recipe, ...]]:
     """A stored tensor the launch returns once, as a view of all of it from its start (a region's output reshaped
     or permuted: the same elements at the same places, both dense), is allocated in that view's sizes and strides
-    and returned as it is. The kernel
-    writes through a pointer, so only the memory matters, and each call rebuilds one view fewer (a ``reinterpret``,
-    ~1 µs of CPU). Not for a tensor a chain of view ops reads (those ops read its sizes and strides)."""
+    and returned as it is. The kernel writes through a pointer, so only the memory matters, and each call rebuilds
+    one view fewer (a ``reinterpret``, ~1 µs of CPU). Not for a tensor a chain of view ops reads (those ops read its
+    sizes and strides)."""
     uses = Counter(i for r in results for i in reads(r))
     stored, out = list(stored), []
     for r in results:
