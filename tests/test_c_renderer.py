@@ -20,7 +20,7 @@ from support import Fn
 from fusion.codegen import compile_regions
 from fusion.compiler.lowering import Lowering
 from fusion.ir import kernel_ir as ir
-from fusion.kernels import c_runtime
+from fusion.kernels import c_probes, c_runtime
 from fusion.kernels.c_render import one_walk, render
 from fusion.kernels.ir_loops import cse
 from fusion.regions import build_fusion_regions, capture_aten, unique_regions
@@ -200,7 +200,7 @@ def test_the_chosen_flags_keep_a_float32_rounding():
 
     cc, flags, _ = c_runtime.compiler()
     with tempfile.TemporaryDirectory() as tmp:
-        assert c_runtime._round_trip_kept(cc, list(flags), tmp), flags
+        assert c_runtime.probe_kept(cc, list(flags), tmp, c_probes.ROUND_TRIP_PROBE, c_probes.round_trip_kept), flags
 
 
 @needs_cc
@@ -228,7 +228,7 @@ def test_the_chosen_flags_select_by_each_elements_own_compare():
 
     cc, flags, _ = c_runtime.compiler()
     with tempfile.TemporaryDirectory() as tmp:
-        assert c_runtime._sunk_select_kept(cc, list(flags), tmp), flags
+        assert c_runtime.probe_kept(cc, list(flags), tmp, c_probes.SUNK_SELECT_PROBE, c_probes.sunk_select_kept), flags
 
 
 @needs_cc

@@ -157,13 +157,14 @@ def reuse_buffers(gm: fx.GraphModule) -> int:
     """The plan above on the compiled graph ``gm``, in place; returns how many outputs reuse a buffer."""
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
-    vals = [n.meta.get("val") for n in nodes if _root(n)]
+    roots = [n for n in nodes if _root(n)]
+    vals = [n.meta.get("val") for n in roots]
     where = (*DEVICES, *IN_PLACE_DEVICES)
     if not vals or any(not isinstance(v, torch.Tensor) or v.device.type not in where for v in vals):
         return 0
     death: dict[fx.Node, int] = {}  # buffer root -> position of the last use of it or of any alias of it
     aliases: dict[fx.Node, set[fx.Node]] = {}  # buffer root -> the nodes that may alias it (itself included)
-    for root in (n for n in nodes if _root(n)):
+    for root in roots:
         last, todo, seen = pos[root], [root], {root}
         while todo:
             cur = todo.pop()

@@ -5,7 +5,7 @@ signs. Plain C99, no libm call in the float32 paths the loops vectorize."""
 from __future__ import annotations
 
 # glibc's vector sinf and cosf (libmvec): declared "simd", gcc calls their 8-lane versions from a vectorized loop.
-# Only where the compiler probe found them (fusion.kernels.c_runtime.VECTOR_LIBM defines FUSION_LIBMVEC).
+# Only where the compiler probe found them (fusion.kernels.c_probes.VECTOR_LIBM defines FUSION_LIBMVEC).
 VECTOR_LIBM_DECLARATIONS = """float sinf(float) __attribute__((simd("notinbranch")));
 float cosf(float) __attribute__((simd("notinbranch")));
 """

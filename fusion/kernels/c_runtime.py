@@ -164,16 +164,14 @@ def _compiler() -> tuple[str, tuple[str, ...], str]:
         if sys.platform.startswith("linux") and x86_64:
             from fusion.kernels.c_prelude import VECTOR_LIBM_DECLARATIONS
 
-            if works(VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + probes.VECTOR_PROBE, load=True):
-                flags += VECTOR_LIBM
-        # Miscompiles, each checked by running its probe (c_probes), each avoided by one flag: gcc 12.2 with AVX-512VL
-        # folds a float32 round trip away where its SLP vectorizer packs a few elements; with AVX it sinks a load into
-        # a select's branch and vectorizes the loads as masked, interleaved, with the wrong lanes' masks (not sunk,
-        # they stay plain loads and the select a blend).
-        for kept, flag, what in MISCOMPILES:
-            if not kept(cc, flags, tmp):
+            if works(
+                probes.VECTOR_LIBM, "#include <math.h>\n" + VECTOR_LIBM_DECLARATIONS + probes.VECTOR_PROBE, load=True
+            ):
+                flags += probes.VECTOR_LIBM
+        for source, check, flag, what in probes.MISCOMPILES:  # each checked by running it, each avoided by one flag
+            if not probe_kept(cc, flags, tmp, source, check):
                 flags.append(flag)
-                if not kept(cc, flags, tmp):
+                if not probe_kept(cc, flags, tmp, source, check):
                     raise CompilerMissing(
                         f"{cc} ({' '.join(flags)}) {what} (a wrong answer). Fix: set CC to another compiler, or run "
                         "CPU kernels in Triton's interpreter: FUSION_RENDERER=triton"
@@ -190,9 +188,10 @@ def _build_probe(cc: str, flags: list[str], source: str, tmp: str) -> Path | Non
     return out if subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0 else None
 
 
-def _probe_kept(source: str, check, cc: str, flags: list[str], tmp: str) -> bool:
-    """Does ``source`` built by ``cc`` with ``flags`` pass ``check(library)`` (``c_probes``, built and run)? True
-    where the probe does not build or load: no sign of the miscompile (the first kernel's build says what is wrong)."""
+def probe_kept(cc: str, flags: list[str], tmp: str, source: str, check) -> bool:
+    """Does ``source`` (a ``c_probes`` miscompile probe) built by ``cc`` with ``flags`` in ``tmp`` pass
+    ``check(library)``? True where the probe does not build or load: no sign of the miscompile (the first kernel's
+    build says what is wrong)."""
     try:
         out = _build_probe(cc, flags, source, tmp)
         lib = ctypes.CDLL(str(out)) if out is not None else None
@@ -201,36 +200,9 @@ def _probe_kept(source: str, check, cc: str, flags: list[str], tmp: str) -> bool
     return lib is None or check(lib)
 
 
-def _round_trip_kept(cc: str, flags: list[str], tmp: str) -> bool:
-    """Does code from ``cc`` with ``flags`` keep a float32 round trip's rounding (``c_probes.ROUND_TRIP_PROBE``)?"""
-    return _probe_kept(probes.ROUND_TRIP_PROBE, probes.round_trip_kept, cc, flags, tmp)
-
-
-def _sunk_select_kept(cc: str, flags: list[str], tmp: str) -> bool:
-    """Does code from ``cc`` with ``flags`` select by each element's own compare in a short loop nest
-    (``c_probes.SUNK_SELECT_PROBE``)?"""
-    return _probe_kept(probes.SUNK_SELECT_PROBE, probes.sunk_select_kept, cc, flags, tmp)
-
-
-# (probe passes?, the flag that avoids the miscompile, what goes wrong), checked in order when the compiler is set up;
-# looked up at the call, so a test may replace a probe
-MISCOMPILES = (
-    (lambda *a: _round_trip_kept(*a), "-fno-tree-slp-vectorize", "folds a float32 rounding away"),
-    (lambda *a: _sunk_select_kept(*a), "-fno-tree-sink", "selects a loaded value by another element's compare"),
-)
-
-
-# glibc's vector math library (libmvec, x86-64 Linux): with the prelude's simd declarations (FUSION_LIBMVEC) gcc
-# calls its 8-lane sinf/cosf from a vectorized loop. Not folded into one scalar sincosf: gcc does that to a sinf and
-# a cosf of one value (a rotary embedding has both), and the scalar call stops the loop's vectorization. Measured on
-# the course's CPU (8192 of each, 2026-11-27): 32.1 us scalar, 8.7 us vector; within 1.52 ulp of float64 (scalar
-# glibc 0.56, eager's Sleef <= 1.0).
-VECTOR_LIBM = ["-DFUSION_LIBMVEC", "-fno-builtin-sinf", "-fno-builtin-cosf"]
-
-
 def libraries(flags: tuple[str, ...] | list[str]) -> list[str]:
     """What a kernel library links, after its source (libmvec where the prelude declares its functions)."""
-    return (["-lmvec"] if VECTOR_LIBM[0] in flags else []) + ["-lm"]
+    return (["-lmvec"] if probes.VECTOR_LIBM[0] in flags else []) + ["-lm"]
 
 
 def cores() -> int:
