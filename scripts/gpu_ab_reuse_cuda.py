@@ -30,7 +30,7 @@ from fusion.compiler import memory_plan
 from fusion.kernels import triton_runtime
 
 
-def _fast_into(buffer, shape, stride, dtype, alloc):
+def _fast_into(buffer, shape, stride, dtype, alloc, need=0):
     if buffer.dtype is dtype and buffer.storage_offset() == 0:  # the plan sized it: no bounds check
         return reinterpret(buffer, tuple(shape), tuple(stride), 0)
     return alloc(shape, stride, dtype)
