@@ -472,3 +472,55 @@ def test_the_plan_owns_an_output_only_where_no_other_output_reads_its_memory():
     results = (views.Take(1), dtype_view, views.Take(2), views.ViewOf(0, (4,), (1,), 0), views.Take(3))
     plan = SimpleNamespace(inputs=("x",), results=(*results, views.ViewOf(3, (2,), (1,), 0)))
     assert memory_plan.stored_of(SimpleNamespace(owner=SimpleNamespace(plan=plan))) == {2: 1}
+
+
+def test_an_output_goes_into_a_donated_buffer_only_where_it_fits():
+    """``triton_runtime._into``: the output is a view of the donated buffer's memory (no dispatch: Inductor's
+    reinterpret) where the buffer has the dtype, starts its storage and holds the output's bytes; a fresh tensor
+    otherwise (the plan never donates such a buffer: a check, not a path)."""
+    from fusion.kernels.triton_runtime import _into, _need
+
+    made = []
+
+    def alloc(shape, stride, dtype):
+        made.append(shape)
+        return torch.empty_strided(shape, stride, dtype=dtype)
+
+    buffer = torch.zeros(4, 6)
+    out = _into(buffer, (6, 4), (1, 6), torch.float32, alloc, _need((6, 4), (1, 6), torch.float32))
+    assert out.data_ptr() == buffer.data_ptr() and out.stride() == (1, 6) and not made
+    out.fill_(1.0)
+    assert buffer.sum() == 24  # the same memory
+    assert _need((6, 4), (1, 6), torch.float32) == 96 and _need((0, 4), (4, 1), torch.float32) == 0
+    for other, shape, stride in (
+        (torch.zeros(4, 5), (4, 6), (6, 1)),  # too small
+        (torch.zeros(4, 6, dtype=torch.float64), (4, 6), (6, 1)),  # another dtype
+        (torch.zeros(30)[6:], (4, 6), (6, 1)),  # not at the start of its storage
+    ):
+        fresh = _into(other, shape, stride, torch.float32, alloc, _need(shape, stride, torch.float32))
+        assert fresh.data_ptr() != other.data_ptr() and fresh.shape == shape
+    assert len(made) == 3
+
+
+def test_outputs_allocated_as_returned_can_be_switched_off_for_an_a_b(monkeypatch):
+    """``launch_plans.AS_RETURNED`` (``FUSION_AS_RETURNED=0``), the switch of a GPU A/B: off, the GELU kernel of
+    ConvNeXt's MLP stores its (2, 16, 16, 256) and returns it viewed as (512, 256) (a reinterpret a call); on, it
+    stores (512, 256) and returns it as it is. The values are eager's both ways."""
+    from fusion.compiler import launch_plans
+    from fusion.ir import views
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()
+    x = torch.randn(2, 16, 16, 64)
+    shapes = {}
+    for on in (False, True):
+        monkeypatch.setattr(launch_plans, "AS_RETURNED", on)
+        backend.reset()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            fn = torch.compile(model, backend="fusion")
+            for _ in range(2):
+                torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
+        (gelu,) = [lch for lch in backend.reports[-1].parts[0].graph.launchers if "erf" in str(lch.owner.plan.ops)]
+        plan = gelu.owner.plan
+        shapes[on] = (plan.stored[0].shape, type(plan.results[0]))
+    assert shapes == {False: ((2, 16, 16, 256), views.ViewOf), True: ((512, 256), views.Take)}

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import operator
+import os
 from collections import Counter
 
 import torch
@@ -23,7 +24,9 @@ from fusion.compiler.lower_reductions import dtype_name
 from fusion.ir.plan import InputSpec, KernelPlan, LaunchPlan, TensorSpec, Unsupported
 from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf, reads
 
-__all__ = ["allocated_as_returned", "launch_plan", "recipe"]
+__all__ = ["AS_RETURNED", "allocated_as_returned", "launch_plan", "recipe"]
+
+AS_RETURNED = os.environ.get("FUSION_AS_RETURNED", "1") != "0"  # allocated_as_returned on (0: off, for a GPU A/B)
 
 
 def launch_plan(plan: KernelPlan) -> LaunchPlan:
@@ -41,7 +44,8 @@ def launch_plan(plan: KernelPlan) -> LaunchPlan:
     )
     stored = tuple(TensorSpec(*_meta(n.meta["val"])[:2], dtype_name(n.meta["val"].dtype)) for n in plan.stored)
     results = tuple(recipe(n, where, len(plan.inputs)) for n in plan.outputs)
-    stored, results = allocated_as_returned(stored, results, len(plan.inputs))
+    if AS_RETURNED:
+        stored, results = allocated_as_returned(stored, results, len(plan.inputs))
     devices = {str(n.meta["val"].device) for n in (*plan.inputs, *plan.stored) if "val" in n.meta}
     kernel = plan.kernel
     return LaunchPlan(
