@@ -6,6 +6,7 @@ exactly as the suite runs it (``fusion.bench.suite._runner``: bf16 or AMP, chann
     PYTHONPATH=. python3 scripts/gpu_profile_models.py bert_train vit_b_16     (on the lent GPU; full suite sizes)
     python3 scripts/gpu_profile_models.py --dry-run resnet18                  (CPU, tiny shapes: rehearse it)
     ... --backends=eager,fusion                                               (a subset of the backends)
+    ... --cudnn-benchmark                 (cuDNN times its algorithms on each shape's first call, as the suite does)
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main(argv: list[str]) -> None:
     dry = "--dry-run" in argv
     names = [a for a in argv if not a.startswith("--")] or ["bert", "vit_b_16"]
     cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
+    torch.backends.cudnn.benchmark = "--cudnn-benchmark" in argv
     picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "")
     backends = tuple(picked.split(",")) if picked else ("eager", "fusion") if dry else ("eager", "fusion", "inductor")
     out = os.environ.get("OUT")

@@ -43,6 +43,7 @@ def main(argv: list[str]) -> None:
     picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "")
     backends = picked.split(",") if picked else ["eager", "fusion"]
     cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
+    torch.backends.cudnn.benchmark = "--cudnn-benchmark" in argv  # as the suite runs (its algorithms timed once)
     results = {}
     for name in names:
         spec = MODELS[name]
