@@ -12,7 +12,8 @@ same processes measured it faster than Inductor. Per backend, ms a call by:
 - ``autorange``: the suite's way (the block size it picked is printed);
 - ``Timer n=10`` and ``Timer n=100``: fixed blocks, the collector off as ``timeit`` runs them;
 - ``n=100 gc on``: the same blocks with the collector on (``timeit``'s ``setup="gc.enable()"``);
-- ``loop``: a plain loop of 30 calls between two synchronisations.
+- ``loop of 10`` and ``loop of 100``: plain loops between two synchronisations (the collector as it is);
+- ``synchronised``: one call between two synchronisations (the median of 10).
 In 5 interleaved rounds (every way and every backend, then the next round); medians. Raw JSON to $OUT/timer_probe.json.
 """
 
@@ -59,11 +60,11 @@ def main(argv: list[str]) -> None:
     def timer(fn, setup: str = "pass") -> tbench.Timer:
         return tbench.Timer(stmt="fn()", setup=setup, globals={"fn": fn, "gc": gc}, timer=clock, num_threads=threads)
 
-    def loop(fn) -> float:
+    def loop(fn, n: int) -> float:
         t0 = clock()
-        for _ in range(30):
+        for _ in range(n):
             fn()
-        return (clock() - t0) / 30
+        return (clock() - t0) / n
 
     small = 1 if dry else 10
     ways = {
@@ -71,7 +72,9 @@ def main(argv: list[str]) -> None:
         f"Timer n={small}": lambda fn: timer(fn).timeit(small),
         f"Timer n={10 * small}": lambda fn: timer(fn).timeit(10 * small),
         f"n={10 * small} gc on": lambda fn: timer(fn, "gc.enable()").timeit(10 * small),
-        "loop": loop,
+        f"loop of {small}": lambda fn: loop(fn, small),
+        f"loop of {10 * small}": lambda fn: loop(fn, 10 * small),
+        "synchronised": lambda fn: statistics.median(loop(fn, 1) for _ in range(small)),
     }
     per = {way: {label: [] for label in fns} for way in ways}
     blocks: dict = {}
