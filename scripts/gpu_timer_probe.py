@@ -1,7 +1,10 @@
 """Does the suite's timer measure every backend alike? One model's compiled calls timed several ways in one process.
 
-    PYTHONPATH=. python3 scripts/gpu_timer_probe.py efficientnet_b0 [--backends=eager,fusion,inductor]  (the GPU)
-    python3 scripts/gpu_timer_probe.py --dry-run resnet18                                              (CPU, tiny)
+    PYTHONPATH=. python3 scripts/gpu_timer_probe.py efficientnet_b0 [--suite] [--backends=eager,fusion,inductor]
+    python3 scripts/gpu_timer_probe.py --dry-run resnet18 [--suite]                       (CPU, tiny: rehearse it)
+
+``--suite``: inside the suite's own process (``run_suite``: the float64 reference, the accuracy calls), just before
+its timer runs and after the suite; without it, functions compiled here, outside the suite.
 
 The suite times a backend with ``torch.utils.benchmark.Timer.blocked_autorange(min_run_time=0.04)`` under a clock
 that synchronises: the Timer first grows its block (1, 10, 100 calls...) until one block is long against two clock
@@ -14,7 +17,8 @@ same processes measured it faster than Inductor. Per backend, ms a call by:
 - ``n=100 gc on``: the same blocks with the collector on (``timeit``'s ``setup="gc.enable()"``);
 - ``loop of 10`` and ``loop of 100``: plain loops between two synchronisations (the collector as it is);
 - ``synchronised``: one call between two synchronisations (the median of 10).
-In 5 interleaved rounds (every way and every backend, then the next round); medians. Raw JSON to $OUT/timer_probe.json.
+In 5 interleaved rounds (every way and every backend, then the next round); medians. Raw JSON to
+$OUT/timer_probe_<model>.json.
 """
 
 from __future__ import annotations
@@ -34,27 +38,13 @@ from fusion.bench.suite import SuiteConfig, _runner
 from fusion.bench.suite_models import MODELS
 
 
-def main(argv: list[str]) -> None:
-    dry = "--dry-run" in argv
-    name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
-    picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "eager,fusion,inductor")
-    cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
-    cuda = cfg.device == "cuda"
-    torch.backends.cudnn.benchmark = cuda
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+def probe(fns: dict, sync, dry: bool, title: str) -> dict:
+    """Every way below, 5 interleaved rounds (every way and every backend, then the next round): medians, ms a call."""
 
     def clock() -> float:
         sync()
         return time.perf_counter()
 
-    spec = MODELS[name]
-    model32, inputs32 = spec.build(cfg.sizes)
-    fns = {}
-    for label in picked.split(","):
-        fns[label] = fn = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
-        for _ in range(5):
-            fn()
-    sync()
     threads = torch.get_num_threads()
 
     def timer(fn, setup: str = "pass") -> tbench.Timer:
@@ -78,7 +68,7 @@ def main(argv: list[str]) -> None:
     }
     per = {way: {label: [] for label in fns} for way in ways}
     blocks: dict = {}
-    for _ in range(3 if dry else 5):  # rounds: every way, every backend, then the next round
+    for _ in range(3 if dry else 5):
         for way, how in ways.items():
             for label, fn in fns.items():
                 m = how(fn)
@@ -89,17 +79,53 @@ def main(argv: list[str]) -> None:
                     if way == "autorange":
                         blocks.setdefault(label, set()).add(m.number_per_run)
     results = {way: {label: statistics.median(ts) * 1e3 for label, ts in d.items()} for way, d in per.items()}
+    print(f"\n{title}")
     for way, row in results.items():
-        print(f"{way:16s} " + "   ".join(f"{label} {ms:7.3f}" for label, ms in row.items()), flush=True)
-    print("calls a block under autorange:", {k: sorted(v) for k, v in blocks.items()})
-    print("collector:", gc.isenabled(), gc.get_count(), "objects", len(gc.get_objects()))
+        print(f"  {way:16s} " + "   ".join(f"{label} {ms:7.3f}" for label, ms in row.items()), flush=True)
+    print("  calls a block under autorange:", {k: sorted(v) for k, v in blocks.items()})
+    print("  collector:", gc.isenabled(), gc.get_count(), "objects", len(gc.get_objects()))
+    return {"ms": results, "autorange_block": {k: sorted(v) for k, v in blocks.items()}}
+
+
+def main(argv: list[str]) -> None:
+    dry = "--dry-run" in argv
+    name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
+    picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "eager,fusion,inductor")
+    cfg = SuiteConfig(device="cpu" if dry else "cuda", sizes="tiny" if dry else "full")
+    cuda = cfg.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    found: dict = {"model": name}
+    if "--suite" in argv:  # inside the suite's own process: just before its timer runs, and after the suite
+        import fusion.benchmark as lesson
+        from fusion.bench import suite
+
+        kept: dict = {}
+        plain_measure = suite._measure
+
+        def measure(row, fns, cfg_, lesson_, sync_):
+            kept.update(fns=dict(fns))
+            found["before"] = probe(fns, sync_, dry, "inside the suite, just before its timer:")
+            return plain_measure(row, fns, cfg_, lesson_, sync_)
+
+        suite._measure = measure
+        found["suite"] = suite.run_suite(
+            lesson, models=[name], backends=picked.split(","), device=cfg.device, sizes=cfg.sizes
+        )
+        found["after"] = probe(kept["fns"], sync, dry, "after the suite, the same functions:")
+    else:
+        torch.backends.cudnn.benchmark = cuda
+        spec = MODELS[name]
+        model32, inputs32 = spec.build(cfg.sizes)
+        fns = {}
+        for label in picked.split(","):
+            fns[label] = fn = _runner(spec, model32, inputs32, cfg, label, cfg.dtype)
+            for _ in range(5):
+                fn()
+        sync()
+        found["fresh"] = probe(fns, sync, dry, "compiled here, outside the suite:")
     out = os.environ.get("OUT")
     if out:
-        save_json(
-            os.path.join(out, "timer_probe.json"),
-            {"model": name, "ms": results, "autorange_block": {k: sorted(v) for k, v in blocks.items()}},
-            device=cfg.device,
-        )
+        save_json(os.path.join(out, f"timer_probe_{name}.json"), found, device=cfg.device)
 
 
 if __name__ == "__main__":
