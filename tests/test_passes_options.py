@@ -3,6 +3,8 @@ attention-mask rewrite on Dynamo's graph switch off by name, change what runs wh
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -186,3 +188,51 @@ def test_min_cut_partitioner_saves_fewer_values_and_keeps_the_gradients(monkeypa
     assert len(saved) == 1
     if min_cut:  # fewer than the default partitioner saves for the same model
         assert saved[0] < _train_step(model, x, monkeypatch, False)[2][0]
+
+
+def test_decompose_bn_trains_as_eager_and_saves_less(monkeypatch):
+    """``options={"decompose_bn": True}``: a training graph's batch norm is decomposed (Inductor's way), not kept as
+    the library's kernel. The step's loss, gradients and running statistics stay eager's, no batch norm op is left in
+    the compiled graphs, and the forward saves fewer tensors: SiLU's backward recomputes the normalised value from
+    the batch norm's input and statistics, which its backward needs anyway, where a whole batch norm's output had to
+    be saved beside them (EfficientNet-B0 at tiny sizes: 25.9 -> 18.0 MB, Inductor's 18.0)."""
+    from fusion.compiler import driver
+
+    def step(decompose: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.SiLU(),
+            nn.Conv2d(8, 8, 1),
+            nn.BatchNorm2d(8),
+            nn.SiLU(),
+        ).double()
+        x = torch.randn(4, 3, 9, 7, dtype=torch.float64)
+        eager = copy.deepcopy(model)
+        graphs, original = [], driver.kernels
+
+        def spy(gm, part, opts):
+            graphs.append((part.kind, str(gm.code), len(next(n for n in gm.graph.nodes if n.op == "output").args[0])))
+            return original(gm, part, opts)
+
+        monkeypatch.setattr(driver, "kernels", spy)
+        torch._dynamo.reset()
+        backend.reset()
+        loss = torch.compile(model, backend="fusion", options={"decompose_bn": decompose})(x).square().sum()
+        loss.backward()
+        monkeypatch.setattr(driver, "kernels", original)
+        want = eager(x).square().sum()
+        want.backward()
+        torch.testing.assert_close(loss, want)
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for (name, b), c in zip(model.named_buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(b, c, msg=name)  # running mean, variance, batches tracked: updated as eager
+        return graphs
+
+    kept, decomposed = step(False), step(True)
+    assert any("batch_norm" in code for _, code, _ in kept)
+    assert not any("batch_norm" in code for _, code, _ in decomposed), [c for _, c, _ in decomposed]
+    saved = {name: [n for kind, _, n in g if kind == "forward"] for name, g in (("kept", kept), ("dec", decomposed))}
+    assert saved["dec"][0] < saved["kept"][0], saved

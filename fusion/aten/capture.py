@@ -71,6 +71,10 @@ TRAINING_KEEP: tuple[torch._ops.OpOverload, ...] = (
     _aten.cudnn_batch_norm.default, _aten.cudnn_batch_norm_backward.default,
     _aten.max_pool2d_with_indices.default, _aten.embedding_dense_backward.default,
 )  # fmt: skip
+# Batch norm's ops among them: ``options={"decompose_bn": True}`` decomposes those in a training graph too, as
+# Inductor does (its statistics are reductions over N, H and W, which the generator now runs as column reductions;
+# its output then a pointwise value the min-cut partitioner recomputes in the backward instead of saving it)
+TRAINING_BATCH_NORM: tuple[torch._ops.OpOverload, ...] = tuple(op for op in TRAINING_KEEP if "batch_norm" in op.name())
 
 
 @functools.cache

@@ -56,22 +56,30 @@ def lower_with_aot(
 
     warm_pool(example_inputs)  # CUDA: the kernel compile workers start while AOTAutograd traces
     run_stage(CAPTURE_PASSES, gm, options=options)  # before the trace picks attention's kernel (a boolean mask: math)
+    opts = options if options is not None else current()
     if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
-        from fusion.aten.capture import TRAINING_KEEP  # a training graph: the library's kernels where they win
-
-        # An eval-mode batch norm kept whole too: Inductor's decomposition of _native_batch_norm_legit_no_training
-        # calls the mutable _native_batch_norm_legit, which TRAINING_KEEP keeps whole (AOTAutograd rejects it)
-        keep = (*TRAINING_KEEP, aten._native_batch_norm_legit_no_training.default)
-        decompositions = {op: fn for op, fn in decompositions.items() if op not in keep}
+        decompositions = {op: fn for op, fn in decompositions.items() if op not in training_keep(opts)}
     backend = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         decompositions=decompositions,
         keep_inference_input_mutations=True,
-        **partitioner(options if options is not None else current()),
+        **partitioner(opts),
     )
     return backend(gm, example_inputs)
+
+
+def training_keep(options: object) -> tuple[torch._ops.OpOverload, ...]:
+    """The ops a training graph keeps whole (``fusion.aten.capture.TRAINING_KEEP``: the library's kernels where they
+    win), less batch norm's under ``options={"decompose_bn": True}``. A kept batch norm keeps its eval-mode form
+    whole too: Inductor's decomposition of ``_native_batch_norm_legit_no_training`` calls the mutable
+    ``_native_batch_norm_legit``, which AOTAutograd rejects when that is kept."""
+    from fusion.aten.capture import TRAINING_BATCH_NORM, TRAINING_KEEP
+
+    if options is not None and options.decompose_bn:
+        return tuple(op for op in TRAINING_KEEP if op not in TRAINING_BATCH_NORM)
+    return (*TRAINING_KEEP, aten._native_batch_norm_legit_no_training.default)
 
 
 def partitioner(options: object) -> dict:

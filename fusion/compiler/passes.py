@@ -36,8 +36,11 @@ class Options:
     # min_cut (training: AOTAutograd's min-cut partitioner saves fewer activations and recomputes cheap pointwise ops
     # in the backward, as Inductor does; off: its default partitioner saves every value the backward reads). On by
     # default: measured faster on BERT, GPT-2 and Llama training steps, with less peak memory (H200, 2026-11-27,
-    # scripts/results/h200-2026-11-27-min_cut/train.json).
-    STAGES = {"codegen": True, "cudagraphs": False, "min_cut": True}
+    # scripts/results/h200-2026-11-27-min_cut/train.json). decompose_bn (training: batch norm decomposed into its
+    # statistics and pointwise ops as Inductor does, not kept as the library's kernel; its output is then recomputed
+    # in the backward, not saved: EfficientNet-B0's saved activations as Inductor's, 25.9 -> 18.0 MB at the CPU's
+    # tiny sizes). Off until measured on a GPU: kept whole, cuDNN's kernels were faster (2026-11-24).
+    STAGES = {"codegen": True, "cudagraphs": False, "min_cut": True, "decompose_bn": False}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
         listed = {p.name for p in passes}  # the stages' passes, where the driver's list does not name them
