@@ -24,6 +24,12 @@
 #     bash scripts/gpu_measure.sh train3     # GPT-2's, Llama's and BERT's training steps: eager, fusion, Inductor
 #     BASE=_before bash scripts/gpu_measure.sh gqa
 #                                            # CUDA tests; Llama's aten calls; before/after of Llama's and Mistral's steps
+#     bash scripts/gpu_measure.sh timer      # why the suite's timer puts EfficientNet-B0 at 0.66 of Inductor where plain
+#                                            # loops do not: reference cycles a call leaves (gc probe), the timer's
+#                                            # ways inside the suite's own process (timer probe --suite)
+#     bash scripts/gpu_measure.sh bn         # batch norm decomposed in training (decompose_bn) against kept whole, and
+#                                            # Inductor: EfficientNet-B0's, ResNet-50's and MobileNetV2's steps, with
+#                                            # what each forward saves
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -166,6 +172,26 @@ lnsums)
 train3)
     suite 570 gpt2_train,llama_train,bert_train eager,fusion,inductor
     ;;
+timer)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    step "reference cycles a compiled call leaves, collector off (EfficientNet-B0: fusion, Inductor)"
+    timeout 120 "$PY" scripts/gpu_gc_probe.py efficientnet_b0 fusion,inductor "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+        | tee "$OUT/gc_probe.log"
+    step "the suite's timer against plain loops, inside the suite's own process, before its timer and after"
+    timeout 300 "$PY" scripts/gpu_timer_probe.py efficientnet_b0 --suite "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+        | tee "$OUT/timer_probe.log"
+    ;;
+bn)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    for m in efficientnet_b0_train resnet50_train mobilenet_v2_train; do
+        step "batch norm kept whole, decomposed, and Inductor: $m"
+        timeout 170 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-decompose_bn inductor 2>&1 \
+            | grep -v "Warning\|warn" | tee "$OUT/ab_bn_$m.log" | tail -3
+    done
+    step "what each forward saves, and the peaks"
+    timeout 120 "$PY" scripts/gpu_train_memory.py "${d[@]}" efficientnet_b0_train \
+        --backends=fusion,fusion+with-decompose_bn,inductor 2>&1 | grep -v "Warning\|warn" | tee "$OUT/train_memory.log"
+    ;;
 gqa)
     cuda_tests 150
     step "what Llama's step leaves to aten (full sizes, CUDA's passes)"
@@ -175,6 +201,6 @@ gqa)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -236,3 +236,23 @@ def test_decompose_bn_trains_as_eager_and_saves_less(monkeypatch):
     assert not any("batch_norm" in code for _, code, _ in decomposed), [c for _, c, _ in decomposed]
     saved = {name: [n for kind, _, n in g if kind == "forward"] for name, g in (("kept", kept), ("dec", decomposed))}
     assert saved["dec"][0] < saved["kept"][0], saved
+
+
+def test_decompose_bn_takes_an_eval_mode_batch_norm_whose_weights_train():
+    """A model in eval mode whose weights still need gradients (fine-tuning with frozen statistics): with
+    ``decompose_bn`` its ``_native_batch_norm_legit_no_training`` is decomposed too (kept, AOTAutograd would reject
+    the mutable op Inductor's decomposition of it calls); the gradients stay eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU()).double().eval()
+    model[1].running_mean.uniform_(-0.5, 0.5)
+    model[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend="fusion", options={"decompose_bn": True})(x).square().sum()
+    loss.backward()
+    want = eager(x).square().sum()
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
