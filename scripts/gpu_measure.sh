@@ -27,9 +27,10 @@
 #     bash scripts/gpu_measure.sh timer      # why the suite's timer puts EfficientNet-B0 at 0.66 of Inductor where plain
 #                                            # loops do not: reference cycles a call leaves (gc probe), the timer's
 #                                            # ways inside the suite's own process (timer probe --suite)
-#     bash scripts/gpu_measure.sh bn         # batch norm decomposed in training (decompose_bn) against kept whole, and
-#                                            # Inductor: EfficientNet-B0's, ResNet-50's and MobileNetV2's steps, with
-#                                            # what each forward saves
+#     [MODELS=a,b] bash scripts/gpu_measure.sh bn
+#                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
+#                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
+#                                            # EfficientNet-B0's forward saves
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -183,13 +184,14 @@ timer)
     ;;
 bn)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
-    for m in efficientnet_b0_train resnet50_train mobilenet_v2_train; do
+    MODELS="${MODELS:-efficientnet_b0_train,resnet50_train}"
+    for m in ${MODELS//,/ }; do  # Inductor's first EfficientNet-B0 step alone took 65 s (2026-11-28)
         step "batch norm kept whole, decomposed, and Inductor: $m"
-        timeout 170 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-decompose_bn inductor 2>&1 \
+        timeout 210 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-decompose_bn inductor 2>&1 \
             | grep -v "Warning\|warn" | tee "$OUT/ab_bn_$m.log" | tail -3
     done
     step "what each forward saves, and the peaks"
-    timeout 120 "$PY" scripts/gpu_train_memory.py "${d[@]}" efficientnet_b0_train \
+    timeout 150 "$PY" scripts/gpu_train_memory.py "${d[@]}" efficientnet_b0_train \
         --backends=fusion,fusion+with-decompose_bn,inductor 2>&1 | grep -v "Warning\|warn" | tee "$OUT/train_memory.log"
     ;;
 gqa)
