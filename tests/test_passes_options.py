@@ -149,24 +149,31 @@ def test_a_graph_without_kernels_still_runs_its_max_pool_as_aten():
     assert noted and noted[0][1] == "1 prims call(s)", backend.reports[0].table()
 
 
-def _train_step(model, x, monkeypatch, min_cut: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
-    """One compiled forward + backward: the loss, the gradients, and how many tensors each forward graph saves."""
+def _compiled_step(model, x, monkeypatch, options: dict) -> tuple[torch.Tensor, list[torch.Tensor], list[tuple]]:
+    """One compiled forward + backward: the loss, the gradients, and (kind, code, tensors saved) per aten graph (a
+    forward graph returns its outputs, then what it saves for the backward)."""
     from fusion.compiler import driver
 
-    saved, original = [], driver.kernels
+    graphs, original = [], driver.kernels
 
     def spy(gm, part, opts):
-        if part.kind == "forward":
-            saved.append(len(next(n for n in gm.graph.nodes if n.op == "output").args[0]) - 1)  # all but the output
+        returned = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        graphs.append((part.kind, str(gm.code), returned - 1))  # a forward's: all but its one output
         return original(gm, part, opts)
 
     monkeypatch.setattr(driver, "kernels", spy)
     torch._dynamo.reset()
     model.zero_grad()
-    loss = torch.compile(model, backend="fusion", options={"min_cut": min_cut})(x).square().sum()
+    loss = torch.compile(model, backend="fusion", options=options)(x).square().sum()
     loss.backward()
     monkeypatch.setattr(driver, "kernels", original)
-    return loss.detach(), [p.grad.clone() for p in model.parameters()], saved
+    return loss.detach(), [p.grad.clone() for p in model.parameters()], graphs
+
+
+def _train_step(model, x, monkeypatch, min_cut: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """One compiled forward + backward: the loss, the gradients, and how many tensors each forward graph saves."""
+    loss, grads, graphs = _compiled_step(model, x, monkeypatch, {"min_cut": min_cut})
+    return loss, grads, [n for kind, _, n in graphs if kind == "forward"]
 
 
 @pytest.mark.parametrize("min_cut", [False, True])
@@ -196,37 +203,20 @@ def test_decompose_bn_trains_as_eager_and_saves_less(monkeypatch):
     the compiled graphs, and the forward saves fewer tensors: SiLU's backward recomputes the normalised value from
     the batch norm's input and statistics, which its backward needs anyway, where a whole batch norm's output had to
     be saved beside them (EfficientNet-B0 at tiny sizes: 25.9 -> 18.0 MB, Inductor's 18.0)."""
-    from fusion.compiler import driver
 
     def step(decompose: bool):
         torch.manual_seed(0)
-        model = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1),
-            nn.BatchNorm2d(8),
-            nn.SiLU(),
-            nn.Conv2d(8, 8, 1),
-            nn.BatchNorm2d(8),
-            nn.SiLU(),
-        ).double()
+        layers = (nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8))
+        model = nn.Sequential(*layers, nn.SiLU()).double()
         x = torch.randn(4, 3, 9, 7, dtype=torch.float64)
         eager = copy.deepcopy(model)
-        graphs, original = [], driver.kernels
-
-        def spy(gm, part, opts):
-            graphs.append((part.kind, str(gm.code), len(next(n for n in gm.graph.nodes if n.op == "output").args[0])))
-            return original(gm, part, opts)
-
-        monkeypatch.setattr(driver, "kernels", spy)
-        torch._dynamo.reset()
         backend.reset()
-        loss = torch.compile(model, backend="fusion", options={"decompose_bn": decompose})(x).square().sum()
-        loss.backward()
-        monkeypatch.setattr(driver, "kernels", original)
+        loss, grads, graphs = _compiled_step(model, x, monkeypatch, {"decompose_bn": decompose})
         want = eager(x).square().sum()
         want.backward()
-        torch.testing.assert_close(loss, want)
-        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        torch.testing.assert_close(loss, want.detach())
+        for g, q in zip(grads, eager.parameters(), strict=True):
+            torch.testing.assert_close(g, q.grad)
         for (name, b), c in zip(model.named_buffers(), eager.buffers(), strict=True):
             torch.testing.assert_close(b, c, msg=name)  # running mean, variance, batches tracked: updated as eager
         return graphs
