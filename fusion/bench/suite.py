@@ -408,9 +408,7 @@ def run_suite(
     }
     if device == "cpu":
         result["meta"].update(cpu_meta())
-    if (
-        device == "cuda"
-    ):  # cuDNN times its algorithms at each shape's first call (FUSION_CUDNN_BENCHMARK=0: its heuristics)
+    if device == "cuda":  # cuDNN times its algorithms at a shape's first call (FUSION_CUDNN_BENCHMARK=0: heuristics)
         torch.backends.cudnn.benchmark = os.environ.get("FUSION_CUDNN_BENCHMARK", "1") != "0"
         result["meta"]["cudnn_benchmark"] = torch.backends.cudnn.benchmark
     where = f"{device}, {torch.get_num_threads()} threads" if device == "cpu" else device
