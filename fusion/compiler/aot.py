@@ -58,7 +58,8 @@ def lower_with_aot(
     run_stage(CAPTURE_PASSES, gm, options=options)  # before the trace picks attention's kernel (a boolean mask: math)
     opts = options if options is not None else current()
     if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
-        decompositions = {op: fn for op, fn in decompositions.items() if op not in training_keep(opts)}
+        keep = training_keep(opts)
+        decompositions = {op: fn for op, fn in decompositions.items() if op not in keep}
     backend = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
