@@ -478,7 +478,11 @@ def test_an_output_goes_into_a_donated_buffer_only_where_it_fits():
     """``triton_runtime._into``: the output is a view of the donated buffer's memory (no dispatch: Inductor's
     reinterpret) where the buffer has the dtype, starts its storage and holds the output's bytes; a fresh tensor
     otherwise (the plan never donates such a buffer: a check, not a path)."""
-    from fusion.kernels.triton_runtime import _into, _need
+    from fusion.ir.views import extent
+    from fusion.kernels.triton_runtime import _into
+
+    def _need(shape, stride, dtype):  # what the launcher computes once per output
+        return extent(shape, stride) * dtype.itemsize
 
     made = []
 

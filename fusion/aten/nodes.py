@@ -136,8 +136,14 @@ except AttributeError:  # pragma: no cover - older/newer torch
 def is_dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: some order of the dims is contiguous (size-1 dims may have any stride), so its
     ``numel`` elements fill consecutive slots from ``data_ptr()`` on."""
+    return dense_strides(t.shape, t.stride())
+
+
+def dense_strides(sizes, strides) -> bool:
+    """:func:`is_dense` of sizes and strides: in stride order, each dimension's stride is the product of the sizes
+    before it (dimensions of size 1 aside)."""
     expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
+    for stride, size in sorted((st, s) for s, st in zip(sizes, strides, strict=True) if s != 1):
         if stride != expected:
             return False
         expected *= size

@@ -19,10 +19,10 @@ from collections import Counter
 import torch
 import torch.fx as fx
 
-from fusion.aten.nodes import is_view_node, strided_view
+from fusion.aten.nodes import dense_strides, is_view_node, strided_view
 from fusion.compiler.lower_reductions import dtype_name
 from fusion.ir.plan import InputSpec, KernelPlan, LaunchPlan, TensorSpec, Unsupported
-from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf, reads
+from fusion.ir.views import Prev, Recipe, Ref, Step, Steps, Take, TorchName, ViewOf, extent, reads
 
 __all__ = ["AS_RETURNED", "allocated_as_returned", "launch_plan", "recipe"]
 
@@ -70,7 +70,7 @@ def allocated_as_returned(
         j = r.index - first if isinstance(r, ViewOf) else -1
         if j >= 0 and uses[r.index] == 1 and r.offset == 0 and _dense(r.sizes, r.strides):
             spec = stored[j]
-            if _dense(spec.shape, spec.stride) and _extent(r.sizes, r.strides) == _extent(spec.shape, spec.stride):
+            if _dense(spec.shape, spec.stride) and extent(r.sizes, r.strides) == extent(spec.shape, spec.stride):
                 stored[j] = TensorSpec(r.sizes, r.strides, spec.dtype)
                 r = Take(r.index)
         out.append(r)
@@ -78,20 +78,8 @@ def allocated_as_returned(
 
 
 def _dense(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Do these sizes and strides reach every element of their extent once (no hole, no overlap, not empty)? In
-    stride order, each dimension's stride is the product of the sizes before it (dimensions of size 1 aside)."""
-    if 0 in sizes:
-        return False
-    expected = 1
-    for size, stride in sorted((d for d in zip(sizes, strides, strict=True) if d[0] != 1), key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
-    return 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+    """Do these sizes and strides reach every element of their extent once (no hole, no overlap, not empty)?"""
+    return 0 not in sizes and dense_strides(sizes, strides)
 
 
 def _meta(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:

@@ -41,7 +41,7 @@ from fusion.aten.nodes import as_traced
 from fusion.compiler.bindings import BINDINGS
 from fusion.fxutils.finish import relint
 from fusion.ir import kernel_ir as ir
-from fusion.ir.views import Take, reads
+from fusion.ir.views import Take, extent, reads
 from fusion.kernels import triton_runtime as rt
 
 aten = torch.ops.aten
@@ -87,9 +87,7 @@ def _fresh_output(node: fx.Node) -> bool:
 
 def _span(val: torch.Tensor) -> int:
     """Bytes of storage the tensor's elements reach (0 if empty)."""
-    if val.numel() == 0:
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(val.shape, val.stride(), strict=True))) * val.element_size()
+    return extent(val.shape, val.stride()) * val.element_size()
 
 
 def _root(node: fx.Node) -> bool:

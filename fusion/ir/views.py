@@ -83,6 +83,13 @@ class Steps:
 Recipe = Take | ViewOf | Steps
 
 
+def extent(sizes: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements of memory from a strided tensor's first element to its last, both included (0 if it is empty)."""
+    if 0 in sizes:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+
+
 def reads(recipe: Recipe) -> list[int]:
     """The buffer indices ``recipe`` reads, once per reference (a chain of steps may read one buffer twice)."""
     if isinstance(recipe, (Take, ViewOf)):

@@ -33,7 +33,7 @@ import torch
 
 from fusion.aten.nodes import reinterpret, same_layout
 from fusion.ir.plan import GeneratedKernel, Kernel, KernelPlan, LaunchPlan
-from fusion.ir.views import Take, runner
+from fusion.ir.views import Take, extent, runner
 from fusion.kernels import c_runtime, interp_check
 from fusion.kernels import triton_lang as tlang
 from fusion.kernels.launchers import direct_launcher, static_launcher
@@ -272,13 +272,6 @@ def _into(buffer: torch.Tensor, shape, stride, dtype, alloc, need: int) -> torch
     return alloc(shape, stride, dtype)
 
 
-def _need(shape, stride, dtype) -> int:
-    """Bytes from a tensor's start to its last element's end (0 if empty)."""
-    if 0 in shape:
-        return 0
-    return (1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))) * dtype.itemsize
-
-
 class Launcher:
     """A kernel's launch as a compiled graph calls it: ``launch(*inputs) -> outputs``, the least Python per call.
 
@@ -359,7 +352,8 @@ class Launcher:
         self.alloc = alloc = empty_strided_on(device)
         self._specs = owner._out_specs
         slot = {i: k for k, i in enumerate(self.donated)}
-        self._slots = [(spec, slot.get(i), _need(*spec)) for i, spec in enumerate(self._specs)]
+        # (spec, which donated buffer, bytes from the output's start to its last element's end)
+        self._slots = [(spec, slot.get(i), extent(*spec[:2]) * spec[2].itemsize) for i, spec in enumerate(self._specs)]
         outs = [alloc(s, st, dt) for s, st, dt in self._specs]
         if not self.fallback and (c := owner.c_kernel(device)) is not None:  # CPU tensors, C: later calls call it
             owner.ran, self.kind = "c", "c"
