@@ -46,15 +46,34 @@ def timed(fn, sync, n: int, per_call: bool) -> tuple[float, float]:
     return (time.perf_counter() - w0) * 1e3 / n, (time.thread_time() - c0) * 1e3 / n
 
 
-def main(argv: list[str]) -> None:
-    dry = "--dry-run" in argv
-    name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
-    picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "eager,fusion,inductor")
+def suite_keeping(name: str, backends: list[str], dry: bool, before=None) -> tuple[dict, dict, object]:
+    """One model's suite row, run as ``python -m fusion.benchmark --suite`` runs it, and the functions it timed:
+    (the suite's result, {backend: call}, sync). ``before(fns, sync)`` runs just before the suite's timer."""
     kept: dict = {}
     plain_measure = suite._measure
 
     def measure(row, fns, cfg, lesson_, sync):
         kept.update(fns=dict(fns), sync=sync)
+        if before is not None:
+            before(kept["fns"], sync)
+        return plain_measure(row, fns, cfg, lesson_, sync)
+
+    suite._measure = measure
+    try:
+        result = suite.run_suite(
+            lesson, models=[name], backends=backends, device="cpu" if dry else None, sizes="tiny" if dry else None
+        )
+    finally:
+        suite._measure = plain_measure
+    return result, kept["fns"], kept["sync"]
+
+
+def main(argv: list[str]) -> None:
+    dry = "--dry-run" in argv
+    name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
+    picked = next((a.split("=", 1)[1] for a in argv if a.startswith("--backends=")), "eager,fusion,inductor")
+
+    def before(fns, sync):
         n = 5 if dry else 30
         steps = (
             ("as the suite is about to time them", lambda: None),
@@ -67,17 +86,13 @@ def main(argv: list[str]) -> None:
         print("\nbefore the suite's timing (pipelined, ms a call: wall / thread CPU):")
         for what, act in steps:
             act()
-            cells = [
-                f"{k} {timed(fn, sync, n, False)[0]:.3f} / {timed(fn, sync, n, False)[1]:.3f}" for k, fn in fns.items()
-            ]
+            cells = []
+            for k, fn in fns.items():
+                wall, cpu = timed(fn, sync, n, False)
+                cells.append(f"{k} {wall:.3f} / {cpu:.3f}")
             print(f"  {what:36s} " + "   ".join(cells))
-        return plain_measure(row, fns, cfg, lesson_, sync)
 
-    suite._measure = measure
-    result = suite.run_suite(
-        lesson, models=[name], backends=picked.split(","), device="cpu" if dry else None, sizes="tiny" if dry else None
-    )
-    fns, sync = kept["fns"], kept["sync"]
+    result, fns, sync = suite_keeping(name, picked.split(","), dry, before)
     n = 5 if dry else 50
     print("\nagain in this process (ms a call: wall / thread CPU):")
     for mode in ("pipelined", "synchronised"):

@@ -96,22 +96,13 @@ def main(argv: list[str]) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     found: dict = {"model": name}
     if "--suite" in argv:  # inside the suite's own process: just before its timer runs, and after the suite
-        import fusion.benchmark as lesson
-        from fusion.bench import suite
+        from gpu_suite_probe import suite_keeping
 
-        kept: dict = {}
-        plain_measure = suite._measure
-
-        def measure(row, fns, cfg_, lesson_, sync_):
-            kept.update(fns=dict(fns))
+        def before(fns, sync_):
             found["before"] = probe(fns, sync_, dry, "inside the suite, just before its timer:")
-            return plain_measure(row, fns, cfg_, lesson_, sync_)
 
-        suite._measure = measure
-        found["suite"] = suite.run_suite(
-            lesson, models=[name], backends=picked.split(","), device=cfg.device, sizes=cfg.sizes
-        )
-        found["after"] = probe(kept["fns"], sync, dry, "after the suite, the same functions:")
+        found["suite"], fns, _ = suite_keeping(name, picked.split(","), dry, before)
+        found["after"] = probe(fns, sync, dry, "after the suite, the same functions:")
     else:
         torch.backends.cudnn.benchmark = cuda
         spec = MODELS[name]
