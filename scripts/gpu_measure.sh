@@ -27,6 +27,9 @@
 #     bash scripts/gpu_measure.sh timer      # why the suite's timer puts EfficientNet-B0 at 0.66 of Inductor where plain
 #                                            # loops do not: reference cycles a call leaves (gc probe), the timer's
 #                                            # ways inside the suite's own process (timer probe --suite)
+#     bash scripts/gpu_measure.sh context    # which part of torch's Timer makes fusion's EfficientNet-B0 calls cost
+#                                            # more CPU than a plain loop (context probe); why EfficientNet-B0's step
+#                                            # with batch norm decomposed costs more CPU (cProfile, launch paths)
 #     [MODELS=a,b] bash scripts/gpu_measure.sh bn
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
@@ -182,6 +185,16 @@ timer)
     timeout 300 "$PY" scripts/gpu_timer_probe.py efficientnet_b0 --suite "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
         | tee "$OUT/timer_probe.log"
     ;;
+context)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    step "torch's Timer against plain loops and the standard library's timeit, inside the suite (EfficientNet-B0)"
+    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_context_probe.py efficientnet_b0 "${d[@]}") 2>&1 \
+        | grep -v "Warning\|warn" | tee "$OUT/context_probe.log" | tail -26
+    step "EfficientNet-B0's step, batch norm kept and decomposed: CPU a step, launch paths, cProfile"
+    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 330 "$PY" gpu_profile_cpu.py efficientnet_b0_train \
+        --backends=fusion,fusion+with-decompose_bn "${d[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/profile_cpu_bn.log" \
+        | grep -i "ms\|path" | head -20
+    ;;
 bn)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
     MODELS="${MODELS:-efficientnet_b0_train,resnet50_train}"
@@ -203,6 +216,6 @@ gqa)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
