@@ -29,7 +29,8 @@
 #                                            # ways inside the suite's own process (timer probe --suite)
 #     bash scripts/gpu_measure.sh context    # which part of torch's Timer makes fusion's EfficientNet-B0 calls cost
 #                                            # more CPU than a plain loop (context probe); why EfficientNet-B0's step
-#                                            # with batch norm decomposed costs more CPU (cProfile, launch paths)
+#                                            # with batch norm decomposed costs more CPU (cProfile, launch paths);
+#                                            # the CPU cost of one launch
 #     [MODELS=a,b] bash scripts/gpu_measure.sh bn
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
@@ -188,12 +189,16 @@ timer)
 context)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
     step "torch's Timer against plain loops and the standard library's timeit, inside the suite (EfficientNet-B0)"
-    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_context_probe.py efficientnet_b0 "${d[@]}") 2>&1 \
+    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 170 "$PY" gpu_context_probe.py efficientnet_b0 "${d[@]}") 2>&1 \
         | grep -v "Warning\|warn" | tee "$OUT/context_probe.log" | tail -26
     step "EfficientNet-B0's step, batch norm kept and decomposed: CPU a step, launch paths, cProfile"
-    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 330 "$PY" gpu_profile_cpu.py efficientnet_b0_train \
+    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 300 "$PY" gpu_profile_cpu.py efficientnet_b0_train \
         --backends=fusion,fusion+with-decompose_bn "${d[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/profile_cpu_bn.log" \
         | grep -i "ms\|path" | head -20
+    if [ "$dry" != 1 ]; then
+        step "the CPU cost of one launch (the hook check without a call), eager's torch.add beside it"
+        OUT="$OUT" timeout 90 "$PY" scripts/gpu_launch_cost.py 2>&1 | grep -v "Warning\|warn" | tee "$OUT/launch_cost.log" | tail -6
+    fi
     ;;
 bn)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)

@@ -812,6 +812,44 @@ def test_direct_launcher_passes_what_tritons_compiled_launcher_takes():
         knobs.runtime.launch_enter_hook = old
 
 
+@pytest.mark.parametrize("which", ["launch_enter_hook", "launch_exit_hook"])
+def test_a_direct_launch_gives_way_to_every_launch_hook_set_after_it_was_made(which):
+    """The launch compares Triton's hooks with what they were when it was made, without a call: a hook added to the
+    chain, or a function assigned in its place, must still reach the JIT (which calls it); none set, it launches."""
+    from triton import knobs
+
+    from triton.runtime.jit import JITFunction
+
+    from fusion.kernels.launchers import direct_launcher
+
+    class Jit:
+        arg_names = ["in_ptr0", "out_ptr0", "XBLOCK"]
+        run = JITFunction.run
+
+    calls, a = [], torch.zeros(2)
+    launch = direct_launcher(Jit(), _fake_compiled_kernel(calls), 3, 2, {"XBLOCK": 8}, torch.device("cuda", 0),
+                             get_stream=lambda index: 7)  # fmt: skip
+    old, hook = getattr(knobs.runtime, which), lambda *args: None
+    try:
+        launch(a, a)
+        if hasattr(old, "add"):  # Triton 3.6 and later: a chain, changed in place
+            old.add(hook)
+            with pytest.raises(RuntimeError, match="hook"):
+                launch(a, a)
+            old.remove(hook)
+            launch(a, a)
+        setattr(knobs.runtime, which, hook)  # a function in the chain's place
+        with pytest.raises(RuntimeError, match="hook"):
+            launch(a, a)
+        setattr(knobs.runtime, which, None)  # no hook at all (older Tritons)
+        launch(a, a)
+    finally:
+        if hasattr(old, "remove"):
+            old.remove(hook)
+        setattr(knobs.runtime, which, old)
+    assert len(calls) == (3 if hasattr(old, "add") else 2)
+
+
 def test_a_failing_direct_launch_falls_back_to_the_jit_once_with_the_right_answer(built):
     def f(x):
         return torch.sigmoid(x * 3.0) + x
