@@ -46,15 +46,10 @@ def static_launcher(compiled, grid: int, n_tensors: int, device: torch.device, g
     finally:
         os.unlink(path)
     run, raw = kernel.run, _raw_launch(kernel, grid)
-    enter, enter_calls, leave, leave_calls = _hooks_now(runtime)
+    enter, entering, leave, leaving = _hooks_now(runtime)
 
     def launch(*tensors: torch.Tensor) -> None:
-        if (
-            runtime.launch_enter_hook is not enter
-            or runtime.launch_exit_hook is not leave
-            or enter_calls
-            or leave_calls
-        ):
+        if runtime.launch_enter_hook is not enter or runtime.launch_exit_hook is not leave or entering or leaving:
             _refuse_hooked(runtime)  # a hook set, or the hooks replaced: raises where one would be called
         if raw is not None:
             raw(tensors, get_stream(index))
@@ -135,15 +130,10 @@ def direct_launcher(
     if not _launcher_takes_constexprs(type(fn)):  # Triton 3.2-3.3 passed the non-constexpr arguments only
         tail = []
     index, get_stream, runtime = _launch_context(device, get_stream)
-    enter, enter_calls, leave, leave_calls = _hooks_now(runtime)
+    enter, entering, leave, leaving = _hooks_now(runtime)
 
     def launch(*tensors: torch.Tensor) -> None:
-        if (
-            runtime.launch_enter_hook is not enter
-            or runtime.launch_exit_hook is not leave
-            or enter_calls
-            or leave_calls
-        ):
+        if runtime.launch_enter_hook is not enter or runtime.launch_exit_hook is not leave or entering or leaving:
             _refuse_hooked(runtime)  # a hook set, or the hooks replaced: raises where one would be called
         run(grid, 1, 1, get_stream(index), function, packed, None, None, None, *tensors, *tail)
 
@@ -172,10 +162,11 @@ def _launcher_takes_constexprs(jit_class: type) -> bool:
 
 
 def _hooks_now(runtime) -> tuple:
-    """``(enter, enter_calls, exit, exit_calls)``: Triton's launch hooks as a launcher is made, and for each a list that
-    is non-empty while a launch would call it. A launch compares them without a call: the same hook objects and both
+    """``(enter, entering, exit, leaving)``: Triton's launch hooks as a launcher is made, and for each a list that is
+    non-empty while a launch would call it. A launch compares them without a call: the same hook objects and both
     lists empty is "no hook". Triton 3.6 and 3.9 keep a ``HookChain`` that is never None, whose ``calls`` list
-    ``add`` and ``remove`` change in place; an older Triton keeps a function or None; a user may assign either."""
+    ``add`` and ``remove`` change in place; an older Triton keeps a function or None; a user may assign either. Both
+    launchers write the comparison out in their launch: a function for it would cost the call it saves."""
 
     def calls(hook) -> list | tuple:
         if hook is None:
