@@ -31,6 +31,9 @@
 #                                            # more CPU than a plain loop (context probe); why EfficientNet-B0's step
 #                                            # with batch norm decomposed costs more CPU (cProfile, launch paths);
 #                                            # the CPU cost of one launch
+#     bash scripts/gpu_measure.sh opcost     # why one library call costs more CPU from fusion's graph than from
+#                                            # Inductor's: in the graph, replayed alone, on fresh copies (ConvNeXt-T,
+#                                            # T5's training step)
 #     [MODELS=a,b] bash scripts/gpu_measure.sh bn
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
@@ -200,6 +203,15 @@ context)
         OUT="$OUT" timeout 90 "$PY" scripts/gpu_launch_cost.py 2>&1 | grep -v "Warning\|warn" | tee "$OUT/launch_cost.log" | tail -6
     fi
     ;;
+opcost)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    models="${MODELS:-convnext_tiny,t5_encoder_train}"
+    for m in ${models//,/ }; do
+        step "a library call's CPU in the graph, alone, and on fresh copies: $m"
+        OUT="$OUT" timeout 270 "$PY" scripts/gpu_op_cost_probe.py "$m" "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+            | tee "$OUT/op_cost_$m.log" | tail -12
+    done
+    ;;
 bn)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
     MODELS="${MODELS:-efficientnet_b0_train,resnet50_train}"
@@ -221,6 +233,6 @@ gqa)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"
