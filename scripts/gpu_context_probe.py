@@ -29,6 +29,7 @@ import torch
 import torch.utils.benchmark as tbench
 import torch.utils.benchmark.utils.common as tcommon
 from gpu_call_trace import settle, traced
+from torch.profiler import ProfilerActivity, profile
 
 TEMPLATE = """
 def inner(_it, _timer):
@@ -38,6 +39,23 @@ def inner(_it, _timer):
     _t1 = _timer()
     return _t1 - _t0
 """
+
+
+def profiled(label: str, way: str, how, calls: int) -> None:
+    """One block of ``way`` under torch.profiler: the GPU's kernel time and the host's time in the CUDA runtime's
+    calls (launches, allocations, synchronisations) a call, and the ops with the most self CPU. A launch that waits
+    for room in the GPU's queue shows as time in ``cudaLaunchKernel``/``cuLaunchKernel``."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        how()
+    events = prof.key_averages()
+    gpu = sum(e.device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / calls
+    runtime = sorted((e for e in events if e.key.startswith(("cuda", "cu"))), key=lambda e: -e.cpu_time_total)[:5]
+    ops = sorted((e for e in events if not e.key.startswith(("cuda", "cu"))), key=lambda e: -e.self_cpu_time_total)[:6]
+    print(f"  profiled, {label}, {way}: GPU {gpu / 1e3:.2f} ms a call; runtime: "
+          + ", ".join(f"{e.key} {e.count / calls:.0f}x {e.cpu_time_total / max(e.count, 1):.1f} us" for e in runtime))  # fmt: skip
+    print("    most self CPU a call: "
+          + ", ".join(f"{e.key} {e.self_cpu_time_total / calls:.0f} us" for e in ops), flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -121,6 +139,8 @@ def main(argv: list[str]) -> None:
             print(f"\n{label}: median CPU ms a call, per round")
             for way, ms in per.items():
                 print(f"  {way:22s} " + "  ".join(f"{m:.2f}" for m in ms), flush=True)
+            for way in ("Timer n=10", "loop"):  # the slow way and the plain one under torch.profiler
+                profiled(label, way, ways[way], 12)
 
         for label, fn in fns.items():
             if label != "eager":
