@@ -13,6 +13,7 @@ import torch.fx as fx
 from fusion.aten.nodes import as_traced, is_view_node, same_layout
 from fusion.fxutils import boxed
 from fusion.ir.plan import Kernel
+from fusion.ir.views import extent
 from fusion.kernels import triton_runtime as rt
 
 aten = torch.ops.aten
@@ -134,8 +135,7 @@ def _overlap(a: object, b: object) -> bool:
 
     def span(t: torch.Tensor) -> tuple[int, int]:
         start = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
-        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
-        return start, start + (last + 1) * t.element_size()
+        return start, start + extent(t.shape, t.stride()) * t.element_size()
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fusion.ir.views import extent
 from fusion.kernels import c_runtime
 
 __all__ = ["OutOfBounds", "device_asserts", "exact_bfloat16_in_the_interpreter", "install", "launch"]
@@ -56,11 +57,8 @@ def _buffers(arg_names: list[str], args: tuple) -> list[_Buffer]:
     out = []
     for name, t in zip(arg_names, args, strict=False):
         if isinstance(t, torch.Tensor) and t.numel() > 0:
-            extent = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1
-            start = t.data_ptr()
-            out.append(
-                _Buffer(name, start, start + extent * t.element_size(), t.element_size(), tuple(t.shape), t.dtype)
-            )
+            start, size = t.data_ptr(), extent(t.shape, t.stride()) * t.element_size()
+            out.append(_Buffer(name, start, start + size, t.element_size(), tuple(t.shape), t.dtype))
     return out
 
 

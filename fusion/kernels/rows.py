@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from fusion.aten.nodes import DEPTHWISE_CONV, LOW_MEMORY_MAX_POOLS, bind_args, is_view_node
 from fusion.ir.plan import SplitRegion, Unsupported, next_power_of_2
+from fusion.ir.views import extent
 from fusion.kernels.row_splits import misfit_store, upstream
 
 _aten = torch.ops.aten
@@ -381,7 +382,7 @@ def check_region(region, stored: list[fx.Node], reductions: set) -> None:
                     )
                 if v.numel() == 0:
                     raise Unsupported(f"{n.name} is empty {tuple(v.shape)}")
-                if max(v.numel(), sum((s - 1) * st for s, st in zip(v.shape, v.stride(), strict=True))) >= 2**31:
+                if max(v.numel(), extent(v.shape, v.stride()) - 1) >= 2**31:  # the last element's index
                     raise Unsupported(f"{n.name} {tuple(v.shape)} needs 64-bit indexing; kernels index with int32")
                 devices.add(v.device)
     if len(devices) > 1:
