@@ -39,7 +39,8 @@ class Options:
     # scripts/results/h200-2026-11-27-min_cut/train.json). decompose_bn (training: batch norm decomposed into its
     # statistics and pointwise ops as Inductor does, not kept as the library's kernel; its output is then recomputed
     # in the backward, not saved: EfficientNet-B0's saved activations as Inductor's, 25.9 -> 18.0 MB at the CPU's
-    # tiny sizes). Off until measured on a GPU: kept whole, cuDNN's kernels were faster (2026-11-24).
+    # tiny sizes). Off: on an H200 (2026-11-29) EfficientNet-B0's step decomposed saved Inductor's bytes (peak 1.05x
+    # Inductor's, kept 1.49x) but ran 0.72x as fast, with 18.6 ms more CPU a step (docs/measurements.md).
     STAGES = {"codegen": True, "cudagraphs": False, "min_cut": True, "decompose_bn": False}
 
     def __init__(self, passes: Sequence[Pass], options: Mapping[str, object] | None = None) -> None:
