@@ -34,6 +34,8 @@
 #     bash scripts/gpu_measure.sh opcost     # why one library call costs more CPU from fusion's graph than from
 #                                            # Inductor's: in the graph, replayed alone, on fresh copies (ConvNeXt-T,
 #                                            # T5's training step)
+#     bash scripts/gpu_measure.sh split      # torch's Timer.timeit taken apart (its thread setting, its two blocks, the
+#                                            # collector between them) for EfficientNet-B0, twice, then the suite's row
 #     [MODELS=a,b] bash scripts/gpu_measure.sh bn
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
@@ -210,6 +212,14 @@ opcost)
         step "a library call's CPU in the graph, alone, and on fresh copies: $m"
         OUT="$OUT" timeout 270 "$PY" scripts/gpu_op_cost_probe.py "$m" "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
             | tee "$OUT/op_cost_$m.log" | tail -12
+    done
+    ;;
+split)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    for i in 1 2; do  # two processes: the effect came and went between hosts and rounds
+        step "torch's Timer taken apart, inside the suite (EfficientNet-B0), process $i"
+        (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${d[@]}") \
+            2>&1 | grep -v "Warning\|warn" | tee "$OUT/timer_split_probe_$i.log" | tail -30
     done
     ;;
 bn)
