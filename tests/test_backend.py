@@ -817,7 +817,6 @@ def test_a_direct_launch_gives_way_to_every_launch_hook_set_after_it_was_made(wh
     """The launch compares Triton's hooks with what they were when it was made, without a call: a hook added to the
     chain, or a function assigned in its place, must still reach the JIT (which calls it); none set, it launches."""
     from triton import knobs
-
     from triton.runtime.jit import JITFunction
 
     from fusion.kernels.launchers import direct_launcher
