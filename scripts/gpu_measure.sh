@@ -36,6 +36,10 @@
 #                                            # T5's training step)
 #     bash scripts/gpu_measure.sh split      # torch's Timer.timeit taken apart (its thread setting, its two blocks, the
 #                                            # collector between them) for EfficientNet-B0, twice, then the suite's row
+#     [MODELS=a,b] bash scripts/gpu_measure.sh embed
+#                                            # pass embedding_grads (an embedding's gradient as zeros and one index_add_)
+#                                            # against ATen's kernel (default: T5's, Mistral's, Llama's, GPT-2's and
+#                                            # BERT's training steps)
 #     [MODELS=a,b] bash scripts/gpu_measure.sh bn
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
@@ -220,6 +224,15 @@ split)
         step "torch's Timer taken apart, inside the suite (EfficientNet-B0), process $i"
         (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${d[@]}") \
             2>&1 | grep -v "Warning\|warn" | tee "$OUT/timer_split_probe_$i.log" | tail -30
+    done
+    ;;
+embed)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    MODELS="${MODELS:-t5_encoder_train,mistral_train,llama_train,gpt2_train,bert_train}"
+    for m in ${MODELS//,/ }; do
+        step "an embedding's gradient as zeros and one index_add_, against ATen's kernel: $m"
+        OUT="$OUT" timeout 150 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-embedding_grads 2>&1 \
+            | grep -v "Warning\|warn" | tee -a "$OUT/ab_embed.log" | tail -3
     done
     ;;
 bn)

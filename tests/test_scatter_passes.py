@@ -356,3 +356,119 @@ def test_only_small_float_tables_on_a_gpu_are_rewritten(monkeypatch, case, why):
     node = _index_put_node(base, index, values, accumulate=case != "store")
     got = scatter_passes.index_put_refusal(node)
     assert (got is None) if why is None else (why in (got or "")), got
+
+
+class Embedded(nn.Module):
+    """An embedding (optionally with a padding row) and a linear head: the step's table gradient is an
+    ``embedding_dense_backward`` in the backward graph."""
+
+    def __init__(self, rows: int, d: int, padding_idx: int | None, scale: bool = False) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(rows, d, padding_idx=padding_idx, scale_grad_by_freq=scale)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def _embedding_step(monkeypatch, model, ids, options):
+    from fusion.compiler import embedding_grads
+
+    monkeypatch.setattr(embedding_grads, "ON_CPU", True)
+    backend.reset()
+    out = torch.compile(model, backend="fusion", options=options)(ids)
+    (out * out).sum().backward()
+    notes = [line for r in driver.reports for p in r.parts if p.graph is not None
+             for line in p.graph.graph_module.meta.get("embedding_grads", [])]  # fmt: skip
+    code = "".join(p.graph.code for r in driver.reports for p in r.parts if p.graph is not None)
+    return model.emb.weight.grad, notes, code
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    d=st.integers(1, 9),
+    shape=st.sampled_from([(7,), (2, 5), (3, 1, 4), (0,), (1,)]),
+    padding=st.sampled_from([None, 0, -1, "last"]),
+    seed=st.integers(0, 2**16),
+)
+@example(rows=4, d=3, shape=(2, 5), padding=0, seed=0)
+def test_an_embeddings_gradient_as_zeros_and_one_index_add_keeps_eagers_values(rows, d, shape, padding, seed):
+    """With pass ``embedding_grads`` on, the table's gradient is eager's (float64: the same sums, in another order),
+    repeated indices, empty and one-element batches and every kind of padding row included (``padding_idx=-1`` names
+    the last row, as eager reads it); the backward calls ``embedding_grad``, not ATen's kernel."""
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        padding_idx = rows - 1 if padding == "last" else padding
+        if padding_idx is not None and padding_idx < -rows:
+            padding_idx = None
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, rows, shape, generator=g)
+        torch.manual_seed(seed)
+        ref = Embedded(rows, d, padding_idx).double()
+        model = Embedded(rows, d, padding_idx).double()
+        model.load_state_dict(ref.state_dict())
+        out = ref(ids)
+        (out * out).sum().backward()
+        got, notes, code = _embedding_step(monkeypatch, model, ids, {"embedding_grads": True})
+        torch.testing.assert_close(got, ref.emb.weight.grad, rtol=1e-12, atol=1e-12)
+        assert notes and all(n.endswith("rewritten") for n in notes), notes
+        assert "embedding_dense_backward.default(" not in code and "embedding_grads_embedding_grad(" in code, code
+    finally:
+        monkeypatch.undo()
+
+
+def test_the_embedding_pass_is_off_by_default_and_keeps_atens_kernel_then(monkeypatch):
+    """Opt-in until measured on a GPU: by default the backward calls ATen's ``embedding_dense_backward``."""
+    torch.manual_seed(0)
+    model = Embedded(6, 4, None).double()
+    _, notes, code = _embedding_step(monkeypatch, model, torch.tensor([[1, 2, 2], [5, 0, 1]]), None)
+    assert not notes and "embedding_dense_backward.default(" in code and "embedding_grad(" not in code, (notes, code)
+
+
+def test_embedding_grad_takes_atens_kernel_under_deterministic_algorithms(monkeypatch):
+    """Atomic adds have no fixed order: under ``torch.use_deterministic_algorithms(True)`` the call is ATen's
+    kernel (no ``index_add_``), with eager's values; otherwise one ``index_add_``."""
+    from fusion.compiler.embedding_grads import embedding_grad
+
+    grad, ids = torch.randn(2, 3, 4, dtype=torch.float64), torch.tensor([[0, 2, 2], [4, 0, 1]])
+    want = aten.embedding_dense_backward.default(grad, ids, 5, 2, False)
+    used = []
+    plain = torch.Tensor.index_add_
+    monkeypatch.setattr(torch.Tensor, "index_add_", lambda self, *a: used.append(1) or plain(self, *a))
+    torch.testing.assert_close(embedding_grad(grad, ids, 5, 2), want, rtol=1e-12, atol=1e-12)
+    assert used == [1]
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.testing.assert_close(embedding_grad(grad, ids, 5, 2), want, rtol=0, atol=0)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert used == [1], "index_add_ ran under deterministic algorithms"
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("accepted", None),
+        ("cpu", "on cpu"),
+        ("scale", "scale_grad_by_freq"),
+        ("half", "eager sums it in float32"),
+        ("crowded", "the sort's way"),
+    ],
+)
+def test_only_float_embeddings_on_a_gpu_without_crowded_rows_are_rewritten(monkeypatch, case, why):
+    """The refusals, each with its reason: CPU graphs, ``scale_grad_by_freq``, half-type gradients (eager sums in
+    float32), and more than ``MAX_PER_ROW`` indices a row (atomic adds on one address wait for each other)."""
+    from fusion.compiler import embedding_grads
+
+    monkeypatch.setattr(embedding_grads, "ON_CPU", case != "cpu")
+    rows, n = (2, 2 * embedding_grads.MAX_PER_ROW + 1) if case == "crowded" else (5, 7)
+    grad = torch.zeros(n, 3, dtype=torch.half if case == "half" else torch.float32)
+    ids = torch.zeros(n, dtype=torch.int64)
+    g = fx.Graph()
+    a, b = g.placeholder("grad"), g.placeholder("ids")
+    a.meta["val"], b.meta["val"] = grad, ids
+    node = g.call_function(aten.embedding_dense_backward.default, (a, b, rows, -1, case == "scale"))
+    got = embedding_grads.refusal(node)
+    assert (got is None) if why is None else (why in (got or "")), got

@@ -62,7 +62,8 @@ KEEP_WHOLE: frozenset[torch._ops.OpOverload] = frozenset()
 # faster. Measured on an H200 (scripts/results/h200-2026-11-24-profile_models.*): batch norm's statistics and its
 # backward are reductions over N, H and W (not the last dim: no generated kernel, each ran as a float32 aten reduction
 # on a float32 copy, 2.5× eager's GPU time on ResNet-50's step); max-pool's window offsets become int64 index
-# arithmetic in Python references; the embedding backward a float32 scatter-add (1.9 ms on BERT's step).
+# arithmetic in Python references; the embedding backward a float32 scatter-add (1.9 ms on BERT's step). The kept
+# embedding backward can run as zeros and one index_add_ instead of ATen's sort (wrapper pass ``embedding_grads``).
 _aten = torch.ops.aten
 TRAINING_KEEP: tuple[torch._ops.OpOverload, ...] = (
     _aten._batch_norm_with_update.default, _aten._batch_norm_with_update_functional.default,

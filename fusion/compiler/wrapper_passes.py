@@ -7,6 +7,8 @@ switched off by its name (``options={"views_as_strides": False}``):
 
 * ``prims_to_aten`` (:func:`prims_to_aten`) — a ``prims`` op outside kernels as the aten op that does the same;
 * ``max_pool_as_aten`` (:func:`max_pools_as_aten`) — Inductor's low-memory max-pool prim as one aten max-pool call;
+* ``embedding_grads`` (:mod:`~fusion.compiler.embedding_grads`, opt-in) — an embedding's weight gradient as zeros and
+  one ``index_add_``;
 * ``traced_layouts`` (:func:`traced_layouts`) — a library output read at its traced strides: through ``as_traced``;
 * ``views_as_strides`` (:func:`views_as_strides`) — a view outside the kernels as one ``reinterpret`` of its base;
 * ``python_bindings`` (:func:`~fusion.compiler.bindings.python_bindings`) — library calls through torch's bindings.
@@ -33,6 +35,7 @@ from fusion.aten.nodes import (
 )
 from fusion.compiler import memory_plan
 from fusion.compiler.bindings import python_bindings
+from fusion.compiler.embedding_grads import embedding_grads
 from fusion.compiler.pass_base import Pass, run_stage
 from fusion.fxutils.finish import relint
 from fusion.kernels import triton_runtime as rt
@@ -271,6 +274,8 @@ WRAPPER_PASSES = [
          doc="a prims op outside kernels (a Python reference, ~10-20 us of CPU) as its aten op"),
     Pass("max_pool_as_aten", _kept("prims_to_aten", max_pools_as_aten), stage="wrapper",
          doc="Inductor's low-memory max-pool prim (inference) as one aten max-pool call"),
+    Pass("embedding_grads", _kept("embedding_grads", embedding_grads), stage="wrapper", kinds=("backward",), default=False,
+         doc="an embedding's weight gradient as zeros and one index_add_ (CUDA; ~3 launches, not ATen's ~15)"),
     Pass("traced_layouts", _kept("traced_layouts", traced_layouts), stage="wrapper",
          doc="a library output a kernel, a view or the caller reads: as_traced holds its traced strides"),
     Pass("views_as_strides", _kept("views_as_strides", views_as_strides), stage="wrapper",
