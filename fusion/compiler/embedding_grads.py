@@ -4,14 +4,16 @@ scatter-add, not ATen's ``embedding_dense_backward``.
 A training graph keeps ``embedding_dense_backward`` whole (``fusion.aten.capture.TRAINING_KEEP``: our generated
 float32 scatter-add was slower on the GPU). On CUDA, ATen's kernel for more than 3,072 indices sorts them (a radix
 sort of the indices and their positions), finds each index's segment, sums the segments' rows into partial sums and
-adds those into the table: about 15 launches and their temporary buffers, about 350 µs of CPU a call measured on an
-H200 host, in a training step that is CPU-bound (T5, Mistral, Llama: one or two a step). Inductor decomposes the op
-into an accumulating ``index_put`` that it generates with atomic adds.
+adds those into the table: about 15 launches and their temporary buffers. Under torch.profiler on an H200 host each
+call took 356-368 µs of CPU (``scripts/results/h200-2026-11-28-2330-effnet/ops_t5_mistral_train.log``), in training
+steps that are CPU-bound (T5: two a step, Mistral and Llama: one). Inductor decomposes the op into an accumulating
+``index_put`` that it generates with atomic adds.
 
 Here the call becomes :func:`embedding_grad`: ``zeros(num_weights, d)``, one ``index_add_`` of every gradient row
 into its index's row (ATen's CUDA kernel adds with atomics: one launch), and the padding row zeroed as eager zeroes
-it. Three calls where ATen makes about 15. Predicted on the H200: ~0.3 ms of CPU less a call. Not measured on a
-GPU yet, so it stays off by default; the suite's ``fusion+with-embedding_grads`` is its A/B.
+it. Three calls where ATen makes about 15. Predicted on the H200: up to ~0.3 ms of CPU less a call (the profiler's
+figures include its own overhead). Not measured on a GPU yet, so it stays off by default; the suite's
+``fusion+with-embedding_grads`` is its A/B (``bash scripts/gpu_measure.sh embed``).
 
 Values: each table row is the sum of the same gradient rows. Atomic adds take them in no fixed order, so the float32
 rounding may differ from eager's, and from one call to the next. So the call keeps ATen's kernel while
@@ -21,8 +23,8 @@ in ``gm.meta["embedding_grads"]``:
 * another device than CUDA (``ON_CPU``, for the tests, lifts that);
 * ``scale_grad_by_freq`` (each row divided by its index's count);
 * half types: eager sums them in float32, and atomic adds would sum in the half type;
-* more than :data:`MAX_PER_ROW` indices a row on average (T5's relative-position bias: 262,144 positions into a table of
-  32 rows). Atomic adds on one address wait for each other, where the sort gathers a row's terms first.
+* more than :data:`MAX_PER_ROW` indices a row on average (T5's relative-position bias: 262,144 positions into a
+  table of 32 rows). Atomic adds on one address wait for each other, where the sort gathers a row's terms first.
 """
 
 from __future__ import annotations
