@@ -35,7 +35,8 @@
 #                                            # Inductor's: in the graph, replayed alone, on fresh copies (ConvNeXt-T,
 #                                            # T5's training step)
 #     bash scripts/gpu_measure.sh split      # torch's Timer.timeit taken apart (its thread setting, its two blocks, the
-#                                            # collector between them) for EfficientNet-B0, twice, then the suite's row
+#                                            # collector between them) for EfficientNet-B0, then the suite's row; again
+#                                            # in a second process with the collector's objects frozen (gc.freeze)
 #     [MODELS=a,b] bash scripts/gpu_measure.sh embed
 #                                            # pass embedding_grads (an embedding's gradient as zeros and one index_add_)
 #                                            # against ATen's kernel (default: T5's, Mistral's, Llama's, GPT-2's and
@@ -220,10 +221,11 @@ opcost)
     ;;
 split)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
-    for i in 1 2; do  # two processes: the effect came and went between hosts and rounds
-        step "torch's Timer taken apart, inside the suite (EfficientNet-B0), process $i"
-        (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${d[@]}") \
-            2>&1 | grep -v "Warning\|warn" | tee "$OUT/timer_split_probe_$i.log" | tail -30
+    for i in 1 2; do  # process 2 freezes the collector's objects first (gc.freeze) once the models are compiled
+        f=(); [ "$i" = 2 ] && f=(--freeze)
+        step "torch's Timer taken apart, inside the suite (EfficientNet-B0), process $i ${f[*]}"
+        (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${d[@]}" \
+            "${f[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/timer_split_probe_$i.log" | tail -30
     done
     ;;
 embed)

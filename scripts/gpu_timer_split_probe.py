@@ -4,6 +4,8 @@ it slows down too, the host is slower, not ``fusion``'s code; it also leaves the
 
     PYTHONPATH=. python3 scripts/gpu_timer_split_probe.py efficientnet_b0        (on the lent GPU, inside the suite)
     python3 scripts/gpu_timer_split_probe.py --dry-run resnet18                   (CPU, tiny: rehearse it)
+    ... --freeze: ``gc.freeze()`` first, once the models are compiled (the collector then walks only what the calls
+    make: if the slow ways become fast, a collection's walk of the process's objects is part of the cause)
 
 Inside the suite's own process, just before its timer, per compiled backend, 12 calls a way (each call's thread CPU,
 the median), ways interleaved over 5 rounds: ``Timer n=10`` (``timeit(10)``: the thread setting, a block of 2 calls,
@@ -134,7 +136,13 @@ def main(argv: list[str]) -> None:
     dry = "--dry-run" in argv
     name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
 
+    freeze = "--freeze" in argv
+
     def before(fns, sync):
+        if freeze:  # every object alive now out of the collector's reach: no collection walks them again
+            gc.collect()
+            gc.freeze()
+            print(f"gc.freeze(): {gc.get_freeze_count()} objects frozen", flush=True)
         for label, fn in fns.items():
             if label != "eager":
                 probe(label, fn, sync, torch.cuda.is_available() and not dry, 3 if dry else 5)
