@@ -60,7 +60,7 @@ def refusal(node: fx.Node) -> str | None:
     g = grad.meta.get("val") if isinstance(grad, fx.Node) else None
     i = indices.meta.get("val") if isinstance(indices, fx.Node) else None
     if not isinstance(g, torch.Tensor) or not isinstance(i, torch.Tensor) or not isinstance(num_weights, int):
-        return "operands without traced values"
+        return "operands without traced values, or a symbolic table size"
     if g.device.type != "cuda" and not ON_CPU:
         return f"on {g.device.type}: ATen's loop adds each row once, with no sort to save"
     if scale:
