@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from fusion.aten.nodes import bind_args
 from fusion.fxutils.finish import relint
 
 aten = torch.ops.aten
@@ -55,15 +56,15 @@ def embedding_grad(grad: torch.Tensor, indices: torch.Tensor, num_weights: int, 
 
 def refusal(node: fx.Node) -> str | None:
     """Why ``node`` (an ``embedding_dense_backward``) stays ATen's kernel, or None when the pass rewrites it."""
-    grad, indices, num_weights = node.args[:3]
-    scale = node.args[4] if len(node.args) > 4 else node.kwargs.get("scale_grad_by_freq", False)
+    args = bind_args(node)
+    grad, indices, num_weights = args["grad_output"], args["indices"], args["num_weights"]
     g = grad.meta.get("val") if isinstance(grad, fx.Node) else None
     i = indices.meta.get("val") if isinstance(indices, fx.Node) else None
     if not isinstance(g, torch.Tensor) or not isinstance(i, torch.Tensor) or not isinstance(num_weights, int):
         return "operands without traced values, or a symbolic table size"
     if g.device.type != "cuda" and not ON_CPU:
         return f"on {g.device.type}: ATen's loop adds each row once, with no sort to save"
-    if scale:
+    if args["scale_grad_by_freq"]:
         return "scale_grad_by_freq: each row is divided by its index's count"
     if g.dtype not in (torch.float32, torch.float64):
         return f"a {g.dtype} gradient: eager sums it in float32, atomic adds would sum in {g.dtype}"
@@ -82,9 +83,9 @@ def embedding_grads(gm: fx.GraphModule) -> list[str]:
         if why := refusal(node):
             done.append(f"{node.name}: kept ({why})")
             continue
-        grad, indices, num_weights = node.args[:3]
-        padding_idx = node.args[3] if len(node.args) > 3 else node.kwargs.get("padding_idx", -1)
-        node.target, node.args, node.kwargs = embedding_grad, (grad, indices, num_weights, padding_idx), {}
+        args = bind_args(node)
+        node.target, node.kwargs = embedding_grad, {}
+        node.args = (args["grad_output"], args["indices"], args["num_weights"], args["padding_idx"])
         done.append(f"{node.name}: rewritten")
     if any(line.endswith("rewritten") for line in done):
         relint(gm)

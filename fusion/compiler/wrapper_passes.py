@@ -274,7 +274,7 @@ WRAPPER_PASSES = [
          doc="a prims op outside kernels (a Python reference, ~10-20 us of CPU) as its aten op"),
     Pass("max_pool_as_aten", _kept("prims_to_aten", max_pools_as_aten), stage="wrapper",
          doc="Inductor's low-memory max-pool prim (inference) as one aten max-pool call"),
-    Pass("embedding_grads", _kept("embedding_grads", embedding_grads), stage="wrapper", kinds=("backward",), default=False,
+    Pass("embedding_grads", _kept("embedding_grads", embedding_grads), stage="wrapper", default=False,
          doc="an embedding's weight gradient as zeros and one index_add_ (CUDA; ~3 launches, not ATen's ~15)"),
     Pass("traced_layouts", _kept("traced_layouts", traced_layouts), stage="wrapper",
          doc="a library output a kernel, a view or the caller reads: as_traced holds its traced strides"),
