@@ -161,29 +161,26 @@ def _launcher_takes_constexprs(jit_class: type) -> bool:
     return "non_constexpr_vals" not in inspect.getsource(jit_class.run)
 
 
+def _hook_calls(hook) -> list | tuple:
+    """What a launch would call for one of Triton's launch hooks: empty where it calls nothing. Triton 3.6 and 3.9
+    keep a ``HookChain`` that is never None, whose ``calls`` list ``add`` and ``remove`` change in place; an older
+    Triton keeps a function or None; a user may assign either (a plain function: always "set")."""
+    if hook is None:
+        return ()
+    chain = getattr(hook, "calls", None)
+    return chain if isinstance(chain, list) else [hook]
+
+
 def _hooks_now(runtime) -> tuple:
-    """``(enter, entering, exit, leaving)``: Triton's launch hooks as a launcher is made, and for each a list that is
-    non-empty while a launch would call it. A launch compares them without a call: the same hook objects and both
-    lists empty is "no hook". Triton 3.6 and 3.9 keep a ``HookChain`` that is never None, whose ``calls`` list
-    ``add`` and ``remove`` change in place; an older Triton keeps a function or None; a user may assign either. Both
-    launchers write the comparison out in their launch: a function for it would cost the call it saves."""
-
-    def calls(hook) -> list | tuple:
-        if hook is None:
-            return ()
-        chain = getattr(hook, "calls", None)
-        return chain if isinstance(chain, list) else [hook]  # a plain function: always "set"
-
+    """``(enter, entering, exit, leaving)``: Triton's launch hooks as a launcher is made, and for each what it calls
+    (:func:`_hook_calls`, a list a chain changes in place). A launch compares them without a call: the same hook
+    objects and both lists empty is "no hook". Both launchers write the comparison out in their launch: a function
+    for it would cost the call it saves."""
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-    return enter, calls(enter), leave, calls(leave)
+    return enter, _hook_calls(enter), leave, _hook_calls(leave)
 
 
 def _refuse_hooked(runtime) -> None:
     """Raise :data:`HOOKED` where a launch hook is really set (the caller gives the launch to the JIT)."""
-    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+    if _hook_calls(runtime.launch_enter_hook) or _hook_calls(runtime.launch_exit_hook):
         raise RuntimeError(HOOKED)
-
-
-def _hooked(hook) -> bool:
-    """Is a launch hook set? Triton 3.6 keeps a function or None; 3.9 a ``HookChain`` whose ``calls`` may be empty."""
-    return hook is not None and bool(getattr(hook, "calls", True))
