@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import resource
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -42,6 +45,46 @@ def work() -> float:
     for i in range(20000):
         total += i & 7
     return (time.thread_time() - c0) * 1e3
+
+
+RUSAGE = ("ru_utime", "ru_stime", "ru_minflt", "ru_nvcsw", "ru_nivcsw")
+
+
+class GcLog:
+    """Python's collections while a way runs (``gc.callbacks``): how many of each generation, and their ms."""
+
+    def __init__(self) -> None:
+        self.by_gen = [0, 0, 0]
+        self.ms = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.by_gen[info["generation"]] += 1
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+
+
+def usage() -> tuple:
+    """The calling thread's resource usage (Linux: RUSAGE_THREAD; elsewhere the process's)."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    r = resource.getrusage(who)
+    return tuple(getattr(r, k) for k in RUSAGE)
+
+
+def process_facts() -> str:
+    """What else could run beside the calls: Python threads, OS threads, the collector's hooks and thresholds."""
+    tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
+    tools = []
+    if hasattr(sys, "monitoring"):
+        tools = [(i, sys.monitoring.get_tool(i)) for i in range(6) if sys.monitoring.get_tool(i)]
+    return (
+        f"python threads {[t.name for t in threading.enumerate()]}; OS threads {tasks}; gc.callbacks "
+        f"{[getattr(c, '__qualname__', repr(c)) for c in gc.callbacks]}; threshold {gc.get_threshold()}; "
+        f"frozen {gc.get_freeze_count()}; sys.monitoring tools {tools}; profile {sys.getprofile()}; trace "
+        f"{sys.gettrace()}; switch interval {sys.getswitchinterval()}"
+    )
 
 
 def ways_for(call, clock) -> dict:
@@ -116,20 +159,41 @@ def probe(label: str, fn, sync, cuda: bool, rounds: int) -> None:
     ways = {(way, s): how for s in (False, True) for way, how in plain.items() if not s or way in SPUN}
     per: dict = {way: [] for way in ways}
     spin: dict = {way: [] for way in ways}
-    for _ in range(rounds):
-        for way, how in ways.items():
-            log.clear()
-            spins.clear()
-            spinning[0] = way[1]
-            how()
-            sync()
-            per[way].append(statistics.median(c for _, c, _ in settle(log)))
-            spin[way].append(statistics.median(spins) if spins else 0.0)
+    used: dict = {way: [0.0] * (len(RUSAGE) + 4) for way in ways}  # summed over rounds: rusage, 3 gens, gc ms
+    gclog = GcLog()
+    gc.callbacks.append(gclog)
+    try:
+        for _ in range(rounds):
+            for way, how in ways.items():
+                log.clear()
+                spins.clear()
+                spinning[0] = way[1]
+                gclog.by_gen, gclog.ms = [0, 0, 0], 0.0
+                u0 = usage()
+                how()
+                sync()
+                u1 = usage()
+                row = [b - a for a, b in zip(u0, u1, strict=True)] + [*gclog.by_gen, gclog.ms]
+                used[way] = [x + y for x, y in zip(used[way], row, strict=True)]
+                per[way].append(statistics.median(c for _, c, _ in settle(log)))
+                spin[way].append(statistics.median(spins) if spins else 0.0)
+    finally:
+        gc.callbacks.remove(gclog)
     print(f"\n{label}: median CPU ms a call per round | the fixed work's ms after each call, median per round")
     for way in ways:
         name = way[0] + (", work after" if way[1] else "")
         print(f"  {name:30s} " + "  ".join(f"{m:5.2f}" for m in per[way]) + "  | "
               + "  ".join(f"{m:5.3f}" for m in spin[way]), flush=True)  # fmt: skip
+    print(
+        f"{label}: per call, summed over the rounds' calls: user / system ms, minor faults, voluntary / forced "
+        "context switches; collections of generation 0 / 1 / 2 in all, and their ms in all"
+    )
+    for way in ways:
+        name = way[0] + (", work after" if way[1] else "")
+        n = 12 * rounds
+        ut, st, flt, vcs, ics, g0, g1, g2, gms = used[way]
+        print(f"  {name:30s} {ut / n * 1e3:6.2f} / {st / n * 1e3:5.2f} ms  {flt / n:7.1f} faults  {vcs / n:5.2f} / "
+              f"{ics / n:5.2f} switches | gc {g0:.0f} / {g1:.0f} / {g2:.0f}, {gms:6.1f} ms", flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -143,6 +207,7 @@ def main(argv: list[str]) -> None:
             gc.collect()
             gc.freeze()
             print(f"gc.freeze(): {gc.get_freeze_count()} objects frozen", flush=True)
+        print(process_facts(), flush=True)
         for label, fn in fns.items():
             if label != "eager":
                 probe(label, fn, sync, torch.cuda.is_available() and not dry, 3 if dry else 5)
