@@ -1,0 +1,160 @@
+"""Where a compiled model's calls take page faults, and under which way of calling: the lead from
+``gpu_timer_split_probe.py`` (H200, 2026-11-29): under torch's Timer each of ``fusion``'s EfficientNet-B0 calls took
+145 minor page faults and ~0.7 ms of system time, in a plain loop none; Inductor's took 2 either way.
+
+    PYTHONPATH=.:scripts python3 scripts/gpu_fault_probe.py efficientnet_b0        (on the lent GPU, inside the suite)
+    PYTHONPATH=.:scripts python3 scripts/gpu_fault_probe.py --dry-run resnet18     (CPU, tiny: rehearse it)
+
+Inside the suite's own process, just before its timer, per compiled backend, 12 calls a way, 3 rounds:
+- ``timeit``: the standard library's ``timeit.Timer("fn()").timeit(12)`` (it turns the collector off);
+- ``timeit, collector on``: the same with ``gc.enable()`` as its setup (the collector on while the block runs);
+- ``loop``: a plain loop; ``loop, collector off``: the same inside ``gc.disable()``.
+Per way: minor faults and system ms a call (``getrusage(RUSAGE_THREAD)``), and glibc's ``mallinfo2`` before and
+after (heap bytes, mmapped chunks and bytes, free bytes, what the top of the heap could give back). Then, for the
+first way that faults, one block again under ``sys.setprofile``: the faults between two profile events, charged to
+the function the event names (a C function by its name, Python code by file:line of its definition); the top
+functions printed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import resource
+import sys
+import timeit
+from collections import Counter
+
+WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+CALLS = 12
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")
+    ]  # fmt: skip
+
+
+def mallinfo() -> dict:
+    """glibc's heap statistics (empty where there is no ``mallinfo2``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return {}
+    m = libc.mallinfo2()
+    return {k: getattr(m, k) for k, _ in MallInfo2._fields_}
+
+
+def faults() -> tuple[int, float]:
+    r = resource.getrusage(WHO)
+    return r.ru_minflt, r.ru_stime
+
+
+def ways(fn, clock) -> dict:
+    def timer(setup: str = "pass"):
+        return timeit.Timer("fn()", setup=setup, timer=clock, globals={"fn": fn, "gc": gc})
+
+    def loop():
+        for _ in range(CALLS):
+            fn()
+
+    def loop_off():
+        gc.disable()
+        try:
+            loop()
+        finally:
+            gc.enable()
+
+    return {
+        "timeit": lambda: timer().timeit(CALLS),
+        "timeit, collector on": lambda: timer("gc.enable()").timeit(CALLS),
+        "loop": loop,
+        "loop, collector off": loop_off,
+    }
+
+
+def where(run) -> Counter:
+    """Faults between profile events while ``run()`` runs, by the function an event names."""
+    charged: Counter = Counter()
+    last = [faults()[0]]
+
+    def hook(frame, event, arg):
+        now = resource.getrusage(WHO).ru_minflt
+        if now != last[0]:
+            if event.startswith("c_"):
+                name = getattr(arg, "__qualname__", None) or getattr(arg, "__name__", repr(arg))
+                mod = getattr(arg, "__module__", None) or type(getattr(arg, "__self__", None)).__name__
+                key = f"{event} {mod}.{name}"
+            else:
+                code = frame.f_code
+                key = f"{event} {code.co_filename.rsplit('/', 2)[-1]}:{code.co_firstlineno} {code.co_qualname}"
+            charged[key] += now - last[0]
+            last[0] = now
+
+    sys.setprofile(hook)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return charged
+
+
+def probe(label: str, fn, sync, rounds: int) -> None:
+    import time
+
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+
+    table = ways(fn, clock)
+    per: dict = {w: [] for w in table}
+    heap: dict = {}
+    for _ in range(rounds):
+        for w, run in table.items():
+            sync()
+            m0, (f0, s0) = mallinfo(), faults()
+            run()
+            sync()
+            (f1, s1), m1 = faults(), mallinfo()
+            per[w].append(((f1 - f0) / CALLS, (s1 - s0) * 1e3 / CALLS))
+            heap[w] = (m0, m1)
+    print(f"\n{label}: per call, each round: minor faults / system ms")
+    for w, cells in per.items():
+        print(f"  {w:24s} " + "   ".join(f"{f:6.1f} / {s:5.2f}" for f, s in cells), flush=True)
+    print(f"{label}: glibc heap in the last round, before -> after (KB; hblks: mmapped chunks)")
+    for w, (m0, m1) in heap.items():
+        keys = ("arena", "hblks", "hblkhd", "uordblks", "fordblks", "keepcost")
+        cells = [f"{k} {m0[k] if k == 'hblks' else m0[k] // 1024}->{m1[k] if k == 'hblks' else m1[k] // 1024}"
+                 for k in keys if k in m0]  # fmt: skip
+        print(f"  {w:24s} " + ", ".join(cells), flush=True)
+    faulting = [w for w, cells in per.items() if max(f for f, _ in cells) >= 5]
+    for w in faulting[:2]:
+        sync()
+        charged = where(table[w])
+        sync()
+        total = sum(charged.values())
+        print(f"{label}, {w}: {total} faults under the profile hook, by function (top 15)")
+        for key, n in charged.most_common(15):
+            print(f"  {n:6d}  {key}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    dry = "--dry-run" in argv
+    name = next((a for a in argv if not a.startswith("--")), "efficientnet_b0")
+
+    def before(fns, sync):
+        print(f"glibc mallopt defaults in force; heap now: {mallinfo()}", flush=True)
+        for label, fn in fns.items():
+            probe(label, fn, sync, 2 if dry else 3)
+        print("\nthe suite's own timing follows, in this process", flush=True)
+
+    from gpu_suite_probe import suite_keeping
+
+    suite_keeping(name, ["eager", "fusion", "inductor"], dry, before)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
