@@ -22,8 +22,12 @@ import ctypes
 import gc
 import resource
 import sys
+import time
 import timeit
 from collections import Counter
+
+import torch
+import torch.utils.benchmark as tbench
 
 WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 CALLS = 12
@@ -48,14 +52,49 @@ def mallinfo() -> dict:
     return {k: getattr(m, k) for k, _ in MallInfo2._fields_}
 
 
-def faults() -> tuple[int, float]:
+def faults() -> tuple[int, float, float, int]:
+    """(minor faults, system s, thread CPU s, calls so far)."""
     r = resource.getrusage(WHO)
-    return r.ru_minflt, r.ru_stime
+    return r.ru_minflt, r.ru_stime, time.thread_time(), COUNT[0]
+
+
+COUNT = [0]
+
+
+def counted(fn):
+    def call():
+        COUNT[0] += 1
+        return fn()
+
+    return call
+
+
+def with_events(fn):
+    """``fn`` with two CUDA timing events recorded around each call, as ``gpu_call_trace.traced`` does."""
+    kept: list = []
+
+    def call():
+        if len(kept) > 400:
+            kept.clear()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        out = fn()
+        e1.record()
+        kept.append((e0, e1))
+        return out
+
+    return call
 
 
 def ways(fn, clock) -> dict:
     def timer(setup: str = "pass"):
         return timeit.Timer("fn()", setup=setup, timer=clock, globals={"fn": fn, "gc": gc})
+
+    def torch_timer(f=fn):
+        return tbench.Timer("fn()", globals={"fn": f}, timer=clock, num_threads=torch.get_num_threads())
+
+    def autorange():  # the suite's way (min_run_time 0.04): blocks of 1, 10, 100 calls until one is long enough
+        torch_timer().blocked_autorange(min_run_time=0.04)
 
     def loop():
         for _ in range(CALLS):
@@ -68,11 +107,16 @@ def ways(fn, clock) -> dict:
         finally:
             gc.enable()
 
+    evented = with_events(fn) if torch.cuda.is_available() else fn
     return {
+        "torch Timer.timeit(10)": lambda: torch_timer().timeit(10),
+        "torch Timer, events": lambda: torch_timer(evented).timeit(10),
+        "the suite's autorange": autorange,
         "timeit": lambda: timer().timeit(CALLS),
         "timeit, collector on": lambda: timer("gc.enable()").timeit(CALLS),
         "loop": loop,
         "loop, collector off": loop_off,
+        "loop, events": lambda: [evented() for _ in range(CALLS)],
     }
 
 
@@ -103,7 +147,7 @@ def where(run) -> Counter:
 
 
 def probe(label: str, fn, sync, rounds: int) -> None:
-    import time
+    fn = counted(fn)
 
     def clock() -> float:
         sync()
@@ -115,22 +159,23 @@ def probe(label: str, fn, sync, rounds: int) -> None:
     for _ in range(rounds):
         for w, run in table.items():
             sync()
-            m0, (f0, s0) = mallinfo(), faults()
+            m0, (f0, s0, c0, n0) = mallinfo(), faults()
             run()
             sync()
-            (f1, s1), m1 = faults(), mallinfo()
-            per[w].append(((f1 - f0) / CALLS, (s1 - s0) * 1e3 / CALLS))
+            (f1, s1, c1, n1), m1 = faults(), mallinfo()
+            n = max(n1 - n0, 1)
+            per[w].append(((f1 - f0) / n, (s1 - s0) * 1e3 / n, (c1 - c0) * 1e3 / n, n))
             heap[w] = (m0, m1)
-    print(f"\n{label}: per call, each round: minor faults / system ms")
+    print(f"\n{label}: per call, each round: minor faults / system ms / thread CPU ms (calls)")
     for w, cells in per.items():
-        print(f"  {w:24s} " + "   ".join(f"{f:6.1f} / {s:5.2f}" for f, s in cells), flush=True)
+        print(f"  {w:24s} " + "   ".join(f"{f:6.1f} / {s:4.2f} / {c:5.2f} ({n})" for f, s, c, n in cells), flush=True)
     print(f"{label}: glibc heap in the last round, before -> after (KB; hblks: mmapped chunks)")
     for w, (m0, m1) in heap.items():
         keys = ("arena", "hblks", "hblkhd", "uordblks", "fordblks", "keepcost")
         cells = [f"{k} {m0[k] if k == 'hblks' else m0[k] // 1024}->{m1[k] if k == 'hblks' else m1[k] // 1024}"
                  for k in keys if k in m0]  # fmt: skip
         print(f"  {w:24s} " + ", ".join(cells), flush=True)
-    faulting = [w for w, cells in per.items() if max(f for f, _ in cells) >= 5]
+    faulting = [w for w, cells in per.items() if max(c[0] for c in cells) >= 5]
     for w in faulting[:2]:
         sync()
         charged = where(table[w])
