@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import resource
 import sys
 import time
@@ -86,9 +87,13 @@ def with_events(fn):
     return call
 
 
-def ways(fn, clock) -> dict:
-    def timer(setup: str = "pass"):
-        return timeit.Timer("fn()", setup=setup, timer=clock, globals={"fn": fn, "gc": gc})
+def ways(fn, clock, sync) -> dict:
+    """The ways of calling, as a matrix: the collector off or on, torch's CUDA events around each call or not,
+    inside ``timeit``'s machinery or a plain loop, a synchronisation around every call or not."""
+    evented = with_events(fn) if torch.cuda.is_available() else fn
+
+    def timer(f, setup: str = "pass"):
+        return timeit.Timer("fn()", setup=setup, timer=clock, globals={"fn": f, "gc": gc})
 
     def torch_timer(f=fn):
         return tbench.Timer("fn()", globals={"fn": f}, timer=clock, num_threads=torch.get_num_threads())
@@ -96,28 +101,52 @@ def ways(fn, clock) -> dict:
     def autorange():  # the suite's way (min_run_time 0.04): blocks of 1, 10, 100 calls until one is long enough
         torch_timer().blocked_autorange(min_run_time=0.04)
 
-    def loop():
-        for _ in range(CALLS):
-            fn()
+    def loop(f, collector: bool = True, synced: bool = False):
+        def run():
+            if not collector:
+                gc.disable()
+            try:
+                for _ in range(CALLS):
+                    if synced:
+                        sync()
+                    f()
+                    if synced:
+                        sync()
+            finally:
+                gc.enable()
 
-    def loop_off():
-        gc.disable()
-        try:
-            loop()
-        finally:
-            gc.enable()
+        return run
 
-    evented = with_events(fn) if torch.cuda.is_available() else fn
     return {
+        "the suite's autorange": autorange,
         "torch Timer.timeit(10)": lambda: torch_timer().timeit(10),
         "torch Timer, events": lambda: torch_timer(evented).timeit(10),
-        "the suite's autorange": autorange,
-        "timeit": lambda: timer().timeit(CALLS),
-        "timeit, collector on": lambda: timer("gc.enable()").timeit(CALLS),
-        "loop": loop,
-        "loop, collector off": loop_off,
-        "loop, events": lambda: [evented() for _ in range(CALLS)],
+        "timeit": lambda: timer(fn).timeit(CALLS),
+        "timeit, events": lambda: timer(evented).timeit(CALLS),
+        "timeit, events, gc on": lambda: timer(evented, "gc.enable()").timeit(CALLS),
+        "timeit(1) x 12": lambda: [timer(fn).timeit(1) for _ in range(CALLS)],
+        "loop": loop(fn),
+        "loop, gc off": loop(fn, collector=False),
+        "loop, events": loop(evented),
+        "loop, events, gc off": loop(evented, collector=False),
+        "loop, synced, gc off": loop(fn, collector=False, synced=True),
+        "loop, synced": loop(fn, synced=True),
     }
+
+
+def forks_and_rss() -> tuple[int, int, int]:
+    """(forks seen by os.register_at_fork, the newest pid on the host, resident pages)."""
+    try:
+        last_pid = int(open("/proc/loadavg").read().split()[4])
+        rss = int(open("/proc/self/statm").read().split()[1])
+    except (OSError, ValueError, IndexError):
+        last_pid = rss = 0
+    return FORKS[0], last_pid, rss
+
+
+FORKS = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=lambda: FORKS.__setitem__(0, FORKS[0] + 1))
 
 
 def where(run) -> Counter:
@@ -131,7 +160,7 @@ def where(run) -> Counter:
             if event.startswith("c_"):
                 name = getattr(arg, "__qualname__", None) or getattr(arg, "__name__", repr(arg))
                 mod = getattr(arg, "__module__", None) or type(getattr(arg, "__self__", None)).__name__
-                key = f"{event} {mod}.{name}"
+                key = f"{event} {mod}.{name} @ {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
             else:
                 code = frame.f_code
                 key = f"{event} {code.co_filename.rsplit('/', 2)[-1]}:{code.co_firstlineno} {code.co_qualname}"
@@ -153,22 +182,27 @@ def probe(label: str, fn, sync, rounds: int) -> None:
         sync()
         return time.perf_counter()
 
-    table = ways(fn, clock)
+    table = ways(fn, clock, sync)
     per: dict = {w: [] for w in table}
     heap: dict = {}
+    other: dict = {w: [0, 0, 0] for w in table}
     for _ in range(rounds):
         for w, run in table.items():
             sync()
-            m0, (f0, s0, c0, n0) = mallinfo(), faults()
+            m0, (f0, s0, c0, n0), k0 = mallinfo(), faults(), forks_and_rss()
             run()
             sync()
-            (f1, s1, c1, n1), m1 = faults(), mallinfo()
+            (f1, s1, c1, n1), m1, k1 = faults(), mallinfo(), forks_and_rss()
             n = max(n1 - n0, 1)
             per[w].append(((f1 - f0) / n, (s1 - s0) * 1e3 / n, (c1 - c0) * 1e3 / n, n))
             heap[w] = (m0, m1)
+            other[w] = [a + (y - x) for a, x, y in zip(other[w], k0, k1, strict=True)]
     print(f"\n{label}: per call, each round: minor faults / system ms / thread CPU ms (calls)")
     for w, cells in per.items():
         print(f"  {w:24s} " + "   ".join(f"{f:6.1f} / {s:4.2f} / {c:5.2f} ({n})" for f, s, c, n in cells), flush=True)
+    print(f"{label}: over all rounds: forks (os.register_at_fork), new pids on the host, resident pages gained")
+    for w, (fk, pids, rss) in other.items():
+        print(f"  {w:24s} {fk:4d} forks  {pids:5d} pids  {rss:+7d} pages", flush=True)
     print(f"{label}: glibc heap in the last round, before -> after (KB; hblks: mmapped chunks)")
     for w, (m0, m1) in heap.items():
         keys = ("arena", "hblks", "hblkhd", "uordblks", "fordblks", "keepcost")
@@ -176,7 +210,7 @@ def probe(label: str, fn, sync, rounds: int) -> None:
                  for k in keys if k in m0]  # fmt: skip
         print(f"  {w:24s} " + ", ".join(cells), flush=True)
     faulting = [w for w, cells in per.items() if max(c[0] for c in cells) >= 5]
-    for w in faulting[:2]:
+    for w in faulting[:3]:
         sync()
         charged = where(table[w])
         sync()
