@@ -134,14 +134,85 @@ def ways(fn, clock, sync) -> dict:
     }
 
 
-def forks_and_rss() -> tuple[int, int, int]:
-    """(forks seen by os.register_at_fork, the newest pid on the host, resident pages)."""
+def forks_and_rss() -> tuple[int, ...]:
+    """(forks seen by os.register_at_fork, the newest pid on the host, resident pages, obmalloc arenas allocated and
+    reclaimed in all)."""
     try:
         last_pid = int(open("/proc/loadavg").read().split()[4])
         rss = int(open("/proc/self/statm").read().split()[1])
     except (OSError, ValueError, IndexError):
         last_pid = rss = 0
-    return FORKS[0], last_pid, rss
+    return FORKS[0], last_pid, rss, *arenas()
+
+
+def arenas() -> tuple[int, int]:
+    """(obmalloc arenas allocated in all, reclaimed in all) from ``sys._debugmallocstats()`` (which writes to fd 2)."""
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("# arenas allocated total") or line.startswith("# arenas reclaimed"):
+            found[line.split("=")[0].strip()] = int(line.split("=")[1].replace(",", ""))
+    return found.get("# arenas allocated total", -1), found.get("# arenas reclaimed", -1)
+
+
+ARENA_CACHE_C = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+/* Python's small-object arenas, kept when freed (up to 16) and handed out again: no munmap/mmap per arena, so no
+   fresh pages to fault in. A diagnostic: does arena churn cost fusion's calls their page faults? */
+static PyObjectArenaAllocator base;
+static void *kept[16];
+static size_t kept_size[16];
+static int n_kept;
+static long reused, given_back;
+static void *cached_alloc(void *ctx, size_t size) {
+    for (int i = n_kept - 1; i >= 0; i--)
+        if (kept_size[i] == size) { void *p = kept[i]; kept[i] = kept[--n_kept]; kept_size[i] = kept_size[n_kept];
+                                    reused++; return p; }
+    return base.alloc(base.ctx, size);
+}
+static void cached_free(void *ctx, void *ptr, size_t size) {
+    if (n_kept < 16) { kept[n_kept] = ptr; kept_size[n_kept++] = size; return; }
+    given_back++;
+    base.free(base.ctx, ptr, size);
+}
+void install(void) {
+    PyObject_GetArenaAllocator(&base);
+    PyObjectArenaAllocator mine = {NULL, cached_alloc, cached_free};
+    PyObject_SetArenaAllocator(&mine);
+}
+long arenas_reused(void) { return reused; }
+"""
+
+
+def install_arena_cache():
+    """Build and install :data:`ARENA_CACHE_C` (cc and Python's headers, as Triton's launcher build needs)."""
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    d = tempfile.mkdtemp()
+    src, lib = os.path.join(d, "arena_cache.c"), os.path.join(d, "arena_cache.so")
+    with open(src, "w") as f:
+        f.write(ARENA_CACHE_C)
+    inc = sysconfig.get_paths()["include"]
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{inc}", src, "-o", lib], check=True)
+    handle = ctypes.PyDLL(lib)
+    handle.install()
+    handle.arenas_reused.restype = ctypes.c_long
+    return handle
 
 
 FORKS = [0]
@@ -185,7 +256,7 @@ def probe(label: str, fn, sync, rounds: int) -> None:
     table = ways(fn, clock, sync)
     per: dict = {w: [] for w in table}
     heap: dict = {}
-    other: dict = {w: [0, 0, 0] for w in table}
+    other: dict = {w: [0, 0, 0, 0, 0] for w in table}
     for _ in range(rounds):
         for w, run in table.items():
             sync()
@@ -200,9 +271,12 @@ def probe(label: str, fn, sync, rounds: int) -> None:
     print(f"\n{label}: per call, each round: minor faults / system ms / thread CPU ms (calls)")
     for w, cells in per.items():
         print(f"  {w:24s} " + "   ".join(f"{f:6.1f} / {s:4.2f} / {c:5.2f} ({n})" for f, s, c, n in cells), flush=True)
-    print(f"{label}: over all rounds: forks (os.register_at_fork), new pids on the host, resident pages gained")
-    for w, (fk, pids, rss) in other.items():
-        print(f"  {w:24s} {fk:4d} forks  {pids:5d} pids  {rss:+7d} pages", flush=True)
+    print(
+        f"{label}: over all rounds: forks (os.register_at_fork), new pids on the host, resident pages gained, "
+        "Python's small-object arenas (1 MiB) allocated / given back"
+    )
+    for w, (fk, pids, rss, made, freed) in other.items():
+        print(f"  {w:24s} {fk:4d} forks  {pids:5d} pids  {rss:+7d} pages  {made:5d} / {freed:5d} arenas", flush=True)
     print(f"{label}: glibc heap in the last round, before -> after (KB; hblks: mmapped chunks)")
     for w, (m0, m1) in heap.items():
         keys = ("arena", "hblks", "hblkhd", "uordblks", "fordblks", "keepcost")
@@ -228,6 +302,16 @@ def main(argv: list[str]) -> None:
         print(f"glibc mallopt defaults in force; heap now: {mallinfo()}", flush=True)
         for label, fn in fns.items():
             probe(label, fn, sync, 2 if dry else 3)
+        try:
+            cache = install_arena_cache()
+        except Exception as e:  # noqa: BLE001 - no compiler or headers: say so, go on
+            print(f"\narena cache not installed: {type(e).__name__}: {e}", flush=True)
+            cache = None
+        if cache is not None:
+            print("\n=== again, with Python's freed arenas kept for reuse (no munmap/mmap churn)", flush=True)
+            for label, fn in fns.items():
+                probe(f"{label}, arenas kept", fn, sync, 2 if dry else 3)
+            print(f"arenas handed out again from the cache: {cache.arenas_reused()}", flush=True)
         print("\nthe suite's own timing follows, in this process", flush=True)
 
     from gpu_suite_probe import suite_keeping
