@@ -42,6 +42,7 @@ from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteM
 from fusion.bench.suite_print import HEADER, geomean, row_lines, summarize, summary_lines  # noqa: F401
 from fusion.bench.workloads import VariantUnavailable, lesson
 from fusion.common import is_todo
+from fusion.kernels import stack_chunks
 
 SCHEMA = "suite-1"
 BACKENDS = (
@@ -425,6 +426,8 @@ def run_suite(
         _free(device, cfg.sizes)
         if json_path:
             save_json(json_path, result)
+    # Python's frame-stack chunks (fusion.kernels.stack_chunks): installed at fusion's first compile, for every backend
+    result["meta"]["stack_chunks"] = stack_chunks.status()
     result["summary"] = summarize(result["models"], backends)
     log("summary:")
     for line in summary_lines(result["summary"]):

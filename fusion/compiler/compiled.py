@@ -14,6 +14,7 @@ from fusion.aten.nodes import as_traced, is_view_node, same_layout
 from fusion.fxutils import boxed
 from fusion.ir.plan import Kernel
 from fusion.ir.views import extent
+from fusion.kernels import stack_chunks
 from fusion.kernels import triton_runtime as rt
 
 aten = torch.ops.aten
@@ -26,6 +27,7 @@ class CompiledGraph(torch.nn.Module):
     def __init__(self, graph_module: fx.GraphModule, kernels: list[Kernel], report, regions: int = 0) -> None:
         super().__init__()
         boxed.make_boxed(graph_module)  # forward(list): an input is freed at its last use (fusion.fxutils.boxed)
+        stack_chunks.keep()  # once per process: a call's cost no longer depends on its caller's stack depth
         self.graph_module = graph_module
         self.kernels = kernels
         self.report = report
