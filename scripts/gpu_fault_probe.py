@@ -1,19 +1,25 @@
-"""Where a compiled model's calls take page faults, and under which way of calling: the lead from
+"""Where a compiled model's calls take page faults, and under which way of calling. The lead, from
 ``gpu_timer_split_probe.py`` (H200, 2026-11-29): under torch's Timer each of ``fusion``'s EfficientNet-B0 calls took
-145 minor page faults and ~0.7 ms of system time, in a plain loop none; Inductor's took 2 either way.
+145 minor page faults and ~0.7 ms of system time, in a plain loop none; Inductor's took 2 either way. What this probe
+found (``results/h200-2026-11-29-0555-stack-chunks/faults_*``): the faults follow the depth the model is called from,
+not the collector or CUDA events. They fall on the Python calls the graph's forward makes, and they vanish with freed
+arenas kept: CPython's frame-stack chunks, mapped and unmapped on every call at a chunk boundary
+(``fusion/kernels/stack_chunks.py`` now keeps them; ``FUSION_KEEP_STACK_CHUNKS=0`` to see the faults again).
 
     PYTHONPATH=.:scripts python3 scripts/gpu_fault_probe.py efficientnet_b0        (on the lent GPU, inside the suite)
     PYTHONPATH=.:scripts python3 scripts/gpu_fault_probe.py --dry-run resnet18     (CPU, tiny: rehearse it)
 
-Inside the suite's own process, just before its timer, per compiled backend, 12 calls a way, 3 rounds:
-- ``timeit``: the standard library's ``timeit.Timer("fn()").timeit(12)`` (it turns the collector off);
-- ``timeit, collector on``: the same with ``gc.enable()`` as its setup (the collector on while the block runs);
-- ``loop``: a plain loop; ``loop, collector off``: the same inside ``gc.disable()``.
-Per way: minor faults and system ms a call (``getrusage(RUSAGE_THREAD)``), and glibc's ``mallinfo2`` before and
-after (heap bytes, mmapped chunks and bytes, free bytes, what the top of the heap could give back). Then, for the
-first way that faults, one block again under ``sys.setprofile``: the faults between two profile events, charged to
-the function the event names (a C function by its name, Python code by file:line of its definition); the top
-functions printed.
+Inside the suite's own process, just before its timer, per compiled backend, 3 rounds of these ways (12 calls each
+unless said): torch's ``Timer.timeit(10)``, with and without CUDA events around each call; the suite's
+``blocked_autorange(0.04)``; the standard library's ``timeit`` (alone, with events, with events and the collector on as
+its setup); twelve one-call ``timeit`` blocks; plain loops (the collector on or off, events, a synchronisation around
+each call). Per way: minor faults, system ms and thread CPU ms a call (``getrusage(RUSAGE_THREAD)``); forks, new pids
+on the host, resident pages gained and Python's object arenas allocated and given back; glibc's ``mallinfo2`` before
+and after. Then, for the first three ways that fault, one run again under ``sys.setprofile``: the faults between two
+profile events, charged to the function the event names (a C function with the line that calls it, Python code by
+file:line of its definition). Then everything again with a C arena allocator that keeps freed regions
+(:data:`ARENA_CACHE_C`), and the suite's row after it. ``gpu_measure.sh faults`` runs it with
+``FUSION_KEEP_STACK_CHUNKS=0``: ``fusion``'s own fix would otherwise hide what the first pass looks for.
 """
 
 from __future__ import annotations

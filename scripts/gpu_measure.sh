@@ -37,8 +37,9 @@
 #     bash scripts/gpu_measure.sh split      # torch's Timer.timeit taken apart (its thread setting, its two blocks, the
 #                                            # collector between them) for EfficientNet-B0, then the suite's row; again
 #                                            # in a second process with the collector's objects frozen (gc.freeze)
-#     bash scripts/gpu_measure.sh faults     # minor page faults a call under timeit and in a plain loop, with the
-#                                            # collector on and off, and where they are (EfficientNet-B0, in the suite)
+#     bash scripts/gpu_measure.sh faults     # minor page faults a call under each way of calling, where they are,
+#                                            # and again with freed arenas kept (EfficientNet-B0, in the suite, with
+#                                            # fusion's own stack-chunk fix off: FUSION_KEEP_STACK_CHUNKS=0)
 #     [MODELS=a,b] bash scripts/gpu_measure.sh embed
 #                                            # pass embedding_grads (an embedding's gradient as zeros and one index_add_)
 #                                            # against ATen's kernel (default: T5's, Mistral's, Llama's, GPT-2's and
@@ -233,7 +234,8 @@ split)
 faults)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
     step "page faults per call under each way of calling, inside the suite (EfficientNet-B0), and where they are"
-    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 240 "$PY" gpu_fault_probe.py efficientnet_b0 "${d[@]}") 2>&1 \
+    (cd scripts && FUSION_KEEP_STACK_CHUNKS=0 PYTHONPATH="$PWD/..:$PWD" timeout 240 "$PY" gpu_fault_probe.py \
+        efficientnet_b0 "${d[@]}") 2>&1 \
         | grep -v "Warning\|warn" | tee "$OUT/fault_probe.log" | tail -30
     ;;
 embed)

@@ -17,6 +17,10 @@ again with the fixed work after each call. Then the suite's own row, in the same
 Found on three H200 hosts (2026-11-29): ``Timer n=10`` costs up to 1.5x the loop's CPU a call for ``fusion``, not
 for Inductor, while the fixed work takes the same time (the host is not slower); the two blocks with the collector
 off throughout cost what the loop costs; with it on between them, on one host as much as ``Timer n=10``.
+Per way it also reads the thread's ``getrusage`` and the collector's runs: on two more hosts that day, every Timer way
+took 145 minor page faults a ``fusion`` call, and a loop none, with no collection in any way. ``gpu_fault_probe.py``
+traced them to CPython's frame-stack chunks (``fusion/kernels/stack_chunks.py``, now on: this probe no longer shows
+the cost unless run with ``FUSION_KEEP_STACK_CHUNKS=0``).
 """
 
 from __future__ import annotations

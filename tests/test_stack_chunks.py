@@ -22,7 +22,7 @@ pytestmark = [
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A frame of ~9.6 KB (1,200 locals) calling a small function 200 times, at every caller depth up to 400: at some
+# A frame of ~9.6 KB (1,200 locals, never assigned) calling a small function 100 times, at every caller depth up to 240: at some
 # depths each call's frame starts a fresh chunk (16 KiB) and the chunk is freed as it returns.
 PROBE = textwrap.dedent(
     """
@@ -32,8 +32,8 @@ PROBE = textwrap.dedent(
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
-    src = "def big(small):\\n" + "".join(f"    v{i} = 0\\n" for i in range(1200))
-    src += "    for _ in range(200):\\n        small()\\n"
+    src = "def big(small):\\n    if small is None:\\n" + "".join(f"        v{i} = 0\\n" for i in range(1200))
+    src += "    for _ in range(100):\\n        small()\\n"
     ns = {}
     exec(src, ns)
 
@@ -47,7 +47,7 @@ PROBE = textwrap.dedent(
 
     def scan():
         found = {}
-        for d in range(400):
+        for d in range(240):
             at(d)
             f0 = faults()
             at(d)
@@ -82,11 +82,11 @@ def test_a_call_at_a_chunk_boundary_no_longer_faults_once_chunks_are_kept():
     found = run_probe()
     before = {int(d): f for d, f in found["before"].items()}
     after = {int(d): f for d, f in found["after"].items()}
-    thrashing = [d for d, f in before.items() if f >= 100]  # ~1 fault or more a call: a chunk mapped per call
+    thrashing = [d for d, f in before.items() if f >= 50]  # ~1 fault or more a call: a chunk mapped per call
     assert thrashing, "no depth put the callee on a chunk boundary: the probe no longer finds what it tests"
     assert found["kept"], found["status"]
-    assert all(after[d] < 20 for d in thrashing), {d: (before[d], after[d]) for d in thrashing}
-    assert found["stats"]["reused"] >= 200 * len(thrashing)  # each of those calls took a kept chunk
+    assert all(after[d] < 10 for d in thrashing), {d: (before[d], after[d]) for d in thrashing}
+    assert found["stats"]["reused"] >= 100 * len(thrashing)  # each of those calls took a kept chunk
 
 
 def test_turned_off_it_leaves_pythons_allocator_alone():

@@ -7,10 +7,10 @@ compiled graph's forward is one large frame (a local per value of the graph) tha
 times in a row: our launchers. Where that frame happens to end just short of its chunk's end (it depends only on how
 deep the caller's stack is), every one of those calls maps a fresh chunk, takes page faults on it and unmaps it.
 
-Found on an H200 host (2026-11-29, ``scripts/gpu_fault_probe.py``): EfficientNet-B0's forward, called from torch's
-``Timer``, took 145 minor page faults and 4.6-10.3 ms of CPU a call; the same function from a plain loop, 0 faults
-and 2.9-6.5 ms. With freed chunks kept, 0 faults in every way of calling, and the suite's row went from 0.67-0.82 to
-1.10 of Inductor's speed. Inductor's calls happened not to sit on a boundary there (2 faults a call).
+Found on H200 hosts (2026-11-29, ``scripts/gpu_fault_probe.py``): EfficientNet-B0's forward, called from torch's
+``Timer``, took 81-145 minor page faults and 4.6-10.3 ms of CPU a call; the same function from a plain loop on the
+same hosts, no faults and 2.8-6.6 ms. With freed chunks kept, no faults in any way of calling, and the suite's row
+went from 0.67-0.82 of Inductor's speed to 1.10. Inductor's calls happened not to sit on a boundary there.
 
 :func:`keep` installs an arena allocator through ``PyObject_SetArenaAllocator`` (the hook CPython documents for it)
 that keeps up to :data:`KEEP` freed regions of at most :data:`MAX_BYTES` and hands them out again, so a chunk
