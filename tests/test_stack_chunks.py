@@ -5,6 +5,7 @@ learner's unsolved TODO stops it with its own message."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from fusion.kernels import c_runtime
 pytestmark = [
     pytest.mark.phase8,
     pytest.mark.skipif(sys.version_info < (3, 11) or sys.platform == "win32", reason="CPython 3.11+ frame chunks"),
-    pytest.mark.skipif(not hasattr(__import__("resource"), "getrusage"), reason="no getrusage"),
+    pytest.mark.skipif(importlib.util.find_spec("resource") is None, reason="no getrusage (not a Unix)"),
     pytest.mark.skipif(not c_runtime.available()[0], reason="no C compiler here"),
 ]
 
