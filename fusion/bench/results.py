@@ -1,7 +1,8 @@
 """One way to write a result file: every measurement's JSON (Phase 4's benchmark, the model suite, the scripts under
 ``scripts/``) is written by :func:`save_json`, so every file says the same things about where it was measured, under
 the same keys (:func:`run_meta`: device, card or CPU, torch, CUDA, Python, platform, date), and reads back the same
-way (``indent=1``; NaN and infinity kept, as ``json`` writes them; written whole or not at all)."""
+way (``indent=1``; NaN and infinity kept, as ``json`` writes them; written whole or not at all). A CPU measurement
+adds :func:`cpu_meta`: the CPU's model and cores, torch's threads, the renderer and compiler."""
 
 from __future__ import annotations
 
@@ -43,3 +44,37 @@ def save_json(path: str | os.PathLike, result: dict, device: str | None = None) 
         json.dump(out, f, indent=1, allow_nan=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def fusion_timed(device: str) -> bool:
+    """Whether ``fusion``'s kernels on ``device`` are compiled code worth timing: always on CUDA; on CPU where the C
+    renderer runs them (it is chosen and a compiler is found), not where Triton's interpreter would."""
+    if device == "cuda":
+        return True
+    from fusion.kernels import c_runtime
+
+    return c_runtime.chosen() == "c" and c_runtime.available()[0]
+
+
+def cpu_meta() -> dict:
+    """What a CPU measurement depends on: the CPU's model, its cores, torch's threads, the renderer and compiler."""
+    from fusion.kernels import c_runtime
+
+    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor())
+    ok, compiler = c_runtime.available()
+    return {
+        "cpu_model": name or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "fusion_renderer": c_runtime.chosen(),
+        "fusion_timed": fusion_timed("cpu"),
+        "c_compiler": compiler if ok else None,
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []

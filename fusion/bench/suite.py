@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import gc
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ import torch.nn as nn
 from fusion.bench.accuracy import accuracy, tolerance
 from fusion.bench.counting import flat_tensors
 from fusion.bench.profile import sync_for
-from fusion.bench.results import run_meta, save_json
+from fusion.bench.results import cpu_meta, fusion_timed, run_meta, save_json
 from fusion.bench.rows import ratios_vs
 from fusion.bench.rows import summarize as summarize_times
 from fusion.bench.suite_models import MODELS, SIZES, SUITE, ModelSkipped, SuiteModel, scalar_loss
@@ -274,40 +273,6 @@ def run_model(
             fns[name] = _timed(fn, name, cfg)
     _measure(row, fns, cfg, lesson, sync)
     return row
-
-
-def fusion_timed(device: str) -> bool:
-    """Whether ``fusion``'s kernels on ``device`` are compiled code worth timing: always on CUDA; on CPU where the C
-    renderer runs them (it is chosen and a compiler is found), not where Triton's interpreter would."""
-    if device == "cuda":
-        return True
-    from fusion.kernels import c_runtime
-
-    return c_runtime.chosen() == "c" and c_runtime.available()[0]
-
-
-def cpu_meta() -> dict:
-    """What a CPU measurement depends on: the CPU's model, its cores, torch's threads, the renderer and compiler."""
-    from fusion.kernels import c_runtime
-
-    name = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor())
-    ok, compiler = c_runtime.available()
-    return {
-        "cpu_model": name or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "fusion_renderer": c_runtime.chosen(),
-        "fusion_timed": fusion_timed("cpu"),
-        "c_compiler": compiler if ok else None,
-    }
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read().splitlines()
-    except OSError:
-        return []
 
 
 def _timed(fn: Callable, name: str, cfg: SuiteConfig) -> Callable:
