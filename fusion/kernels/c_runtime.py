@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -286,21 +287,26 @@ def load(source: str, name: str) -> ctypes._CFuncPtr:
     with _LOCK:
         lib = _LIBS.get(str(path))
         if lib is None:
-            if path.exists():
-                STATS["disk_hits"] += 1
-            else:
-                with _locked(path.with_suffix(".lock")):
-                    if path.exists():
-                        STATS["disk_hits"] += 1
-                    else:
-                        c_file = path.with_suffix(".c")
-                        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-                        c_file.write_text(source)
-                        run_compiler(c_file, tmp, name)
-                        os.replace(tmp, path)
-                        STATS["compiled"] += 1
+            built = build_once(path, source, lambda c_file, out: run_compiler(c_file, out, name))
+            STATS["compiled" if built else "disk_hits"] += 1
             lib = open_library(path)
     return function(lib, name)
+
+
+def build_once(path: Path, source: str, build: Callable[[Path, Path], object]) -> bool:
+    """Make the library ``path`` from ``source`` unless it is on disk: under its lock across processes, the source as
+    ``.c``, ``build(c_file, out)`` into a file of this thread, one rename (no reader sees half a library). True: built."""
+    if path.exists():
+        return False
+    with _locked(path.with_suffix(".lock")):
+        if path.exists():
+            return False
+        c_file = path.with_suffix(".c")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        c_file.write_text(source)
+        build(c_file, tmp)
+        os.replace(tmp, path)
+        return True
 
 
 def open_library(path: Path) -> ctypes.CDLL:

@@ -123,19 +123,14 @@ def _build() -> ctypes.PyDLL:
         flags += ["-undefined", "dynamic_lookup"]  # Python's symbols come from the running interpreter
     key = "\0".join((_source(), sys.version, include, cc, *flags))
     path = c_runtime._cache() / f"stack_chunks_{hashlib.sha256(key.encode()).hexdigest()[:20]}.so"
-    if not path.exists():
-        with c_runtime._locked(path.with_suffix(".lock")):
-            if not path.exists():
-                src = path.with_suffix(".c")
-                src.write_text(_source())
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                done = subprocess.run(
-                    [cc, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True, timeout=120
-                )
-                if done.returncode != 0:
-                    raise RuntimeError(f"{cc} failed: {done.stderr[-500:]}")
-                os.replace(tmp, path)
-    lib = ctypes.PyDLL(str(Path(path)))  # PyDLL: called with the GIL held, as the allocator requires
+
+    def build(c_file: Path, out: Path) -> None:
+        done = subprocess.run([cc, *flags, str(c_file), "-o", str(out)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr[-500:]}")
+
+    c_runtime.build_once(path, _source(), build)
+    lib = ctypes.PyDLL(str(path))  # PyDLL: called with the GIL held, as the allocator requires
     lib.fusion_chunks_reused.restype = ctypes.c_long
     lib.fusion_chunks_mapped.restype = ctypes.c_long
     return lib
