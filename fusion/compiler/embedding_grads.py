@@ -54,9 +54,10 @@ def embedding_grad(grad: torch.Tensor, indices: torch.Tensor, num_weights: int, 
     return out
 
 
-def refusal(node: fx.Node) -> str | None:
-    """Why ``node`` (an ``embedding_dense_backward``) stays ATen's kernel, or None when the pass rewrites it."""
-    args = bind_args(node)
+def refusal(node: fx.Node, args: dict | None = None) -> str | None:
+    """Why ``node`` (an ``embedding_dense_backward``, its arguments ``args`` by schema name if bound already) stays
+    ATen's kernel, or None when the pass rewrites it."""
+    args = args if args is not None else bind_args(node)
     grad, indices, num_weights = args["grad_output"], args["indices"], args["num_weights"]
     g = grad.meta.get("val") if isinstance(grad, fx.Node) else None
     i = indices.meta.get("val") if isinstance(indices, fx.Node) else None
@@ -78,15 +79,16 @@ def refusal(node: fx.Node) -> str | None:
 def embedding_grads(gm: fx.GraphModule) -> list[str]:
     """Pass ``embedding_grads`` (above): each ``embedding_dense_backward`` it accepts calls :func:`embedding_grad`.
     Returns what it did, a line a node: ``name: rewritten`` or ``name: kept (why)``."""
-    done = []
+    done, rewritten = [], False
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.embedding_dense_backward.default)):
-        if why := refusal(node):
+        args = bind_args(node)
+        if why := refusal(node, args):
             done.append(f"{node.name}: kept ({why})")
             continue
-        args = bind_args(node)
         node.target, node.kwargs = embedding_grad, {}
         node.args = (args["grad_output"], args["indices"], args["num_weights"], args["padding_idx"])
         done.append(f"{node.name}: rewritten")
-    if any(line.endswith("rewritten") for line in done):
+        rewritten = True
+    if rewritten:
         relint(gm)
     return done
