@@ -18,7 +18,7 @@ on the host, resident pages gained and Python's object arenas allocated and give
 and after. Then, for the first three ways that fault, one run again under ``sys.setprofile``: the faults between two
 profile events, charged to the function the event names (a C function with the line that calls it, Python code by
 file:line of its definition). Then everything again with a C arena allocator that keeps freed regions
-(:data:`ARENA_CACHE_C`), and the suite's row after it. ``gpu_measure.sh faults`` runs it with
+(:func:`install_arena_cache`), and the suite's row after it. ``gpu_measure.sh faults`` runs it with
 ``FUSION_KEEP_STACK_CHUNKS=0``: ``fusion``'s own fix would otherwise hide what the first pass looks for.
 """
 
@@ -173,51 +173,14 @@ def arenas() -> tuple[int, int]:
     return found.get("# arenas allocated total", -1), found.get("# arenas reclaimed", -1)
 
 
-ARENA_CACHE_C = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-/* Python's small-object arenas, kept when freed (up to 16) and handed out again: no munmap/mmap per arena, so no
-   fresh pages to fault in. A diagnostic: does arena churn cost fusion's calls their page faults? */
-static PyObjectArenaAllocator base;
-static void *kept[16];
-static size_t kept_size[16];
-static int n_kept;
-static long reused, given_back;
-static void *cached_alloc(void *ctx, size_t size) {
-    for (int i = n_kept - 1; i >= 0; i--)
-        if (kept_size[i] == size) { void *p = kept[i]; kept[i] = kept[--n_kept]; kept_size[i] = kept_size[n_kept];
-                                    reused++; return p; }
-    return base.alloc(base.ctx, size);
-}
-static void cached_free(void *ctx, void *ptr, size_t size) {
-    if (n_kept < 16) { kept[n_kept] = ptr; kept_size[n_kept++] = size; return; }
-    given_back++;
-    base.free(base.ctx, ptr, size);
-}
-void install(void) {
-    PyObject_GetArenaAllocator(&base);
-    PyObjectArenaAllocator mine = {NULL, cached_alloc, cached_free};
-    PyObject_SetArenaAllocator(&mine);
-}
-long arenas_reused(void) { return reused; }
-"""
-
-
 def install_arena_cache():
-    """Build and install :data:`ARENA_CACHE_C` (cc and Python's headers, as Triton's launcher build needs)."""
-    import subprocess
-    import sysconfig
-    import tempfile
+    """Python's freed arenas and stack chunks kept for reuse, whatever their size (up to 16 regions): the allocator of
+    ``fusion.kernels.stack_chunks`` built with no size bound. A diagnostic: does region churn cost the calls their
+    faults?"""
+    from fusion.kernels import stack_chunks
 
-    d = tempfile.mkdtemp()
-    src, lib = os.path.join(d, "arena_cache.c"), os.path.join(d, "arena_cache.so")
-    with open(src, "w") as f:
-        f.write(ARENA_CACHE_C)
-    inc = sysconfig.get_paths()["include"]
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{inc}", src, "-o", lib], check=True)
-    handle = ctypes.PyDLL(lib)
-    handle.install()
-    handle.arenas_reused.restype = ctypes.c_long
+    handle = stack_chunks._build(keep=16, max_bytes=2**62)
+    handle.fusion_keep_chunks()
     return handle
 
 
@@ -317,7 +280,7 @@ def main(argv: list[str]) -> None:
             print("\n=== again, with Python's freed arenas kept for reuse (no munmap/mmap churn)", flush=True)
             for label, fn in fns.items():
                 probe(f"{label}, arenas kept", fn, sync, 2 if dry else 3)
-            print(f"arenas handed out again from the cache: {cache.arenas_reused()}", flush=True)
+            print(f"arenas handed out again from the cache: {cache.fusion_chunks_reused()}", flush=True)
         print("\nthe suite's own timing follows, in this process", flush=True)
 
     from gpu_suite_probe import suite_keeping

@@ -104,12 +104,13 @@ _LOCK = threading.Lock()
 _STATE: dict = {"lib": None, "status": "not installed yet (no graph compiled)"}
 
 
-def _source() -> str:
-    return f"#define KEEP {KEEP}\n#define MAX_BYTES {MAX_BYTES}\n" + SOURCE
+def _source(keep: int = KEEP, max_bytes: int = MAX_BYTES) -> str:
+    return f"#define KEEP {keep}\n#define MAX_BYTES {max_bytes}\n" + SOURCE
 
 
-def _build() -> ctypes.PyDLL:
-    """The library, compiled once into the C kernels' cache (keyed by source, Python version and headers)."""
+def _build(keep: int = KEEP, max_bytes: int = MAX_BYTES) -> ctypes.PyDLL:
+    """The library (keeping ``keep`` regions of at most ``max_bytes``: ``scripts/gpu_fault_probe.py`` builds one that
+    keeps any size), compiled once into the C kernels' cache (keyed by source, Python version and headers)."""
     from fusion.kernels import c_runtime
 
     cc = c_runtime._find()
@@ -121,7 +122,8 @@ def _build() -> ctypes.PyDLL:
     flags = ["-O2", "-shared", "-fPIC", f"-I{include}"]
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]  # Python's symbols come from the running interpreter
-    key = "\0".join((_source(), sys.version, include, cc, *flags))
+    source = _source(keep, max_bytes)
+    key = "\0".join((source, sys.version, include, cc, *flags))
     path = c_runtime._cache() / f"stack_chunks_{hashlib.sha256(key.encode()).hexdigest()[:20]}.so"
 
     def build(c_file: Path, out: Path) -> None:
@@ -129,7 +131,7 @@ def _build() -> ctypes.PyDLL:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr[-500:]}")
 
-    c_runtime.build_once(path, _source(), build)
+    c_runtime.build_once(path, source, build)
     lib = ctypes.PyDLL(str(path))  # PyDLL: called with the GIL held, as the allocator requires
     lib.fusion_chunks_reused.restype = ctypes.c_long
     lib.fusion_chunks_mapped.restype = ctypes.c_long
