@@ -48,6 +48,11 @@
 #                                            # batch norm decomposed in training (decompose_bn) against kept whole, and
 #                                            # Inductor (default: EfficientNet-B0's and ResNet-50's steps), with what
 #                                            # EfficientNet-B0's forward saves
+#     [MODELS=a,b] bash scripts/gpu_measure.sh walks
+#                                            # ViT-B/16's training step with a looped reduction's independent walks
+#                                            # joined, a cat's columns walked as columns, sums split in memory order:
+#                                            # each off alone and all off, against Inductor; the join in BERT's and
+#                                            # GPT-2's steps; ViT-B/16's step profiled
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -268,6 +273,24 @@ gqa)
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums or gathers" && exit 2 ;;
+walks)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    R=fusion.kernels.triton_render; L=fusion.kernels.triton_launch; S=fusion.compiler.split_reductions
+    step "ViT-B/16's step: walks joined, cat columns, sums split in memory order; each off alone, all off; Inductor"
+    timeout 300 "$PY" scripts/gpu_ab.py "${d[@]}" vit_b_16_train fusion "no_join=fusion@$R.JOIN_WALKS=False" \
+        "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" "no_memory_order=fusion@$S.MEMORY_ORDER=False" \
+        "before=fusion@$R.JOIN_WALKS=False@$L.COLUMNS_THROUGH_MOD=False@$S.MEMORY_ORDER=False" inductor 2>&1 \
+        | grep -v "Warning\|warn" | tee "$OUT/ab_walks_vit.log" | tail -7
+    M="${MODELS:-bert_train,gpt2_train}"
+    for m in ${M//,/ }; do
+        step "walks joined in another model's step: $m"
+        timeout 120 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion "no_join=fusion@$R.JOIN_WALKS=False" 2>&1 \
+            | grep -v "Warning\|warn" | tee -a "$OUT/ab_walks.log" | tail -3
+    done
+    step "ViT-B/16's step profiled"
+    timeout 150 "$PY" scripts/gpu_profile_models.py "${d[@]}" vit_b_16_train --backends=fusion,inductor 2>&1 \
+        | grep -v "Warning\|warn" > "$OUT/profile_vit_train.log"; tail -40 "$OUT/profile_vit_train.log"
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums, gathers or walks" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

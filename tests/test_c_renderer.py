@@ -671,6 +671,31 @@ def test_a_contiguous_feature_map_is_one_inner_loop_and_a_permuted_one_is_not():
 
 
 @needs_cc
+def test_sibling_sums_and_the_stores_beside_them_are_one_walk():
+    """A LayerNorm's weight and bias gradients and its input gradient (two sums of the same rows, one store): one walk
+    of the row after ``one_walk``, each sum folded as before, eager's values. A
+    max beside a sum stays a walk of its own (a walk of sums only is folded in blocks)."""
+    x, g, w = torch.randn(300, 20, dtype=torch.float64), torch.randn(300, 20, dtype=torch.float64), torch.randn(20)
+
+    def ln_grads(a, b, c):
+        d = b * c
+        return (d * a).sum(0), d.sum(0), d + a
+
+    ((_, kernel),) = lowered(ln_grads, x, g, w)
+    walks = lambda k: [t for t in k.body if isinstance(t, ir.ReduceLoop)]  # noqa: E731
+    assert len(walks(kernel)) == 3 and len(walks(one_walk(kernel))) == 1, kernel.describe()
+    for got, want in zip(compiled_in_c(ln_grads, x, g, w, kernels=1), ln_grads(x, g, w), strict=True):
+        close(got, want)
+
+    def max_and_sum(a):
+        y = a * 2
+        return y.amax(0), y.sum(0)
+
+    ((_, kernel),) = lowered(max_and_sum, x)
+    assert len(walks(one_walk(kernel))) == len(walks(kernel)) == 2, kernel.describe()
+
+
+@needs_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_what_a_loop_computes_the_same_at_every_step_is_computed_once_before_it(dtype):
     """A BatchNorm's per-channel scale (rsqrt of the variance) under a row sum, and a squeeze-excite gate

@@ -227,6 +227,59 @@ def test_column_reductions_walk_neighbouring_rows():
     assert k.launch.column and k.launch.looped and k.launch.rblock == 64
 
 
+def test_a_looped_reductions_independent_walks_are_one_loop(monkeypatch):
+    """A looped walk reads memory again: walks that need nothing of each other are one loop (``ir_loops.one_walk``).
+    A bias gradient's sum and the values it sums stored (GELU's backward), a LayerNorm's weight and bias gradients
+    and its input gradient: one loop over the row, each input loaded once in it. A walk that reads a fold (softmax's
+    sum, then its stores) stays apart; ``JOIN_WALKS = False`` renders one loop a walk. Eager's values every time."""
+
+    def loops(k) -> int:
+        return k.source.count("for roffset in range(")
+
+    x, g, w = (_r(*shape, seed=i, dtype=torch.float64) for i, shape in enumerate([(600, 20), (600, 20), (20,)]))
+
+    def gelu_grad(x, g):
+        y = g * (0.5 * (1 + torch.erf(x * 0.7071067811865476)) + x * torch.exp(-0.5 * x * x) * 0.3989422804014327)
+        return y, y.sum(0)
+
+    def ln_grads(x, g, w):
+        d = g * w
+        return (d * x).sum(0), d.sum(0), d + x
+
+    for fn, args in ((gelu_grad, (x, g)), (ln_grads, (x, g, w))):
+        ((kernel, k, _),) = rendered(fn, *args)
+        assert k.launch.looped and k.launch.column and loops(k) == 1, k.source
+        assert k.source.count("tl.load(in0 +") == 1, k.source  # one load of x in the joined loop
+        monkeypatch.setattr(triton_render, "JOIN_WALKS", False)
+        assert loops(IRKernel(kernel)) > 1
+        monkeypatch.setattr(triton_render, "JOIN_WALKS", True)
+    ((_, k, _),) = rendered(lambda x: torch.softmax(x, 0), x)  # each walk reads the fold before it
+    assert k.launch.looped and loops(k) == 3, k.source
+
+
+def test_a_cats_columns_side_by_side_are_a_column_walk(monkeypatch):
+    """Three inputs stacked and packed side by side along the contiguous dim, summed over the rows (attention's
+    packed q/k/v bias gradient): each input is read at ``x % 16``, contiguous 16 columns at a time, so the kernel
+    walks columns, 16 or more neighbouring ones a program, not one scattered row a program (as with
+    ``COLUMNS_THROUGH_MOD = False``); runs of 12 columns are too short for whole sectors. Eager's values (float64:
+    the C renderer's sums, added in another order, agree to its precision)."""
+
+    def packed(a, b, c):
+        n, d = a.shape
+        y = torch.cat([a * 2, b, c + 1], 0).view(3, n, d).permute(1, 0, 2).reshape(n, 3 * d)
+        return y, y.sum(0)
+
+    ((kernel, k, _),) = rendered(packed, *(_r(600, 16, seed=i, dtype=torch.float64) for i in range(3)))
+    assert any(isinstance(a, ir.Mod) for s in kernel.statements() if isinstance(s, ir.Load) for _, a in s.offset.terms)
+    assert k.launch.column and k.launch.min_xblock == 16, kernel.describe()
+    assert k.source.count("for roffset in range(") == 1, k.source
+    monkeypatch.setattr(triton_launch, "COLUMNS_THROUGH_MOD", False)
+    assert not triton_launch.launch_facts(kernel).column
+    monkeypatch.setattr(triton_launch, "COLUMNS_THROUGH_MOD", True)
+    ((kernel, k, _),) = rendered(packed, *(_r(600, 12, seed=i, dtype=torch.float64) for i in range(3)))
+    assert not k.launch.column, kernel.describe()
+
+
 @settings(max_examples=4, deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=3), st.data())
 def test_reductions_over_drawn_dims(shape, data):

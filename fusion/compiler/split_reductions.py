@@ -37,7 +37,11 @@ propagates through both stages. ``any`` is an or of ors. Not split:
   inexact. Inductor splits them with its Welford reduction; we leave them to aten.
 * integer sums (exact in any order, but the generator reduces floats only), reductions whose reduced dims are not
   adjacent (after dropping size-1 dims) or cannot be viewed as ``(S, L/S)`` without a copy, layouts the generator
-  would read scattered, and extents with no divisor in the table's range.
+  would read scattered, and extents with no divisor in the table's range. The dims' order is tried twice: the
+  tensor's own, then its memory's (a reduction's result does not depend on the order of the dims it reduces): ViT's
+  bias gradients ``g.sum([0, 1])`` of a ``(batch, seq, d)`` gradient laid out ``(seq, batch, d)`` (torchvision's
+  attention works sequence-first) are one extent of ``seq * batch`` rows once permuted to that order, viewed as
+  ``(S, L/S, d)`` without a copy. Only where the kept dims keep their order (the result's shape is then a view).
 
 Where it pays (CUDA only, constants below, measured): a row walk of fewer than :data:`FEW_PROGRAMS` programs over
 at least :data:`LONG_EXTENT` elements, or a column walk of fewer than :data:`FEW_COLUMN_PROGRAMS` over at least
@@ -68,6 +72,9 @@ aten, prims = torch.ops.aten, torch.ops.prims
 # The gate: CUDA devices only (default mode and CUDA graphs alike). Tests set ON_CPU = True to check the rewrite on
 # CPU (numerics, kernel counts).
 ON_CPU = False
+# Reduced dims that are one extent in memory order only, split through a permute (False: refused, as before; an A/B
+# on a GPU: scripts/gpu_ab.py ... old=fusion@fusion.compiler.split_reductions.MEMORY_ORDER=False)
+MEMORY_ORDER = True
 
 # When to split. The issue's numbers (H200, bf16 summed in float32, 2026-11-26): x.sum(0) of (65536, 1024), a column
 # walk of 64 programs (1024 outputs / 16): aten 290 us, Inductor (split) 41, limit 35; 64 rows of 262,144, 64
@@ -133,6 +140,7 @@ class Split:
     extent: int
     column: bool
     programs: int  # the unsplit kernel's programs (rows, or groups of COALESCED_ROWS columns)
+    permute: tuple[int, ...] | None = None  # the input's dims in memory order first (the reduced ones one extent there)
 
 
 def _dims(node: fx.Node, ndim: int) -> list[int]:
@@ -184,18 +192,16 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS
     ):
         return None  # short rows or plenty of outputs: the unsplit kernel fills the GPU
-    big = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims are dropped by the view
-    red = [d for d in big if d in dims]
-    pos = [big.index(d) for d in red]
-    if pos != list(range(pos[0], pos[0] + len(pos))):
-        return f"reduces dims {dims} of {shape}: not adjacent, so not one extent to split"
-    at = pos[0]
-    sizes = [shape[d] for d in big]
-    kept_after = sizes[at + len(pos) :]
-    try:  # the reduced dims as one dim (then every (S, L/S) split of it is a view too)
-        strides = xv.view(*sizes[:at], extent, *kept_after).stride()
-    except (RuntimeError, ValueError):  # a fake tensor says ValueError
-        return f"dims {dims} of {shape} at strides {tuple(xv.stride())}: not one extent without a copy"
+    found = _extent(xv, dims)
+    if isinstance(found, str) and MEMORY_ORDER:  # not one extent in the tensor's own order: in its memory's, perhaps
+        order = sorted(range(len(shape)), key=lambda d: (-xv.stride(d), d))  # (a sum's order of dims is free)
+        kept = [d for d in order if d not in dims and shape[d] != 1]
+        if kept == sorted(kept) and order != sorted(order):  # the kept dims keep their order: the result's shape
+            permuted = _extent(xv.permute(order), [order.index(d) for d in dims])
+            found = found if isinstance(permuted, str) else (*permuted, tuple(order))
+    if isinstance(found, str):
+        return found
+    sizes, at, strides, kept_after, *perm = found
     lane = strides[at]
     if lane == 1:
         column, programs = False, outputs  # a row walk: one program a row
@@ -220,7 +226,27 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         cap, chunk = (MAX_COLUMN_SPLITS, MIN_COLUMN_CHUNK) if column else (MAX_ROW_SPLITS, MIN_CHUNK)
         return f"an extent of {extent}: no divisor S in [2, {cap}] with chunks of >= {chunk}"
     view_shape = (*sizes[:at], splits, extent // splits, *kept_after)
-    return Split(view_shape, at, splits, extent, column, programs)
+    return Split(view_shape, at, splits, extent, column, programs, perm[0] if perm else None)
+
+
+def _extent(xv: torch.Tensor, dims: list[int]) -> tuple[list[int], int, tuple[int, ...], list[int]] | str:
+    """(the sizes of ``xv`` less its size-1 dims with the reduced ``dims`` as one, where that extent starts, the
+    strides of that view, the kept sizes after it), or why there is no such view: the reduced dims not adjacent,
+    or not one extent in memory."""
+    shape = tuple(xv.shape)
+    big = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims are dropped by the view
+    red = [d for d in big if d in dims]
+    pos = [big.index(d) for d in red]
+    if pos != list(range(pos[0], pos[0] + len(pos))):
+        return f"reduces dims {dims} of {shape}: not adjacent, so not one extent to split"
+    at, extent = pos[0], math.prod(shape[d] for d in dims)
+    sizes = [shape[d] for d in big]
+    kept_after = sizes[at + len(pos) :]
+    try:  # the reduced dims as one dim (then every (S, L/S) split of it is a view too)
+        strides = xv.view(*sizes[:at], extent, *kept_after).stride()
+    except (RuntimeError, ValueError):  # a fake tensor says ValueError
+        return f"dims {dims} of {shape} at strides {tuple(xv.stride())}: not one extent without a copy"
+    return sizes, at, strides, kept_after
 
 
 def _accumulator(node: fx.Node, x: torch.Tensor, out: torch.Tensor) -> torch.dtype:
@@ -238,7 +264,8 @@ def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
     x, out = node.args[0], node.meta["val"]
     acc, inner, outer = _accumulator(node, x.meta["val"], out), [split.at + 1], [split.at]
     with graph.inserting_before(node):
-        view = read = call_with_meta(graph, aten.view.default, (x, list(split.view_shape)))
+        source = x if split.permute is None else call_with_meta(graph, aten.permute.default, (x, list(split.permute)))
+        view = read = call_with_meta(graph, aten.view.default, (source, list(split.view_shape)))
         if x.meta["val"].dtype != acc:  # an exact upcast, as sum(dtype=float32) reads; one op more makes a lone
             read = call_with_meta(graph, prims.convert_element_type.default, (view, acc))  # reduction a region
         if node.target in EXTREMA:

@@ -4,8 +4,9 @@ renderer (``fusion.kernels.c_render``) applies both.
 
 * :func:`coalesce` — neighbouring loops that every index walks as one contiguous range become one loop (a channel's
   7x7 feature map one loop of 49: long enough for SIMD lanes).
-* :func:`one_walk` — a walk of a row that only stores joins the walk before it when it reads nothing that walk
-  defines (squeeze-excitation's values stored and their mean folded in one pass).
+* :func:`one_walk` — a walk of a row joins the walk before it when it reads nothing that walk defines and folds
+  nothing, or both fold sums only (squeeze-excitation's values stored and their mean folded in one pass; a
+  LayerNorm's weight and bias gradients summed, and its input gradient stored, in one pass).
 * :func:`invariant` / :func:`hoist` — what a loop's body computes the same at every step (a channel's BatchNorm
   scale, ``rsqrt(var + eps)``; a squeeze-excite gate, ``sigmoid(s[c])``) computed once before the loop: a sum over a
   row no longer takes a square root and a division per element (gcc hoists them out of a plain loop, not out of a
@@ -113,12 +114,20 @@ def _defines(s) -> set[str]:
     return {s.out} if hasattr(s, "out") else set()
 
 
+def _folds(walk: ir.ReduceLoop) -> set[str]:
+    return {s.op for s in walk.body if isinstance(s, ir.Reduce)}
+
+
 def one_walk(k: ir.Kernel) -> ir.Kernel:
-    """``k`` with a walk of the row that only stores (no fold) joined to the walk before it when it reads nothing
-    that walk or the statements between them define (a folded row's mean): squeeze-excite's ``y = silu(bn(x))``
-    stored and ``y.mean((2, 3))`` folded in one pass over ``x``, where two passes computed ``y`` twice (the exp
-    and the division); gcc computes the repeated expressions once. Each store and each fold sees the same values
-    in the same order as before."""
+    """``k`` with a walk of the row joined to the walk before it when it reads nothing that walk or the statements
+    between them define (a folded row's mean), and either folds nothing or both walks fold sums only (sibling sums).
+    Squeeze-excite's ``y = silu(bn(x))`` stored and ``y.mean((2, 3))`` folded in one pass over ``x``, where two passes
+    computed ``y`` twice (the exp and the division); gcc computes the repeated expressions once. A looped Triton
+    reduction reads its inputs once instead of once a walk: a bias gradient's sum and the values it sums stored
+    (GELU's backward), a LayerNorm's weight and bias gradients. Each store and each fold sees the same values in the
+    same order as before: a fold's blocks are the row's, whatever else the walk computes. The statements between
+    the two walks (a fold's result stored) stay after the joined walk. Folds of other kinds stay apart (a renderer
+    folds a walk of sums only in blocks: a max beside them would change how the sums are added)."""
     body = list(k.body)
     i = 0
     while i < len(body):
@@ -130,7 +139,7 @@ def one_walk(k: ir.Kernel) -> ir.Kernel:
             later = body[j] if j < len(body) else None
             if (
                 later is not None
-                and not any(isinstance(s, ir.Reduce) for s in later.body)
+                and (not _folds(later) or _folds(body[i]) | _folds(later) == {"sum"})
                 and not _uses(later) & (between | _defines(body[i]))
             ):
                 body[i] = ir.ReduceLoop((*body[i].body, *later.body))

@@ -32,6 +32,9 @@ from fusion.kernels.triton_lang import POINTWISE_BLOCK, WINDOW_BLOCK
 MAX_RBLOCK = 16384  # the longest row held in registers whole (Triton's softmax tutorial); longer rows loop
 # Transposed walks as tiles (ir_loops.transposed); $FUSION_TILE_TRANSPOSES=0 walks them flat (the A/B on a GPU)
 TILE_TRANSPOSES = os.environ.get("FUSION_TILE_TRANSPOSES", "1") != "0"
+# A column whose innermost kept loop is contiguous through a ``%`` (a cat's inputs side by side) walked as columns;
+# False: only through plain terms, as before (an A/B on a GPU: ...@fusion.kernels.triton_launch.COLUMNS_THROUGH_MOD=False)
+COLUMNS_THROUGH_MOD = True
 
 
 @dataclass(frozen=True)
@@ -60,23 +63,41 @@ class Launch:
         return launch_grid(self.numel, self.rblock, cuda, self.xblock, self.min_xblock, self.elements)
 
 
+def _step(e: ir.Affine, var: str) -> int:
+    """How far offset ``e`` moves when loop variable ``var`` steps by one, away from the edges of its ``//`` and
+    ``%`` runs: a plain term's coefficient; ``c * (a*var + ...) % n`` moves ``c * a`` (for ``n // a`` steps in a
+    row, then wraps), ``(a*var + ...) // n`` moves 0 between its steps. A cat's ``x % 768`` along a column of 2304
+    (three inputs' columns, side by side) is contiguous for 768 columns at a time."""
+    step = 0
+    for c, atom in e.terms:
+        if isinstance(atom, ir.Var):
+            step += c * (atom.name == var)
+        elif var in atom.of.variables() and isinstance(atom, ir.Mod) and COLUMNS_THROUGH_MOD:
+            step += c * sum(a for a, v in atom.of.terms if v == ir.Var(var))
+    return step
+
+
 def _column(k: ir.Kernel) -> bool:
-    """``rows.Rows.of``'s column walk read off the IR: a row's elements scattered (a reduce loop's stride above a
-    kept loop's, the reduced dims not trailing or not contiguous) while the innermost kept loop is contiguous and at
-    least :data:`~fusion.kernels.rows.COALESCED_ROWS` long. The strides are the first load that walks the row."""
+    """``rows.Rows.of``'s column walk read off the IR: a row's elements scattered (a reduce loop's step above a
+    kept loop's, the reduced dims not trailing or not contiguous) while the innermost kept loop is contiguous (steps
+    by one, :func:`_step`: through a ``%`` too, runs of at least :data:`~fusion.kernels.rows.COALESCED_ROWS`) and
+    at least COALESCED_ROWS long. The steps are the first load that walks the row."""
     loads = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Load)]
     red = {lp.var for lp in k.reduce_loops}
     load = next((t for t in loads if t.offset.variables() & red), None)
     if load is None or not k.loops:
         return False
-    coef = {a.name: c for c, a in load.offset.terms if isinstance(a, ir.Var)}
-    rows_st = [(coef.get(lp.var, 0), lp.size) for lp in k.loops]
-    lanes_st = [coef.get(lp.var, 0) for lp in k.reduce_loops]
+    rows_st = [(_step(load.offset, lp.var), lp.size) for lp in k.loops]
+    lanes_st = [_step(load.offset, lp.var) for lp in k.reduce_loops]
     dims = [int(v[1:]) if v[1:].isdigit() else -1 for v in (lp.var for lp in (*k.loops, *k.reduce_loops))]
     trailing = max(dims[: len(k.loops)]) < min(dims[len(k.loops) :]) if k.reduce_loops else True
     if not (lanes_st and max(lanes_st) > min(st for st, _ in rows_st) and (trailing or lanes_st[-1] != 1)):
         return False
-    return rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS
+    inner = k.loops[-1].var
+    runs = [a.by for _, a in load.offset.terms if isinstance(a, ir.Mod) and inner in a.of.variables()]
+    return (
+        rows_st[-1][0] == 1 and rows_st[-1][1] >= COALESCED_ROWS and min(runs, default=COALESCED_ROWS) >= COALESCED_ROWS
+    )
 
 
 def _half_sum(k: ir.Kernel) -> bool:

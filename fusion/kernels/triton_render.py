@@ -21,6 +21,8 @@ runtime (``fusion.kernels.triton_runtime``) launches the source from data alone.
   fits one block is reduced in registers (one ``tl.reduce``); a longer one in a loop over blocks per
   :class:`~fusion.ir.kernel_ir.ReduceLoop`, folding XBLOCK x RBLOCK partials (sum from +0.0, max/min propagating
   NaN), then one ``tl.reduce``; what a row needs after a fold is computed again in the next loop (the IR says so).
+  Walks that need nothing of each other are one loop (``ir_loops.one_walk``): a bias gradient's sum and the values
+  it sums stored (GELU's backward) read the inputs once, not once a walk.
   A column walk (``x.sum(0)``: the innermost kept loop contiguous in memory) is the same tile with the rows as the
   neighbouring addresses: XBLOCK >= 16 of them a program, short blocks of a row.
 * Block sizes and warps: :func:`~fusion.kernels.triton_launch.launch_facts` (the table of ``triton_launch``).
@@ -36,7 +38,7 @@ import re
 from collections import Counter
 
 from fusion.ir import kernel_ir as ir
-from fusion.kernels.ir_loops import coalesce, tile
+from fusion.kernels.ir_loops import coalesce, cse, one_walk, tile
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, RAND_FUNCTION, TANH_SERIES
 from fusion.kernels.triton_launch import Launch, launch_facts
 
@@ -192,6 +194,9 @@ def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
 # Streaming loads marked evict_first (Writer.eviction); $FUSION_EVICT_FIRST=0 renders every load with the default
 # policy (an A/B on a GPU: scripts/gpu_reductions.py, scripts/gpu_profile_models.py in two processes)
 EVICT_FIRST = os.environ.get("FUSION_EVICT_FIRST", "1") != "0"
+# A looped reduction's independent walks joined (``ir_loops.one_walk``); False renders one loop a walk (an A/B on a
+# GPU: scripts/gpu_ab.py ... old=fusion@fusion.kernels.triton_render.JOIN_WALKS=False)
+JOIN_WALKS = True
 
 
 class _Writer:
@@ -400,7 +405,10 @@ def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:
     """(the Triton source of ``kernel``, the facts of its launch). ``expr(op, operands, dtype)`` spells the ops of
     :data:`LESSON_OPS` and ``split(flat, sizes)`` splits a flat index into one per loop (Phase 8's ``triton_expr``
     and ``split_index``, handed in by the compiler). Neighbouring loops every index walks as one range are merged
-    first (``ir_loops.coalesce``: fewer ``//`` and ``%``); the launch facts are read before."""
+    first (``ir_loops.coalesce``: fewer ``//`` and ``%``), and a looped reduction's independent walks joined
+    (``ir_loops.one_walk``, then ``ir_loops.cse``: a joined walk loads each element once, so its streaming loads
+    are ``evict_first``); the launch facts are read before."""
     launch = launch_facts(kernel)
     walk = tile(coalesce(kernel)) if launch.tiled else coalesce(kernel)
+    walk = cse(one_walk(walk)) if launch.looped and JOIN_WALKS else walk  # each walk of a loop reads memory again
     return _Writer(walk, launch, expr, split).source(), launch
