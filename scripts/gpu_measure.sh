@@ -51,8 +51,9 @@
 #     [MODELS=a,b] bash scripts/gpu_measure.sh walks
 #                                            # ViT-B/16's training step with a looped reduction's independent walks
 #                                            # joined, a cat's columns walked as columns, sums split in memory order:
-#                                            # each off alone and all off, against Inductor; the join in BERT's and
-#                                            # GPT-2's steps; ViT-B/16's step profiled
+#                                            # each off alone and all off, against Inductor; the join and the columns
+#                                            # in BERT's and GPT-2's steps; ViT-B/16's step profiled. With MODELS
+#                                            # (e.g. swin_t_train,maxvit_t_train): the join and the columns only
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -275,21 +276,26 @@ gqa)
     ;;
 walks)
     d=(); [ "$dry" = 1 ] && d=(--dry-run)
-    R=fusion.kernels.triton_render; L=fusion.kernels.triton_launch; S=fusion.compiler.split_reductions
-    step "ViT-B/16's step: walks joined, cat columns, sums split in memory order; each off alone, all off; Inductor"
-    timeout 300 "$PY" scripts/gpu_ab.py "${d[@]}" vit_b_16_train fusion "no_join=fusion@$R.JOIN_WALKS=False" \
-        "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" "no_memory_order=fusion@$S.MEMORY_ORDER=False" \
-        "before=fusion@$R.JOIN_WALKS=False@$L.COLUMNS_THROUGH_MOD=False@$S.MEMORY_ORDER=False" inductor 2>&1 \
-        | grep -v "Warning\|warn" | tee "$OUT/ab_walks_vit.log" | tail -7
+    L=fusion.kernels.triton_launch; S=fusion.compiler.split_reductions
+    if [ -z "${MODELS:-}" ]; then
+        step "ViT-B/16's step: walks joined, cat columns, sums split in memory order; each off alone, all off; Inductor"
+        timeout 300 "$PY" scripts/gpu_ab.py "${d[@]}" vit_b_16_train fusion "no_join=fusion@$L.JOIN_WALKS=False" \
+            "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" "no_memory_order=fusion@$S.MEMORY_ORDER=False" \
+            "before=fusion@$L.JOIN_WALKS=False@$L.COLUMNS_THROUGH_MOD=False@$S.MEMORY_ORDER=False" inductor 2>&1 \
+            | grep -v "Warning\|warn" | tee "$OUT/ab_walks_vit.log" | tail -7
+    fi
     M="${MODELS:-bert_train,gpt2_train}"
-    for m in ${M//,/ }; do
-        step "walks joined in another model's step: $m"
-        timeout 120 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion "no_join=fusion@$R.JOIN_WALKS=False" 2>&1 \
-            | grep -v "Warning\|warn" | tee -a "$OUT/ab_walks.log" | tail -3
+    for m in ${M//,/ }; do  # MaxViT-T's first fusion step alone took 63 s (2026-11-28)
+        step "walks joined and columns through a %, in another model's step: $m"
+        timeout 280 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion "no_join=fusion@$L.JOIN_WALKS=False" \
+            "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" 2>&1 \
+            | grep -v "Warning\|warn" | tee -a "$OUT/ab_walks.log" | tail -4
     done
-    step "ViT-B/16's step profiled"
-    timeout 150 "$PY" scripts/gpu_profile_models.py "${d[@]}" vit_b_16_train --backends=fusion,inductor 2>&1 \
-        | grep -v "Warning\|warn" > "$OUT/profile_vit_train.log"; tail -40 "$OUT/profile_vit_train.log"
+    if [ -z "${MODELS:-}" ]; then
+        step "ViT-B/16's step profiled"
+        timeout 150 "$PY" scripts/gpu_profile_models.py "${d[@]}" vit_b_16_train --backends=fusion,inductor 2>&1 \
+            | grep -v "Warning\|warn" > "$OUT/profile_vit_train.log"; tail -40 "$OUT/profile_vit_train.log"
+    fi
     ;;
 *) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums, gathers or walks" && exit 2 ;;
 esac

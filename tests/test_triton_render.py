@@ -250,11 +250,33 @@ def test_a_looped_reductions_independent_walks_are_one_loop(monkeypatch):
         ((kernel, k, _),) = rendered(fn, *args)
         assert k.launch.looped and k.launch.column and loops(k) == 1, k.source
         assert k.source.count("tl.load(in0 +") == 1, k.source  # one load of x in the joined loop
-        monkeypatch.setattr(triton_render, "JOIN_WALKS", False)
+        monkeypatch.setattr(triton_launch, "JOIN_WALKS", False)
         assert loops(IRKernel(kernel)) > 1
-        monkeypatch.setattr(triton_render, "JOIN_WALKS", True)
+        monkeypatch.setattr(triton_launch, "JOIN_WALKS", True)
     ((_, k, _),) = rendered(lambda x: torch.softmax(x, 0), x)  # each walk reads the fold before it
     assert k.launch.looped and loops(k) == 3, k.source
+
+
+def test_the_wide_column_tile_holds_one_fold_a_walk(monkeypatch):
+    """A looped column walk of half inputs takes the wide tile (``rows.WIDE_COLUMN_LOOP_*``) for one sum a walk;
+    sibling sums joined into one walk (a LayerNorm's weight and bias gradients) take the 64 x 64 tile, as they did
+    the wide one with a walk each (``JOIN_WALKS = False``). Eager's values."""
+    x, g = (_r(600, 32, seed=i, dtype=torch.bfloat16) for i in range(2))
+
+    def one(x, g):
+        return (g * x).sum(0)
+
+    def siblings(x, g):
+        d = g * 2
+        return (d * x).sum(0), d.sum(0), d + x
+
+    wide, narrow = triton_launch.WIDE_COLUMN_LOOP_RBLOCK, triton_launch.COLUMN_LOOP_RBLOCK
+    ((_, k, _),) = rendered(one, x, g)
+    assert k.launch.column and k.launch.looped and k.launch.rblock == wide, k.launch
+    ((kernel, k, _),) = rendered(siblings, x, g)
+    assert k.launch.column and k.launch.looped and k.launch.rblock == narrow and k.launch.elements == 0, k.launch
+    monkeypatch.setattr(triton_launch, "JOIN_WALKS", False)
+    assert triton_launch.launch_facts(kernel).rblock == wide
 
 
 def test_a_cats_columns_side_by_side_are_a_column_walk(monkeypatch):

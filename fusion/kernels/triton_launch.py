@@ -5,7 +5,7 @@ A pointwise program takes ``triton_lang.POINTWISE_BLOCK`` (1024) elements on a G
 window's many loads); a transposed walk (``ir_loops.transposed``: a copy of ``k.mT``) takes tiles of XBLOCK rows by
 ``ir_loops.TILE_LANES`` lanes, placed as a reduction's rows are. A reduction's RBLOCK is the row's power of two up to
 :data:`MAX_RBLOCK` (a column walk's up to ``rows.COLUMN_RBLOCK``; longer rows loop in steps of MAX_RBLOCK / 4, a
-longer column walk over the tile ``rows`` sets: wider for a sum of a half input, 8 warps), XBLOCK
+longer column walk over the tile ``rows`` sets: wider for a sum of a half input, one fold a walk, 8 warps), XBLOCK
 ``ir.plan.rows_per_program`` and the warps ``ir.plan.row_warps``; the interpreter takes larger blocks (each program
 costs it ~1 ms of Python); ``ir.plan.launch_grid`` makes the grid (the runtime's plan and :class:`Launch` alike).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
-from fusion.kernels.ir_loops import TILE_MIN, coalesce, tile, transposed
+from fusion.kernels.ir_loops import TILE_MIN, coalesce, one_walk, tile, transposed
 from fusion.kernels.rows import (
     COALESCED_ROWS,
     COLUMN_LOOP_RBLOCK,
@@ -35,6 +35,10 @@ TILE_TRANSPOSES = os.environ.get("FUSION_TILE_TRANSPOSES", "1") != "0"
 # A column whose innermost kept loop is contiguous through a ``%`` (a cat's inputs side by side) walked as columns;
 # False: only through plain terms, as before (an A/B on a GPU: ...@fusion.kernels.triton_launch.COLUMNS_THROUGH_MOD=False)
 COLUMNS_THROUGH_MOD = True
+# A looped reduction's independent walks joined into one loop (``ir_loops.one_walk``, done by the Triton renderer; its
+# launch facts count the folds a joined walk holds). False: one loop a walk, as before (an A/B on a GPU:
+# scripts/gpu_ab.py ... old=fusion@fusion.kernels.triton_launch.JOIN_WALKS=False)
+JOIN_WALKS = True
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,17 @@ def _column(k: ir.Kernel) -> bool:
 
 
 def _half_sum(k: ir.Kernel) -> bool:
-    """Does every fold of ``k`` sum, and every tensor it reads hold 2-byte floats (a bf16 column sum, a bias
-    gradient of a half GEMM's output)?"""
+    """Does every fold of ``k`` sum, every tensor it reads hold 2-byte floats (a bf16 column sum, a bias gradient of
+    a half GEMM's output), and each walk of the row as rendered (joined: :data:`JOIN_WALKS`) hold one fold? The wide
+    tile keeps a float32 tile of 64 values a thread per fold in registers: swept on single sums, where a float32
+    sum's heavier tile already slowed it (``rows.py``); two sibling sums in one walk (a LayerNorm's weight and bias
+    gradients) took all 255 registers of a thread and spilled (Swin-T's, compiled for sm_90 by ptxas)."""
     folds = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Reduce)]
     read = {t.buffer for t in k.statements() if isinstance(t, ir.Load)}
     dtypes = {b.dtype for b in k.buffers if b.name in read}
-    return bool(folds and read) and all(f.op == "sum" for f in folds) and dtypes <= {"float16", "bfloat16"}
+    walks = [s for s in (one_walk(k) if JOIN_WALKS else k).body if isinstance(s, ir.ReduceLoop)]
+    one_fold = all(sum(isinstance(t, ir.Reduce) for t in w.body) <= 1 for w in walks)
+    return bool(folds and read) and all(f.op == "sum" for f in folds) and dtypes <= {"float16", "bfloat16"} and one_fold
 
 
 def launch_facts(k: ir.Kernel) -> Launch:

@@ -38,6 +38,7 @@ import re
 from collections import Counter
 
 from fusion.ir import kernel_ir as ir
+from fusion.kernels import triton_launch
 from fusion.kernels.ir_loops import coalesce, cse, one_walk, tile
 from fusion.kernels.triton_lang import COMBINE_FUNCTIONS, RAND_FUNCTION, TANH_SERIES
 from fusion.kernels.triton_launch import Launch, launch_facts
@@ -194,9 +195,6 @@ def walked(loops: tuple[ir.Loop, ...]) -> frozenset:
 # Streaming loads marked evict_first (Writer.eviction); $FUSION_EVICT_FIRST=0 renders every load with the default
 # policy (an A/B on a GPU: scripts/gpu_reductions.py, scripts/gpu_profile_models.py in two processes)
 EVICT_FIRST = os.environ.get("FUSION_EVICT_FIRST", "1") != "0"
-# A looped reduction's independent walks joined (``ir_loops.one_walk``); False renders one loop a walk (an A/B on a
-# GPU: scripts/gpu_ab.py ... old=fusion@fusion.kernels.triton_render.JOIN_WALKS=False)
-JOIN_WALKS = True
 
 
 class _Writer:
@@ -410,5 +408,5 @@ def render(kernel: ir.Kernel, expr, split) -> tuple[str, Launch]:
     are ``evict_first``); the launch facts are read before."""
     launch = launch_facts(kernel)
     walk = tile(coalesce(kernel)) if launch.tiled else coalesce(kernel)
-    walk = cse(one_walk(walk)) if launch.looped and JOIN_WALKS else walk  # each walk of a loop reads memory again
+    walk = cse(one_walk(walk)) if launch.looped and triton_launch.JOIN_WALKS else walk  # a walk reads memory again
     return _Writer(walk, launch, expr, split).source(), launch
