@@ -192,16 +192,17 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         FEW_PROGRAMS, FEW_COLUMN_PROGRAMS * COALESCED_ROWS
     ):
         return None  # short rows or plenty of outputs: the unsplit kernel fills the GPU
-    found = _extent(xv, dims)
+    found, permute = _extent(xv, dims), None
     if isinstance(found, str) and MEMORY_ORDER:  # not one extent in the tensor's own order: in its memory's, perhaps
         order = sorted(range(len(shape)), key=lambda d: (-xv.stride(d), d))  # (a sum's order of dims is free)
         kept = [d for d in order if d not in dims and shape[d] != 1]
         if kept == sorted(kept) and order != sorted(order):  # the kept dims keep their order: the result's shape
             permuted = _extent(xv.permute(order), [order.index(d) for d in dims])
-            found = found if isinstance(permuted, str) else (*permuted, tuple(order))
+            if not isinstance(permuted, str):
+                found, permute = permuted, tuple(order)
     if isinstance(found, str):
         return found
-    sizes, at, strides, kept_after, *perm = found
+    sizes, at, strides, kept_after = found
     lane = strides[at]
     if lane == 1:
         column, programs = False, outputs  # a row walk: one program a row
@@ -226,7 +227,7 @@ def plan_split(node: fx.Node, target: int | None = None) -> Split | str | None:
         cap, chunk = (MAX_COLUMN_SPLITS, MIN_COLUMN_CHUNK) if column else (MAX_ROW_SPLITS, MIN_CHUNK)
         return f"an extent of {extent}: no divisor S in [2, {cap}] with chunks of >= {chunk}"
     view_shape = (*sizes[:at], splits, extent // splits, *kept_after)
-    return Split(view_shape, at, splits, extent, column, programs, perm[0] if perm else None)
+    return Split(view_shape, at, splits, extent, column, programs, permute)
 
 
 def _extent(xv: torch.Tensor, dims: list[int]) -> tuple[list[int], int, tuple[int, ...], list[int]] | str:
@@ -283,7 +284,7 @@ def rewrite(graph: fx.Graph, node: fx.Node, split: Split) -> fx.Node:
             value = call_with_meta(graph, prims.convert_element_type.default, (value, out.dtype))
         if tuple(value.meta["val"].shape) != tuple(out.shape):  # keepdim, or size-1 dims the view dropped
             value = call_with_meta(graph, aten.view.default, (value, list(out.shape)))
-    for n in (view, read, p, value):
+    for n in {source, view, read, p, value} - {x}:  # the split's own nodes (the permute too, if any)
         n.meta["split_reduction"] = node.name
     for n in (p, stage2):  # each stage a generated kernel even alone (a float32 input's stage 1, a bare stage 2)
         n.meta[OWN_KERNEL] = True

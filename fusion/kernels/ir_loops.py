@@ -37,7 +37,8 @@ def _affines(s) -> list[ir.Affine]:
     return [s.expr] if isinstance(s, ir.Index) else []
 
 
-def _coef(e: ir.Affine, var: str) -> int:
+def coef(e: ir.Affine, var: str) -> int:
+    """The coefficient of loop variable ``var`` in ``e``'s plain terms (not under a ``//`` or ``%``)."""
     return sum(c for c, atom in e.terms if atom == ir.Var(var))
 
 
@@ -55,7 +56,7 @@ def _fuse(loops: tuple[ir.Loop, ...], exprs: list[ir.Affine]) -> tuple[tuple[ir.
         nested = any(
             {a.var, b.var} & atom.of.variables() for e in exprs for _, atom in e.terms if not isinstance(atom, ir.Var)
         )
-        if nested or any(_coef(e, a.var) != _coef(e, b.var) * b.size for e in exprs):
+        if nested or any(coef(e, a.var) != coef(e, b.var) * b.size for e in exprs):
             continue
         out[i : i + 2] = [ir.Loop(b.var, a.size * b.size)]
         exprs[:] = [_drop(e, a.var) for e in exprs]
@@ -286,7 +287,7 @@ def transposed(k: ir.Kernel) -> bool:
     if any(not isinstance(a, ir.Var) and {x.var, y.var} & a.of.variables() for e in exprs for _, a in e.terms):
         return False
     loads = [s for s in k.statements() if isinstance(s, ir.Load)]
-    return any(_coef(s.offset, y.var) == 1 and _coef(s.offset, x.var) > 1 for s in loads)
+    return any(coef(s.offset, y.var) == 1 and coef(s.offset, x.var) > 1 for s in loads)
 
 
 def tile(k: ir.Kernel) -> ir.Kernel:

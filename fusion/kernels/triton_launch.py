@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from fusion.ir import kernel_ir as ir
 from fusion.ir.plan import launch_grid, next_power_of_2, row_warps
-from fusion.kernels.ir_loops import TILE_MIN, coalesce, one_walk, tile, transposed
+from fusion.kernels.ir_loops import TILE_MIN, coalesce, coef, one_walk, tile, transposed
 from fusion.kernels.rows import (
     COALESCED_ROWS,
     COLUMN_LOOP_RBLOCK,
@@ -72,13 +72,8 @@ def _step(e: ir.Affine, var: str) -> int:
     ``%`` runs: a plain term's coefficient; ``c * (a*var + ...) % n`` moves ``c * a`` (for ``n // a`` steps in a
     row, then wraps), ``(a*var + ...) // n`` moves 0 between its steps. A cat's ``x % 768`` along a column of 2304
     (three inputs' columns, side by side) is contiguous for 768 columns at a time."""
-    step = 0
-    for c, atom in e.terms:
-        if isinstance(atom, ir.Var):
-            step += c * (atom.name == var)
-        elif var in atom.of.variables() and isinstance(atom, ir.Mod) and COLUMNS_THROUGH_MOD:
-            step += c * sum(a for a, v in atom.of.terms if v == ir.Var(var))
-    return step
+    mods = [(c, atom.of) for c, atom in e.terms if isinstance(atom, ir.Mod)] if COLUMNS_THROUGH_MOD else []
+    return coef(e, var) + sum(c * coef(of, var) for c, of in mods)
 
 
 def _column(k: ir.Kernel) -> bool:
