@@ -72,8 +72,8 @@ aten, prims = torch.ops.aten, torch.ops.prims
 # The gate: CUDA devices only (default mode and CUDA graphs alike). Tests set ON_CPU = True to check the rewrite on
 # CPU (numerics, kernel counts).
 ON_CPU = False
-# Reduced dims that are one extent in memory order only, split through a permute (False: refused, as before; an A/B
-# on a GPU: scripts/gpu_ab.py ... old=fusion@fusion.compiler.split_reductions.MEMORY_ORDER=False)
+# Reduced dims that are one extent in memory order only, split through a permute (False: refused, as before). Off,
+# ViT-B/16's step is 0.99x as fast, its LayerNorm sums back to ATen (H200, 2026-11-29, h200-2026-11-29-1028-walks/)
 MEMORY_ORDER = True
 
 # When to split. The issue's numbers (H200, bf16 summed in float32, 2026-11-26): x.sum(0) of (65536, 1024), a column
