@@ -54,6 +54,10 @@
 #                                            # each off alone and all off, against Inductor; the join and the columns
 #                                            # in BERT's and GPT-2's steps; ViT-B/16's step profiled. With MODELS
 #                                            # (e.g. swin_t_train,maxvit_t_train): the join and the columns only
+#     [MODELS=a,b] bash scripts/gpu_measure.sh tiles
+#                                            # a column walk that stores the values it sums (GELU's backward with its
+#                                            # bias gradient) on the 64 x 64 tile against the wide one, and Inductor
+#                                            # (default: GPT-2's, BERT's and ViT-B/16's training steps)
 #     MODELS=a,b BACKENDS=x,y [CUDA_TESTS_S=150] bash scripts/gpu_measure.sh suite
 #                                            # optionally the CUDA tests, then the suite's models x backends in one call
 #                                            # (e.g. BACKENDS=eager,fusion,fusion+cudagraphs,inductor: one process
@@ -297,6 +301,16 @@ walks)
             | grep -v "Warning\|warn" > "$OUT/profile_vit_train.log"; tail -40 "$OUT/profile_vit_train.log"
     fi
     ;;
-*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums, gathers or walks" && exit 2 ;;
+tiles)
+    d=(); [ "$dry" = 1 ] && d=(--dry-run)
+    M="${MODELS:-gpt2_train,bert_train,vit_b_16_train}"
+    for m in ${M//,/ }; do
+        step "a column walk that stores what it sums: the 64 x 64 tile against the wide one, in $m's step"
+        timeout 190 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion \
+            "narrow=fusion@fusion.kernels.triton_launch.NARROW_STORING_WALKS=True" inductor 2>&1 \
+            | grep -v "Warning\|warn" | tee -a "$OUT/ab_tiles.log" | tail -3
+    done
+    ;;
+*) echo "part must be numerics, cuda, profile, final, reductions, round, session, suite, train, train3, timer, context, opcost, bn, gqa, folds, index_sums, lnsums, gathers, walks or tiles" && exit 2 ;;
 esac
 step "done; files: $(ls "$OUT" | tr '\n' ' ')"

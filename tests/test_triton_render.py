@@ -279,6 +279,31 @@ def test_the_wide_column_tile_holds_one_fold_a_walk(monkeypatch):
     assert triton_launch.launch_facts(kernel).rblock == wide
 
 
+def test_a_column_walk_that_stores_its_values_takes_the_narrow_tile_when_asked(monkeypatch):
+    """GELU's backward with its bias gradient: the values summed are stored too. The wide tile by default (one sum a
+    walk), the 64 x 64 tile with ``NARROW_STORING_WALKS``, and a plain sum keeps the wide one either way. Eager's
+    values with either tile."""
+    x, g = (_r(600, 32, seed=i, dtype=torch.bfloat16) for i in range(2))
+
+    def storing(x, g):
+        d = g * torch.sigmoid(x)
+        return d, d.sum(0)
+
+    def plain(x, g):
+        return (g * x).sum(0)
+
+    wide, narrow = triton_launch.WIDE_COLUMN_LOOP_RBLOCK, triton_launch.COLUMN_LOOP_RBLOCK
+    ((kernel, k, _),) = rendered(storing, x, g)
+    assert k.launch.column and k.launch.looped and k.launch.rblock == wide, k.launch
+    ((plain_kernel, _, _),) = rendered(plain, x, g)
+    monkeypatch.setattr(triton_launch, "NARROW_STORING_WALKS", True)
+    assert triton_launch.launch_facts(kernel).rblock == narrow
+    assert triton_launch.launch_facts(kernel).elements == 0
+    assert triton_launch.launch_facts(plain_kernel).rblock == wide
+    ((_, k, _),) = rendered(storing, x, g)  # rendered and run with the narrow tile: eager's values
+    assert k.launch.rblock == narrow, k.launch
+
+
 def test_a_cats_columns_side_by_side_are_a_column_walk(monkeypatch):
     """Three inputs stacked and packed side by side along the contiguous dim, summed over the rows (attention's
     packed q/k/v bias gradient): each input is read at ``x % 16``, contiguous 16 columns at a time, so the kernel

@@ -40,6 +40,11 @@ COLUMNS_THROUGH_MOD = True
 # launch facts count the folds a joined walk holds). False: one loop a walk, as before. Off, steps are slower (H200,
 # 2026-11-29): GPT-2 0.90x, MaxViT-T 0.89x, BERT 0.93x, ViT-B/16 and Swin-T level (h200-2026-11-29-1028-walks/)
 JOIN_WALKS = True
+# A column walk that stores row values beside its sum (GELU's backward with its bias gradient) takes the 64 x 64 tile,
+# not the wide one swept for plain sums: GPT-2's tanh GELU kernel compiles to 167 registers a thread with the wide
+# tile (one block of 8 warps an SM) and to 73 with 64 x 64 (three); ptxas, sm_90. Off until a GPU measures it
+# (bash scripts/gpu_measure.sh tiles); the wide tile's kernel took 47 us a layer against Inductor's 28 in two
+NARROW_STORING_WALKS = False
 
 
 @dataclass(frozen=True)
@@ -102,16 +107,19 @@ def _column(k: ir.Kernel) -> bool:
 
 def _half_sum(k: ir.Kernel) -> bool:
     """Does every fold of ``k`` sum, every tensor it reads hold 2-byte floats (a bf16 column sum, a bias gradient of
-    a half GEMM's output), and each walk of the row as rendered (joined: :data:`JOIN_WALKS`) hold one fold? The wide
-    tile keeps a float32 tile of 64 values a thread per fold in registers: swept on single sums, where a float32
-    sum's heavier tile already slowed it (``rows.py``); two sibling sums in one walk (a LayerNorm's weight and bias
-    gradients) took all 255 registers of a thread and spilled (Swin-T's, compiled for sm_90 by ptxas)."""
+    a half GEMM's output), and each walk of the row as rendered (joined: :data:`JOIN_WALKS`) hold one fold (and, with
+    :data:`NARROW_STORING_WALKS`, store no row values)? The wide tile keeps a float32 tile of 64 values a thread per
+    fold in registers: swept on single sums, where a float32 sum's heavier tile already slowed it (``rows.py``); two
+    sibling sums in one walk (a LayerNorm's weight and bias gradients) took all 255 registers of a thread and spilled
+    (Swin-T's, compiled for sm_90 by ptxas)."""
     folds = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Reduce)]
     read = {t.buffer for t in k.statements() if isinstance(t, ir.Load)}
     dtypes = {b.dtype for b in k.buffers if b.name in read}
     walks = [s for s in (one_walk(k) if JOIN_WALKS else k).body if isinstance(s, ir.ReduceLoop)]
     one_fold = all(sum(isinstance(t, ir.Reduce) for t in w.body) <= 1 for w in walks)
-    return bool(folds and read) and all(f.op == "sum" for f in folds) and dtypes <= {"float16", "bfloat16"} and one_fold
+    stores = NARROW_STORING_WALKS and any(isinstance(t, ir.Store) for w in walks for t in w.body)
+    half = dtypes <= {"float16", "bfloat16"}
+    return bool(folds and read) and all(f.op == "sum" for f in folds) and half and one_fold and not stores
 
 
 def launch_facts(k: ir.Kernel) -> Launch:
