@@ -73,6 +73,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY="${PYTHON:-python3}"
 dry="${GPU_MEASURE_DRY:-0}"
+dryrun=(); [ "$dry" = 1 ] && dryrun=(--dry-run)  # what each script takes for its dry run
 start=$SECONDS
 step() { echo "=== [$((SECONDS - start)) s] $*"; }
 
@@ -81,8 +82,7 @@ step "machine"
 torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' | tee "$OUT/machine.txt"
 
 suite() {  # suite BUDGET MODELS BACKENDS
-    local extra=()
-    [ "$dry" = 1 ] && extra=(--dry-run)
+    local extra=("${dryrun[@]}")
     [ -f "$OUT/suite.json" ] && extra+=(--merge "$OUT/suite.json")
     step "suite: $2 / $3 (budget $1 s)"
     timeout $(($1 + 30)) "$PY" scripts/gpu_suite.py --models "$2" --backends "$3" --budget "$1" --timeout 200 \
@@ -124,34 +124,30 @@ profile)
     timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_codegen.py -k "one_rounding or zero_dim" 2>&1 \
         | tail -5 | tee "$OUT/roundings.log"
     step "profile: the attention families against eager and Inductor"
-    extra=()
-    [ "$dry" = 1 ] && extra=(--dry-run)
-    timeout 400 "$PY" scripts/gpu_profile_models.py t5_encoder mistral swin_t opt "${extra[@]}" 2>&1 \
+    timeout 400 "$PY" scripts/gpu_profile_models.py t5_encoder mistral swin_t opt "${dryrun[@]}" 2>&1 \
         | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
     ;;
 final)
     cuda_tests 200
     step "sums over leading dims: generated against eager"
-    timeout 90 "$PY" scripts/gpu_outer_sums.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 | tail -6 | tee "$OUT/outer_sums.log"
+    timeout 90 "$PY" scripts/gpu_outer_sums.py "${dryrun[@]}" 2>&1 | tail -6 | tee "$OUT/outer_sums.log"
     step "profile: T5 (its masked softmax) and Swin-T"
-    extra=()
-    [ "$dry" = 1 ] && extra=(--dry-run)
-    timeout 200 "$PY" scripts/gpu_profile_models.py t5_encoder swin_t --backends=eager,fusion,inductor "${extra[@]}" \
+    timeout 200 "$PY" scripts/gpu_profile_models.py t5_encoder swin_t --backends=eager,fusion,inductor "${dryrun[@]}" \
         2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount" | tee "$OUT/profile_models.log"
     suite $((560 - (SECONDS - start))) t5_encoder,bert_train eager,fusion,inductor
     ;;
 reductions)
     step "reductions with few outputs (split_reductions on and off, eager, Inductor, the copy-bandwidth limit)"
-    timeout 540 "$PY" scripts/gpu_reductions.py --out "$OUT" $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+    timeout 540 "$PY" scripts/gpu_reductions.py --out "$OUT" "${dryrun[@]}" 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/reductions.log"
     ;;
 round)
     cuda_tests 150
     step "reductions with few outputs (split_reductions on and off, eager, Inductor, the copy-bandwidth limit)"
-    timeout 270 "$PY" scripts/gpu_reductions.py --out "$OUT" $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+    timeout 270 "$PY" scripts/gpu_reductions.py --out "$OUT" "${dryrun[@]}" 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/reductions.log"
     step "dropout's mask in the kernel: bits against tl.rand, statistics, seeding, gradients, timing"
-    timeout 140 "$PY" scripts/gpu_random.py $([ "$dry" = 1 ] && echo --dry-run) 2>&1 \
+    timeout 140 "$PY" scripts/gpu_random.py "${dryrun[@]}" 2>&1 \
         | grep -v "Warning\|_warn_once" | tee "$OUT/random.log"
     ;;
 suite)
@@ -176,7 +172,7 @@ index_sums)
     timeout 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_scatter_passes.py 2>&1 | tail -3 | tee "$OUT/scatter_tests.log"
     step "Swin-T's training step profiled (launches, GPU time, library calls)"
     (cd scripts && OUT="$OUT" PYTHONPATH="$PWD/..:$PWD" timeout 120 "$PY" gpu_profile_models.py swin_t_train \
-        --backends=fusion $([ "$dry" = 1 ] && echo --dry-run)) 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
+        --backends=fusion "${dryrun[@]}") 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
     step "before/after: index_put sums (${BASE:-?} against this tree: eager, fusion)"
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-swin_t_train}" 200
@@ -192,7 +188,7 @@ lnsums)
     cuda_tests 210
     step "GPT-2's training step profiled (launches, GPU time, library calls)"
     (cd scripts && OUT="$OUT" PYTHONPATH="$PWD/..:$PWD" timeout 100 "$PY" gpu_profile_models.py gpt2_train \
-        --backends=fusion $([ "$dry" = 1 ] && echo --dry-run)) 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
+        --backends=fusion "${dryrun[@]}") 2>&1 | grep -v "Warning\|_warn_once" | tee "$OUT/profile_models.log" | grep "wall\|most"
     step "before/after: split LayerNorm gradients, selects after attention, the q/k/v cat (${BASE:-?} against this tree)"
     BASE="${BASE:?BASE=the extracted earlier tree}" OUT="$OUT/before_after" PYTHON="$PY" BACKENDS=eager,fusion \
         bash scripts/gpu_before_after.sh "${MODELS:-gpt2_train}" $((590 - (SECONDS - start)))
@@ -201,22 +197,20 @@ train3)
     suite 570 gpt2_train,llama_train,bert_train eager,fusion,inductor
     ;;
 timer)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     step "reference cycles a compiled call leaves, collector off (EfficientNet-B0: fusion, Inductor)"
-    timeout 120 "$PY" scripts/gpu_gc_probe.py efficientnet_b0 fusion,inductor "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+    timeout 120 "$PY" scripts/gpu_gc_probe.py efficientnet_b0 fusion,inductor "${dryrun[@]}" 2>&1 | grep -v "Warning\|warn" \
         | tee "$OUT/gc_probe.log"
     step "the suite's timer against plain loops, inside the suite's own process, before its timer and after"
-    timeout 300 "$PY" scripts/gpu_timer_probe.py efficientnet_b0 --suite "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+    timeout 300 "$PY" scripts/gpu_timer_probe.py efficientnet_b0 --suite "${dryrun[@]}" 2>&1 | grep -v "Warning\|warn" \
         | tee "$OUT/timer_probe.log"
     ;;
 context)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     step "torch's Timer against plain loops and the standard library's timeit, inside the suite (EfficientNet-B0)"
-    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 170 "$PY" gpu_context_probe.py efficientnet_b0 "${d[@]}") 2>&1 \
+    (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 170 "$PY" gpu_context_probe.py efficientnet_b0 "${dryrun[@]}") 2>&1 \
         | grep -v "Warning\|warn" | tee "$OUT/context_probe.log" | tail -26
     step "EfficientNet-B0's step, batch norm kept and decomposed: CPU a step, launch paths, cProfile"
     (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 300 "$PY" gpu_profile_cpu.py efficientnet_b0_train \
-        --backends=fusion,fusion+with-decompose_bn "${d[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/profile_cpu_bn.log" \
+        --backends=fusion,fusion+with-decompose_bn "${dryrun[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/profile_cpu_bn.log" \
         | grep -i "ms\|path" | head -20
     if [ "$dry" != 1 ]; then
         step "the CPU cost of one launch (the hook check without a call), eager's torch.add beside it"
@@ -224,49 +218,44 @@ context)
     fi
     ;;
 opcost)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     models="${MODELS:-convnext_tiny,t5_encoder_train}"
     for m in ${models//,/ }; do
         step "a library call's CPU in the graph, alone, and on fresh copies: $m"
-        OUT="$OUT" timeout 270 "$PY" scripts/gpu_op_cost_probe.py "$m" "${d[@]}" 2>&1 | grep -v "Warning\|warn" \
+        OUT="$OUT" timeout 270 "$PY" scripts/gpu_op_cost_probe.py "$m" "${dryrun[@]}" 2>&1 | grep -v "Warning\|warn" \
             | tee "$OUT/op_cost_$m.log" | tail -12
     done
     ;;
 split)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     for i in 1 2; do  # process 2 freezes the collector's objects first (gc.freeze) once the models are compiled
         f=(); [ "$i" = 2 ] && f=(--freeze)
         step "torch's Timer taken apart, inside the suite (EfficientNet-B0), process $i ${f[*]}"
-        (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${d[@]}" \
+        (cd scripts && PYTHONPATH="$PWD/..:$PWD" timeout 200 "$PY" gpu_timer_split_probe.py efficientnet_b0 "${dryrun[@]}" \
             "${f[@]}") 2>&1 | grep -v "Warning\|warn" | tee "$OUT/timer_split_probe_$i.log" | tail -30
     done
     ;;
 faults)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     step "page faults per call under each way of calling, inside the suite (EfficientNet-B0), and where they are"
     (cd scripts && FUSION_KEEP_STACK_CHUNKS=0 PYTHONPATH="$PWD/..:$PWD" timeout 240 "$PY" gpu_fault_probe.py \
-        efficientnet_b0 "${d[@]}") 2>&1 \
+        efficientnet_b0 "${dryrun[@]}") 2>&1 \
         | grep -v "Warning\|warn" | tee "$OUT/fault_probe.log" | tail -30
     ;;
 embed)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     MODELS="${MODELS:-t5_encoder_train,mistral_train,llama_train,gpt2_train,bert_train}"
     for m in ${MODELS//,/ }; do
         step "an embedding's gradient as zeros and one index_add_, against ATen's kernel: $m"
-        OUT="$OUT" timeout 150 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-embedding_grads 2>&1 \
+        OUT="$OUT" timeout 150 "$PY" scripts/gpu_ab.py "${dryrun[@]}" "$m" fusion fusion+with-embedding_grads 2>&1 \
             | grep -v "Warning\|warn" | tee -a "$OUT/ab_embed.log" | tail -3
     done
     ;;
 bn)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     MODELS="${MODELS:-efficientnet_b0_train,resnet50_train}"
     for m in ${MODELS//,/ }; do  # Inductor's first EfficientNet-B0 step alone took 65 s (2026-11-28)
         step "batch norm kept whole, decomposed, and Inductor: $m"
-        timeout 210 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion fusion+with-decompose_bn inductor 2>&1 \
+        timeout 210 "$PY" scripts/gpu_ab.py "${dryrun[@]}" "$m" fusion fusion+with-decompose_bn inductor 2>&1 \
             | grep -v "Warning\|warn" | tee "$OUT/ab_bn_$m.log" | tail -3
     done
     step "what each forward saves, and the peaks"
-    timeout 150 "$PY" scripts/gpu_train_memory.py "${d[@]}" efficientnet_b0_train \
+    timeout 150 "$PY" scripts/gpu_train_memory.py "${dryrun[@]}" efficientnet_b0_train \
         --backends=fusion,fusion+with-decompose_bn,inductor 2>&1 | grep -v "Warning\|warn" | tee "$OUT/train_memory.log"
     ;;
 gqa)
@@ -279,11 +268,10 @@ gqa)
         bash scripts/gpu_before_after.sh "${MODELS:-llama_train,mistral_train}" $((590 - (SECONDS - start)))
     ;;
 walks)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     L=fusion.kernels.triton_launch; S=fusion.compiler.split_reductions
     if [ -z "${MODELS:-}" ]; then
         step "ViT-B/16's step: walks joined, cat columns, sums split in memory order; each off alone, all off; Inductor"
-        timeout 300 "$PY" scripts/gpu_ab.py "${d[@]}" vit_b_16_train fusion "no_join=fusion@$L.JOIN_WALKS=False" \
+        timeout 300 "$PY" scripts/gpu_ab.py "${dryrun[@]}" vit_b_16_train fusion "no_join=fusion@$L.JOIN_WALKS=False" \
             "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" "no_memory_order=fusion@$S.MEMORY_ORDER=False" \
             "before=fusion@$L.JOIN_WALKS=False@$L.COLUMNS_THROUGH_MOD=False@$S.MEMORY_ORDER=False" inductor 2>&1 \
             | grep -v "Warning\|warn" | tee "$OUT/ab_walks_vit.log" | tail -7
@@ -291,22 +279,21 @@ walks)
     M="${MODELS:-bert_train,gpt2_train}"
     for m in ${M//,/ }; do  # MaxViT-T's first fusion step alone took 63 s (2026-11-28)
         step "walks joined and columns through a %, in another model's step: $m"
-        timeout 280 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion "no_join=fusion@$L.JOIN_WALKS=False" \
+        timeout 280 "$PY" scripts/gpu_ab.py "${dryrun[@]}" "$m" fusion "no_join=fusion@$L.JOIN_WALKS=False" \
             "no_mod_columns=fusion@$L.COLUMNS_THROUGH_MOD=False" 2>&1 \
             | grep -v "Warning\|warn" | tee -a "$OUT/ab_walks.log" | tail -4
     done
     if [ -z "${MODELS:-}" ]; then
         step "ViT-B/16's step profiled"
-        timeout 150 "$PY" scripts/gpu_profile_models.py "${d[@]}" vit_b_16_train --backends=fusion,inductor 2>&1 \
+        timeout 150 "$PY" scripts/gpu_profile_models.py "${dryrun[@]}" vit_b_16_train --backends=fusion,inductor 2>&1 \
             | grep -v "Warning\|warn" > "$OUT/profile_vit_train.log"; tail -40 "$OUT/profile_vit_train.log"
     fi
     ;;
 tiles)
-    d=(); [ "$dry" = 1 ] && d=(--dry-run)
     M="${MODELS:-gpt2_train,bert_train,vit_b_16_train}"
     for m in ${M//,/ }; do
         step "a column walk that stores what it sums: the 64 x 64 tile against the wide one, in $m's step"
-        timeout 190 "$PY" scripts/gpu_ab.py "${d[@]}" "$m" fusion \
+        timeout 190 "$PY" scripts/gpu_ab.py "${dryrun[@]}" "$m" fusion \
             "narrow=fusion@fusion.kernels.triton_launch.NARROW_STORING_WALKS=True" inductor 2>&1 \
             | grep -v "Warning\|warn" | tee -a "$OUT/ab_tiles.log" | tail -3
     done
