@@ -112,10 +112,10 @@ def _half_sum(k: ir.Kernel) -> bool:
     fold in registers: swept on single sums, where a float32 sum's heavier tile already slowed it (``rows.py``); two
     sibling sums in one walk (a LayerNorm's weight and bias gradients) took all 255 registers of a thread and spilled
     (Swin-T's, compiled for sm_90 by ptxas)."""
-    folds = [t for s in k.body if isinstance(s, ir.ReduceLoop) for t in s.body if isinstance(t, ir.Reduce)]
+    walks = [s for s in (one_walk(k) if JOIN_WALKS else k).body if isinstance(s, ir.ReduceLoop)]
+    folds = [t for w in walks for t in w.body if isinstance(t, ir.Reduce)]  # joined or not, the same folds
     read = {t.buffer for t in k.statements() if isinstance(t, ir.Load)}
     dtypes = {b.dtype for b in k.buffers if b.name in read}
-    walks = [s for s in (one_walk(k) if JOIN_WALKS else k).body if isinstance(s, ir.ReduceLoop)]
     one_fold = all(sum(isinstance(t, ir.Reduce) for t in w.body) <= 1 for w in walks)
     stores = NARROW_STORING_WALKS and any(isinstance(t, ir.Store) for w in walks for t in w.body)
     half = dtypes <= {"float16", "bfloat16"}
